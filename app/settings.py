@@ -1,0 +1,63 @@
+"""Every setting in one place: environment variables MINUTEHAND_<NAME>, or
+the matching command-line flag --<name> (flags win)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Settings:
+    # PostgreSQL URL. Empty: `minutehand dev` starts the embedded cluster.
+    database_url: str = ""
+    # Where `minutehand dev` keeps its embedded cluster.
+    data_dir: Path = Path(".minutehand")
+    http_host: str = "127.0.0.1"
+    http_port: int = 8080
+    pool_size: int = 8
+    # Dispatcher: shard lease and worker claim periods, in seconds.
+    shard_lease_s: float = 10.0
+    claim_lease_s: float = 30.0
+    log_level: str = "INFO"
+
+    @classmethod
+    def load(cls, argv: list[str] | None = None, env: dict[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+        values = {}
+        for f in fields(cls):
+            raw = env.get(f"MINUTEHAND_{f.name.upper()}")
+            if raw is not None:
+                values[f.name] = _convert(f, raw)
+        if argv:
+            flags, _ = cls.parser().parse_known_args(argv)
+            values.update({k: _convert(_field(k), v) for k, v in vars(flags).items() if v is not None})
+        return cls(**values)
+
+    @classmethod
+    def parser(cls, parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+        """Add a --flag per setting (default None: unset flags leave env/defaults)."""
+        parser = parser or argparse.ArgumentParser(add_help=False)
+        for f in fields(cls):
+            parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None,
+                                help=f"(env MINUTEHAND_{f.name.upper()}, default {f.default!s})")
+        return parser
+
+
+def _field(name: str) -> dataclasses.Field:
+    return next(f for f in fields(Settings) if f.name == name)
+
+
+def _convert(f: dataclasses.Field, raw: str):
+    kind = type(f.default)
+    return Path(raw) if kind is type(Path()) else kind(raw)
+
+
+def sqlalchemy_url(database_url: str) -> str:
+    """postgresql://... -> postgresql+psycopg://... (the driver we use)."""
+    for prefix in ("postgresql://", "postgres://"):
+        if database_url.startswith(prefix):
+            return "postgresql+psycopg://" + database_url[len(prefix):]
+    return database_url

@@ -1,0 +1,45 @@
+"""Refusals from the procedures, by SQLSTATE (sql/003_submit.sql lists them).
+
+Each carries the HTTP status it maps to, so the API layer needs no table of
+its own, and the procedure's message, written for a person to act on."""
+import psycopg
+
+
+class StoreError(Exception):
+    status = 500
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidInput(StoreError):
+    status = 400
+
+
+class StaleLease(StoreError):
+    status = 403
+
+
+class NotFound(StoreError):
+    status = 404
+
+
+class Conflict(StoreError):
+    status = 409
+
+
+class PayloadTooLarge(StoreError):
+    status = 413
+
+
+BY_SQLSTATE = {"MH400": InvalidInput, "MH403": StaleLease, "MH404": NotFound,
+               "MH409": Conflict, "MH413": PayloadTooLarge}
+
+
+def translate(exc: psycopg.Error) -> Exception:
+    """The StoreError for a refusal raised by a procedure; other errors as they are."""
+    kind = BY_SQLSTATE.get(exc.sqlstate or "")
+    if kind is None:
+        return exc
+    return kind(exc.diag.message_primary or str(exc))

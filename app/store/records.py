@@ -1,0 +1,104 @@
+"""Typed results of the store: what each procedure returns, as dataclasses."""
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job to submit (defaults as in submit_job)."""
+    name: str
+    due_at: dt.datetime | None = None
+    payload: Any = field(default_factory=dict)
+    priority: int = 0
+    max_attempts: int = 3
+    flex_s: int = 0
+    strict: bool = False
+    idempotency_key: str | None = None
+    backoff_base_s: float = 1.0
+    backoff_cap_s: float = 3600.0
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job_id: int
+    run_at: dt.datetime
+    created: bool            # False: the idempotency key named an earlier job
+
+
+@dataclass(frozen=True)
+class BatchItem:
+    idx: int
+    job_id: int | None
+    run_at: dt.datetime | None
+    created: bool
+    error: str | None
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    job_id: int
+    team_id: int
+    name: str
+    payload: Any
+    attempt: int
+    max_attempts: int
+    idempotency_key: str | None
+    lease_token: uuid.UUID
+    claim_expires_at: dt.datetime
+    due_at: dt.datetime
+    run_at: dt.datetime
+    priority: int
+    strict: bool
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    jobs: list[ClaimedJob]
+    refused: dict[int, str]  # shard -> why its claim was refused (stale lease)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    job_id: int
+    ok: bool
+    state: str | None
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    job_id: int
+    team: str
+    name: str
+    state: str
+    priority: int
+    due_at: dt.datetime
+    run_at: dt.datetime
+    strict: bool
+    flex_s: int
+    attempts: int
+    max_attempts: int
+    claimed_by: str | None
+    claim_expires_at: dt.datetime | None
+    lateness: dt.timedelta | None
+    last_error: str | None
+    result: Any
+    idempotency_key: str | None
+    created_at: dt.datetime
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+
+
+@dataclass(frozen=True)
+class Maintenance:
+    from_far: int
+    from_hours: int
+    swept_buckets: int
+    carried: int
+    claims_returned: int
+    claims_dead: int
+    keys_purged: int

@@ -1,0 +1,196 @@
+"""The store: one class owns every database operation. Each method binds
+parameters to a named statement of sql/queries.sql; the logic is in the
+procedures. psycopg 3 through a connection pool, autocommit (each procedure
+call is its own transaction unless the caller says otherwise)."""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import secrets
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from app.store import errors
+from app.store.queries import q
+from app.store.records import (BatchItem, ClaimedJob, ClaimResult, JobSpec, JobStatus, Maintenance,
+                               Outcome, Submitted)
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Store:
+    def __init__(self, database_url: str, *, min_size: int = 1, max_size: int = 8,
+                 clock: dt.datetime | None = None):
+        self.pool = ConnectionPool(database_url, min_size=min_size, max_size=max_size, open=True,
+                                   kwargs={"autocommit": True, "row_factory": dict_row})
+        # A pinned clock (tests): every checkout sets it on its session.
+        self.clock = clock
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection]:
+        """A pooled connection, clock applied; procedure refusals become StoreErrors."""
+        with self.pool.connection() as conn:
+            if self.clock is not None:
+                conn.execute(q("set_clock"), {"now": self.clock})
+            try:
+                yield conn
+            except psycopg.Error as exc:
+                raise errors.translate(exc) from exc
+
+    def _all(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        with self.connection() as conn:
+            return conn.execute(q(name), params).fetchall()
+
+    def _one(self, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
+        with self.connection() as conn:
+            return conn.execute(q(name), params).fetchone()
+
+    # ------------------------------------------------------------ teams
+    def create_team(self, name: str, *, quota: int = 1000, weight: int = 1) -> str:
+        """Create a team; returns its bearer token (only its hash is stored)."""
+        token = "mh_" + secrets.token_urlsafe(24)
+        self._one("create_team", {"name": name, "quota": quota, "weight": weight,
+                                  "token_hash": hash_token(token)})
+        return token
+
+    # ------------------------------------------------------------ submission
+    def submit(self, team: str, job: JobSpec) -> Submitted:
+        row = self._one("submit_job", {"team": team, "name": job.name, "due_at": job.due_at,
+                                       "payload": Jsonb(job.payload), "priority": job.priority,
+                                       "max_attempts": job.max_attempts, "flex_s": job.flex_s,
+                                       "strict": job.strict, "idempotency_key": job.idempotency_key,
+                                       "backoff_base_s": job.backoff_base_s,
+                                       "backoff_cap_s": job.backoff_cap_s})
+        return Submitted(**row)
+
+    def submit_many(self, team: str, jobs: Sequence[JobSpec]) -> list[BatchItem]:
+        """One call for the whole batch: valid items are written together, invalid ones reported."""
+        rows = self._all("submit_jobs", {
+            "team": team,
+            "names": [j.name for j in jobs],
+            "due_ats": [j.due_at for j in jobs],
+            "payloads": [Jsonb(j.payload) for j in jobs],
+            "priorities": [j.priority for j in jobs],
+            "max_attempts": [j.max_attempts for j in jobs],
+            "flex_s": [j.flex_s for j in jobs],
+            "stricts": [j.strict for j in jobs],
+            "keys": [j.idempotency_key for j in jobs],
+            "backoff_base_s": [j.backoff_base_s for j in jobs],
+            "backoff_cap_s": [j.backoff_cap_s for j in jobs],
+        })
+        return [BatchItem(**r) for r in rows]
+
+    # ------------------------------------------------------------ dispatch
+    def take_leases(self, shards: Sequence[int], owner: str, ttl_s: float) -> dict[int, int]:
+        """Take or renew shard leases in one round trip; {shard: epoch} for those held."""
+        with self.connection() as conn, conn.pipeline():
+            cursors = [(s, conn.cursor().execute(q("take_shard_lease"),
+                                                 {"shard": s, "owner": owner, "ttl_s": ttl_s}))
+                       for s in shards]
+        epochs = {s: cur.fetchone()["epoch"] for s, cur in cursors}
+        return {s: e for s, e in epochs.items() if e is not None}
+
+    def release_lease(self, shard: int, owner: str, epoch: int) -> bool:
+        return self._one("release_shard_lease", {"shard": shard, "owner": owner, "epoch": epoch})["released"]
+
+    def claim(self, leases: dict[int, int], limit: int, owner: str, lease_s: float,
+              worker: str | None = None) -> ClaimResult:
+        """Claim up to `limit` due jobs from each leased shard ({shard: epoch}).
+
+        One statement per shard (each stays single-shard), all sent in one
+        round trip; a sync after each makes it its own transaction, so a
+        shard whose lease went stale is refused alone."""
+        jobs: list[ClaimedJob] = []
+        refused: dict[int, str] = {}
+        with self.pool.connection() as conn:
+            if self.clock is not None:
+                conn.execute(q("set_clock"), {"now": self.clock})
+            pending = []
+            with conn.pipeline() as pipe:
+                for shard, epoch in leases.items():
+                    cur = conn.cursor()
+                    cur.execute(q("claim_due"), {"shard": shard, "limit": limit, "owner": owner,
+                                                 "epoch": epoch, "lease_s": lease_s, "worker": worker})
+                    pending.append((shard, cur))
+                    pipe.sync()
+            for shard, cur in pending:
+                jobs.extend(ClaimedJob(**r) for r in cur.fetchall())
+        return ClaimResult(jobs, refused)
+
+    def next_due(self, shard: int) -> dt.datetime | None:
+        return self._one("next_due", {"shard": shard})["next_due"]
+
+    # ------------------------------------------------------------ outcomes
+    def start(self, items: Sequence[tuple[int, Any]]) -> list[Outcome]:
+        return self._outcomes("start_many", items, {})
+
+    def heartbeat(self, items: Sequence[tuple[int, Any]], extend_s: float) -> list[Outcome]:
+        return self._outcomes("heartbeat_many", items, {"extend_s": extend_s})
+
+    def complete(self, items: Sequence[tuple[int, Any, Any]]) -> list[Outcome]:
+        """items: (job_id, lease_token, result)."""
+        return self._outcomes("complete_many", items,
+                              {"results": [Jsonb(i[2]) if i[2] is not None else None for i in items]})
+
+    def fail(self, items: Sequence[tuple[int, Any, str, bool]]) -> list[Outcome]:
+        """items: (job_id, lease_token, error, retryable)."""
+        return self._outcomes("fail_many", items, {"errors": [i[2] for i in items],
+                                                    "retryable": [i[3] for i in items]})
+
+    def _outcomes(self, name: str, items: Sequence[tuple], extra: dict[str, Any]) -> list[Outcome]:
+        rows = self._all(name, {"ids": [i[0] for i in items], "tokens": [i[1] for i in items], **extra})
+        return [Outcome(**r) for r in rows]
+
+    def cancel(self, job_id: int, team: str | None) -> Outcome:
+        return Outcome(**self._one("cancel", {"job_id": job_id, "team": team}))
+
+    def status(self, job_id: int, team: str | None = None) -> JobStatus | None:
+        row = self._one("job_status", {"job_id": job_id, "team": team})
+        return JobStatus(**row) if row else None
+
+    # ------------------------------------------------------------ maintenance
+    def expire_claims(self, shards: Sequence[int]) -> tuple[int, int]:
+        """(returned, dead) over the shards, one statement each, one round trip."""
+        with self.connection() as conn, conn.pipeline() as pipe:
+            cursors = []
+            for s in shards:
+                cursors.append(conn.cursor().execute(q("expire_claims"), {"shard": s}))
+                pipe.sync()
+        rows = [c.fetchone() for c in cursors]
+        return sum(r["returned"] for r in rows), sum(r["dead"] for r in rows)
+
+    def cascade(self) -> tuple[int, int]:
+        row = self._one("cascade_wheel", {})
+        return row["from_far"], row["from_hours"]
+
+    def sweep(self) -> tuple[int, int]:
+        row = self._one("sweep_passed", {})
+        return row["buckets"], row["carried"]
+
+    def purge_keys(self, shards: Sequence[int]) -> int:
+        with self.connection() as conn, conn.pipeline() as pipe:
+            cursors = []
+            for s in shards:
+                cursors.append(conn.cursor().execute(q("purge_idempotency_keys"), {"shard": s}))
+                pipe.sync()
+        return sum(c.fetchone()["purged"] for c in cursors)
+
+    def maintain(self) -> Maintenance:
+        return Maintenance(**self._one("maintain", {}))

@@ -1,0 +1,147 @@
+-- Dispatch: shard leases with a fencing epoch, and the claim of due jobs.
+
+-- Take or renew the lease on one shard for p_ttl_s seconds. Returns the epoch
+-- to pass to claim_due, or NULL while another owner's lease is unexpired.
+-- The epoch rises whenever the lease changes hands (or lapsed), so a paused
+-- old owner that wakes up holds a stale epoch and its claims are refused.
+CREATE FUNCTION take_shard_lease(p_shard int, p_owner text, p_ttl_s real) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now     timestamptz := mh_now();
+    v_expires timestamptz := v_now + make_interval(secs => p_ttl_s);
+    v_epoch   bigint;
+BEGIN
+    UPDATE shards s
+       SET owner = p_owner, lease_expires_at = v_expires,
+           epoch = CASE WHEN s.owner = p_owner AND s.lease_expires_at > v_now THEN s.epoch ELSE s.epoch + 1 END
+     WHERE s.shard = p_shard
+       AND (s.owner IS NULL OR s.owner = p_owner OR s.lease_expires_at <= v_now)
+    RETURNING s.epoch INTO v_epoch;
+    RETURN v_epoch;
+END $$;
+
+-- Give a shard up at once (a clean shutdown), so another takes it without
+-- waiting for expiry. Only the current holder of the epoch can.
+CREATE FUNCTION release_shard_lease(p_shard int, p_owner text, p_epoch bigint) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE shards s SET owner = NULL, lease_expires_at = NULL
+     WHERE s.shard = p_shard AND s.owner = p_owner AND s.epoch = p_epoch;
+    RETURN FOUND;
+END $$;
+
+-- The one statement that claims from a minute bucket, for EXECUTE with
+--   $1 shard, $2 now, $3 limit, $4 claimed_by, $5 lease token, $6 claim expiry.
+-- It names the bucket's partition directly: the plan, and the locks it
+-- takes, cover exactly that partition and the job rows it claims.
+-- Due rows of cancelled jobs are removed here and claim nothing.
+CREATE FUNCTION mh_claim_sql(p_slot int) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT format($f$
+        WITH picked AS (
+            DELETE FROM %1$I d
+             WHERE d.ctid = ANY (ARRAY(
+                   SELECT c.ctid FROM %1$I c
+                    WHERE c.shard = $1 AND c.run_at <= $2
+                    ORDER BY c.strict DESC, c.priority DESC, c.run_at
+                    LIMIT $3
+                      FOR UPDATE SKIP LOCKED))
+            RETURNING d.job_id
+        ), claimed AS (
+            UPDATE jobs j
+               SET state = 'claimed', attempts = j.attempts + 1, claimed_by = $4, lease_token = $5,
+                   claim_expires_at = $6, claimed_at = $2, updated_at = $2
+              FROM picked p
+             WHERE j.shard = $1 AND j.id = p.job_id AND j.state IN ('scheduled', 'retrying')
+            RETURNING j.id, j.team_id, j.name, j.payload, j.attempts, j.max_attempts, j.idempotency_key,
+                      j.lease_token, j.claim_expires_at, j.due_at, j.run_at, j.priority, j.strict
+        )
+        SELECT * FROM claimed ORDER BY strict DESC, priority DESC, run_at
+    $f$, mh_minute_part(p_slot))
+$$;
+
+-- Claim up to p_limit due jobs of one shard (one shard per call: a
+-- row-locking statement must name one shard value to stay single-shard on
+-- Citus; callers send many shards in one round trip with pipelining).
+--
+-- The shard's hand is the oldest minute bucket that may still hold its due
+-- rows. Buckets are read from the hand forward to the current one, so a
+-- bucket left behind (a stopped dispatcher, the midnight spike) drains
+-- before newer ones; in steady state the hand sits one minute behind and the
+-- claim reads two partitions: the previous minute and the current one.
+CREATE FUNCTION claim_due(p_shard int, p_limit int, p_owner text, p_epoch bigint,
+                          p_lease_s real, p_worker text DEFAULT NULL)
+RETURNS TABLE (job_id bigint, team_id int, name text, payload jsonb, attempt int, max_attempts int,
+               idempotency_key text, lease_token uuid, claim_expires_at timestamptz,
+               due_at timestamptz, run_at timestamptz, priority smallint, strict boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now     timestamptz := mh_now();
+    v_cur     timestamptz := mh_minute(v_now);
+    v_hand    timestamptz;
+    v_bucket  timestamptz;
+    v_left    int := p_limit;
+    v_got     int;
+    v_any     boolean;
+BEGIN
+    IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = 'limit must be between 1 and 10000';
+    END IF;
+    IF p_lease_s IS NULL OR NOT (p_lease_s BETWEEN 1 AND 86400) THEN
+        RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = 'claim lease must be between 1 and 86400 seconds';
+    END IF;
+    SELECT s.hand INTO v_hand FROM shards s
+     WHERE s.shard = p_shard AND s.owner = p_owner AND s.epoch = p_epoch AND s.lease_expires_at > v_now;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'MH403',
+            MESSAGE = format('shard %s: %L does not hold a current lease with epoch %s', p_shard, p_owner, p_epoch);
+    END IF;
+    -- Buckets older than the sweep line are carried forward by maintenance.
+    v_hand := greatest(coalesce(v_hand, v_cur - interval '1 minute'), v_cur - mh_sweep_after());
+    v_bucket := v_hand;
+    LOOP
+        RETURN QUERY EXECUTE mh_claim_sql(mh_minute_slot(v_bucket))
+            USING p_shard, v_now, v_left, coalesce(p_worker, p_owner), gen_random_uuid(),
+                  v_now + make_interval(secs => p_lease_s);
+        GET DIAGNOSTICS v_got = ROW_COUNT;
+        v_left := v_left - v_got;
+        EXIT WHEN v_left <= 0 OR v_bucket >= v_cur;
+        -- The hand moves past a bucket only when no row of this shard is left
+        -- in it, locked by another claimer or not: a claimer that dies
+        -- mid-transaction must not leave its rows stranded behind the hand.
+        -- It stays one minute behind now, for rows whose submitter read the
+        -- clock just before the minute turned and committed just after.
+        IF v_bucket = v_hand AND v_bucket < v_cur - interval '1 minute' THEN
+            EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE shard = $1)', mh_minute_part(mh_minute_slot(v_bucket)))
+               INTO v_any USING p_shard;
+            IF NOT v_any THEN
+                v_hand := v_bucket + interval '1 minute';
+                UPDATE shards s SET hand = v_hand WHERE s.shard = p_shard AND (s.hand IS NULL OR s.hand < v_hand);
+            END IF;
+        END IF;
+        v_bucket := v_bucket + interval '1 minute';
+    END LOOP;
+END $$;
+
+-- The earliest run time among this shard's rows in its current and next
+-- buckets (and any behind the hand), or NULL when none is due before the
+-- bucket after next begins. The dispatcher sleeps until then or a NOTIFY.
+CREATE FUNCTION next_due(p_shard int) RETURNS timestamptz
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_now    timestamptz := mh_now();
+    v_cur    timestamptz := mh_minute(v_now);
+    v_bucket timestamptz;
+    v_min    timestamptz;
+BEGIN
+    SELECT greatest(coalesce(s.hand, v_cur - interval '1 minute'), v_cur - mh_sweep_after())
+      INTO v_bucket FROM shards s WHERE s.shard = p_shard;
+    WHILE v_bucket <= v_cur + interval '1 minute' LOOP
+        EXECUTE format('SELECT min(run_at) FROM %I WHERE shard = $1', mh_minute_part(mh_minute_slot(v_bucket)))
+           INTO v_min USING p_shard;
+        EXIT WHEN v_min IS NOT NULL;
+        v_bucket := v_bucket + interval '1 minute';
+    END LOOP;
+    RETURN v_min;
+END $$;

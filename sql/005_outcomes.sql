@@ -1,0 +1,192 @@
+-- What happens to a claimed job: it starts, heartbeats, succeeds or fails;
+-- and cancellation before it starts. Every call names the job and the lease
+-- token of its current claim; a wrong or stale token changes nothing and
+-- the answer says why, per item. Batch forms take parallel arrays and run
+-- in one transaction, so the commit rate does not cap throughput.
+
+CREATE TYPE outcome AS (job_id bigint, ok boolean, state job_state, reason text);
+
+-- Why an outcome for this job was refused (j is the job row, NULL if none).
+CREATE FUNCTION mh_refusal(p_found boolean, p_state job_state) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE
+        WHEN NOT p_found THEN 'no such job'
+        WHEN p_state NOT IN ('claimed', 'running') THEN format('job is %s, not claimed', p_state)
+        ELSE 'lease token does not match the current claim (it expired and the job was claimed again)'
+    END
+$$;
+
+-- Exponential backoff with jitter: attempt n waits a random time in
+-- [d/2, d] with d = min(cap, base * 2^(n-1)): it grows, spreads, and never
+-- exceeds the cap.
+CREATE FUNCTION mh_backoff(p_attempt int, p_base_s real, p_cap_s real) RETURNS interval
+LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
+    SELECT make_interval(secs => d / 2 + random() * d / 2)
+      FROM (SELECT least(p_cap_s::float8, p_base_s * power(2::float8, greatest(p_attempt, 1) - 1)) AS d) x
+$$;
+
+CREATE FUNCTION start_many(p_ids bigint[], p_tokens uuid[]) RETURNS SETOF outcome
+LANGUAGE plpgsql AS $$
+DECLARE v_now timestamptz := mh_now();
+BEGIN
+    RETURN QUERY
+    WITH input AS (
+        SELECT u.id, u.token, u.ord FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS u(id, token, ord)
+    ), started AS (
+        UPDATE jobs j
+           SET state = 'running', started_at = coalesce(j.started_at, v_now),
+               lateness = coalesce(j.lateness, v_now - j.due_at), updated_at = v_now
+          FROM input i
+         WHERE j.shard = mh_shard_of(i.id) AND j.id = i.id AND j.lease_token = i.token
+           AND j.state IN ('claimed', 'running')
+        RETURNING j.id
+    )
+    SELECT i.id, s.id IS NOT NULL,
+           CASE WHEN s.id IS NOT NULL THEN 'running'::job_state ELSE j.state END,
+           CASE WHEN s.id IS NULL THEN mh_refusal(j.id IS NOT NULL, j.state) END
+      FROM input i
+      LEFT JOIN started s ON s.id = i.id
+      LEFT JOIN jobs j ON s.id IS NULL AND j.shard = mh_shard_of(i.id) AND j.id = i.id
+     ORDER BY i.ord;
+END $$;
+
+CREATE FUNCTION heartbeat_many(p_ids bigint[], p_tokens uuid[], p_extend_s real) RETURNS SETOF outcome
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now     timestamptz := mh_now();
+    v_expires timestamptz;
+BEGIN
+    IF p_extend_s IS NULL OR NOT (p_extend_s BETWEEN 1 AND 86400) THEN
+        RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = 'extension must be between 1 and 86400 seconds';
+    END IF;
+    v_expires := v_now + make_interval(secs => p_extend_s);
+    RETURN QUERY
+    WITH input AS (
+        SELECT u.id, u.token, u.ord FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS u(id, token, ord)
+    ), renewed AS (
+        UPDATE jobs j SET claim_expires_at = v_expires, updated_at = v_now
+          FROM input i
+         WHERE j.shard = mh_shard_of(i.id) AND j.id = i.id AND j.lease_token = i.token
+           AND j.state IN ('claimed', 'running')
+        RETURNING j.id, j.state
+    )
+    SELECT i.id, r.id IS NOT NULL, coalesce(r.state, j.state),
+           CASE WHEN r.id IS NULL THEN mh_refusal(j.id IS NOT NULL, j.state) END
+      FROM input i
+      LEFT JOIN renewed r ON r.id = i.id
+      LEFT JOIN jobs j ON r.id IS NULL AND j.shard = mh_shard_of(i.id) AND j.id = i.id
+     ORDER BY i.ord;
+END $$;
+
+-- Success closes the job and stores its result under its idempotency key,
+-- so a later run with that key replays the result instead of running.
+CREATE FUNCTION complete_many(p_ids bigint[], p_tokens uuid[], p_results jsonb[] DEFAULT NULL)
+RETURNS SETOF outcome LANGUAGE plpgsql AS $$
+DECLARE v_now timestamptz := mh_now();
+BEGIN
+    RETURN QUERY
+    WITH input AS (
+        SELECT u.id, u.token, u.result, u.ord
+          FROM unnest(p_ids, p_tokens, p_results) WITH ORDINALITY AS u(id, token, result, ord)
+    ), done AS (
+        UPDATE jobs j
+           SET state = 'succeeded', result = i.result, finished_at = v_now, updated_at = v_now,
+               started_at = coalesce(j.started_at, j.claimed_at),
+               lateness = coalesce(j.lateness, j.claimed_at - j.due_at),
+               claim_expires_at = NULL, lease_token = NULL
+          FROM input i
+         WHERE j.shard = mh_shard_of(i.id) AND j.id = i.id AND j.lease_token = i.token
+           AND j.state IN ('claimed', 'running')
+        RETURNING j.id, j.shard, j.team_id, j.idempotency_key, i.result
+    ), stored AS (
+        UPDATE idempotency_keys k SET result = d.result, completed_at = v_now
+          FROM done d
+         WHERE d.idempotency_key IS NOT NULL
+           AND k.shard = d.shard AND k.team_id = d.team_id AND k.key = d.idempotency_key AND k.job_id = d.id
+    )
+    SELECT i.id, d.id IS NOT NULL,
+           CASE WHEN d.id IS NOT NULL THEN 'succeeded'::job_state ELSE j.state END,
+           CASE WHEN d.id IS NULL THEN mh_refusal(j.id IS NOT NULL, j.state) END
+      FROM input i
+      LEFT JOIN done d ON d.id = i.id
+      LEFT JOIN jobs j ON d.id IS NULL AND j.shard = mh_shard_of(i.id) AND j.id = i.id
+     ORDER BY i.ord;
+END $$;
+
+-- Failure: retry after backoff while attempts remain and the error is
+-- retryable; otherwise the job is dead (kept, with its last error).
+-- Per item, because each retry time is computed from that job's own
+-- attempts, base and cap (in a variable, not in UPDATE SET: Citus rule).
+CREATE FUNCTION fail_many(p_ids bigint[], p_tokens uuid[], p_errors text[], p_retryable boolean[] DEFAULT NULL)
+RETURNS SETOF outcome LANGUAGE plpgsql AS $$
+DECLARE
+    v_now    timestamptz := mh_now();
+    v_job    jobs%ROWTYPE;
+    v_run_at timestamptz;
+    v_error  text;
+    i        int;
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(p_ids, 1), 0) LOOP
+        SELECT * INTO v_job FROM jobs j
+         WHERE j.shard = mh_shard_of(p_ids[i]) AND j.id = p_ids[i] FOR UPDATE;
+        IF NOT FOUND OR v_job.state NOT IN ('claimed', 'running') OR v_job.lease_token IS DISTINCT FROM p_tokens[i] THEN
+            RETURN NEXT ROW(p_ids[i], false, v_job.state, mh_refusal(FOUND, v_job.state))::outcome;
+            CONTINUE;
+        END IF;
+        v_error := left(coalesce(p_errors[i], 'failed'), 10000);
+        IF coalesce(p_retryable[i], true) AND v_job.attempts < v_job.max_attempts THEN
+            v_run_at := v_now + mh_backoff(v_job.attempts, v_job.backoff_base_s, v_job.backoff_cap_s);
+            UPDATE jobs j
+               SET state = 'retrying', run_at = v_run_at, last_error = v_error, updated_at = v_now,
+                   claimed_by = NULL, claim_expires_at = NULL, lease_token = NULL
+             WHERE j.shard = v_job.shard AND j.id = v_job.id;
+            PERFORM mh_enqueue(v_job.shard, v_job.id, v_run_at, v_job.strict, v_job.priority, v_now);
+            RETURN NEXT ROW(v_job.id, true, 'retrying'::job_state, NULL::text)::outcome;
+        ELSE
+            UPDATE jobs j
+               SET state = 'dead', last_error = v_error, finished_at = v_now, updated_at = v_now,
+                   started_at = coalesce(j.started_at, j.claimed_at),
+                   lateness = coalesce(j.lateness, j.claimed_at - j.due_at),
+                   claim_expires_at = NULL, lease_token = NULL
+             WHERE j.shard = v_job.shard AND j.id = v_job.id;
+            RETURN NEXT ROW(v_job.id, true, 'dead'::job_state, NULL::text)::outcome;
+        END IF;
+    END LOOP;
+END $$;
+
+-- Single-job forms.
+CREATE FUNCTION start(p_job bigint, p_token uuid) RETURNS outcome
+LANGUAGE sql AS $$ SELECT * FROM start_many(ARRAY[p_job], ARRAY[p_token]) $$;
+CREATE FUNCTION heartbeat(p_job bigint, p_token uuid, p_extend_s real) RETURNS outcome
+LANGUAGE sql AS $$ SELECT * FROM heartbeat_many(ARRAY[p_job], ARRAY[p_token], p_extend_s) $$;
+CREATE FUNCTION complete(p_job bigint, p_token uuid, p_result jsonb DEFAULT NULL) RETURNS outcome
+LANGUAGE sql AS $$ SELECT * FROM complete_many(ARRAY[p_job], ARRAY[p_token], ARRAY[p_result]) $$;
+CREATE FUNCTION fail(p_job bigint, p_token uuid, p_error text, p_retryable boolean DEFAULT true) RETURNS outcome
+LANGUAGE sql AS $$ SELECT * FROM fail_many(ARRAY[p_job], ARRAY[p_token], ARRAY[p_error], ARRAY[p_retryable]) $$;
+
+-- Cancel a job that has not started (scheduled, or waiting for a retry). A
+-- job of another team is "no such job" to the caller; p_team NULL acts for
+-- every team (administrators). Its row on the wheel is left to the claim,
+-- which drops rows of cancelled jobs: finding it would mean knowing which
+-- level and slot it sits in now.
+CREATE FUNCTION cancel(p_job bigint, p_team text) RETURNS outcome
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now   timestamptz := mh_now();
+    v_team  int := CASE WHEN p_team IS NOT NULL THEN mh_team_id(p_team) END;
+    v_state job_state;
+BEGIN
+    UPDATE jobs j SET state = 'cancelled', finished_at = v_now, updated_at = v_now
+     WHERE j.shard = mh_shard_of(p_job) AND j.id = p_job
+       AND (v_team IS NULL OR j.team_id = v_team)
+       AND j.state IN ('scheduled', 'retrying');
+    IF FOUND THEN
+        RETURN ROW(p_job, true, 'cancelled'::job_state, NULL::text)::outcome;
+    END IF;
+    SELECT j.state INTO v_state FROM jobs j
+     WHERE j.shard = mh_shard_of(p_job) AND j.id = p_job AND (v_team IS NULL OR j.team_id = v_team);
+    IF NOT FOUND THEN
+        RETURN ROW(p_job, false, NULL::job_state, 'no such job')::outcome;
+    END IF;
+    RETURN ROW(p_job, false, v_state, format('job is %s: only a job that has not started can be cancelled', v_state))::outcome;
+END $$;

@@ -1,0 +1,176 @@
+-- Maintenance: each duty is safe to run concurrently with itself and with
+-- claims. The dispatcher schedules them; maintain() runs them all once.
+
+-- Claims past their expiry go back to the current bucket with their attempt
+-- count kept (the claim already counted the attempt). A job whose last
+-- attempt expired is dead: a job that kills its workers must not loop.
+-- One shard per call (a row-locking statement names one shard).
+CREATE FUNCTION expire_claims(p_shard int, OUT returned bigint, OUT dead bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now  timestamptz := mh_now();
+    v_rows due_row[];
+BEGIN
+    WITH expired AS (
+        UPDATE jobs j
+           SET state = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'scheduled' END::job_state,
+               finished_at = CASE WHEN j.attempts >= j.max_attempts THEN v_now END,
+               last_error = format('claim by %s expired at %s on attempt %s', j.claimed_by, j.claim_expires_at, j.attempts),
+               claimed_by = NULL, claim_expires_at = NULL, lease_token = NULL, updated_at = v_now
+         WHERE j.shard = p_shard AND j.state IN ('claimed', 'running') AND j.claim_expires_at < v_now
+        RETURNING j.id, j.state, j.strict, j.priority
+    )
+    SELECT array_agg(ROW(p_shard, e.strict, e.priority, v_now, e.id)::due_row) FILTER (WHERE e.state = 'scheduled'),
+           count(*) FILTER (WHERE e.state = 'scheduled'),
+           count(*) FILTER (WHERE e.state = 'dead')
+      INTO v_rows, returned, dead
+      FROM expired e;
+    PERFORM mh_enqueue_many(v_rows, v_now);
+END $$;
+
+-- Move jobs down the wheel as the horizon reaches them, in bulk:
+--   due_far   -> hour (or minute) level: rows due before mh_hour_end(now),
+--                earliest first, at most p_far_limit per call;
+--   due_hours -> minute level: every hour slot wholly before
+--                mh_minute_end(now) is moved with one INSERT ... SELECT and
+--                emptied with TRUNCATE. The last 24 hours of slots are
+--                revisited for stragglers (a submitter whose clock read came
+--                just before the boundary and its commit just after).
+-- A slot can hold rows of a later lap only after maintenance stopped for a
+-- day; those stay, and the slot is then emptied by DELETE instead.
+-- Returns how many rows moved. Concurrent callers: one works, the others
+-- return 0 at once (row lock on `wheel`, SKIP LOCKED).
+CREATE FUNCTION cascade_wheel(p_far_limit int DEFAULT 200000, OUT from_far bigint, OUT from_hours bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now        timestamptz := mh_now();
+    v_minute_end timestamptz := mh_minute_end(v_now);
+    v_hour_end   timestamptz := mh_hour_end(v_now);
+    v_hour       timestamptz;
+    v_part       text;
+    v_moved      bigint;
+    v_later      boolean;
+BEGIN
+    from_far := 0; from_hours := 0;
+    PERFORM 1 FROM wheel WHERE id = 1 FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN RETURN; END IF;
+
+    WITH moved AS (
+        DELETE FROM due_far f
+         WHERE f.ctid = ANY (ARRAY(SELECT c.ctid FROM due_far c WHERE c.run_at < v_hour_end
+                                    ORDER BY c.run_at LIMIT p_far_limit))
+        RETURNING f.*
+    ), to_minutes AS (
+        INSERT INTO due_minutes (slot, shard, strict, priority, run_at, job_id)
+        SELECT mh_minute_slot(greatest(m.run_at, v_now)), m.shard, m.strict, m.priority, m.run_at, m.job_id
+          FROM moved m WHERE m.run_at < v_minute_end
+        RETURNING 1
+    ), to_hours AS (
+        INSERT INTO due_hours (slot, shard, strict, priority, run_at, job_id)
+        SELECT mh_hour_slot(m.run_at), m.shard, m.strict, m.priority, m.run_at, m.job_id
+          FROM moved m WHERE m.run_at >= v_minute_end
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM to_minutes) + (SELECT count(*) FROM to_hours) INTO from_far;
+
+    v_hour := v_minute_end - interval '24 hours';
+    WHILE v_hour < v_minute_end LOOP
+        v_part := mh_hour_part(mh_hour_slot(v_hour));
+        v_hour := v_hour + interval '1 hour';
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I)', v_part) INTO v_later;
+        CONTINUE WHEN NOT v_later;
+        -- Submitters of this hour wait for the move; none is lost to the TRUNCATE.
+        EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', v_part);
+        EXECUTE format($f$INSERT INTO due_minutes (slot, shard, strict, priority, run_at, job_id)
+                          SELECT mh_minute_slot(greatest(h.run_at, $2)), h.shard, h.strict, h.priority, h.run_at, h.job_id
+                            FROM %I h WHERE h.run_at < $1$f$, v_part)
+           USING v_minute_end, v_now;
+        GET DIAGNOSTICS v_moved = ROW_COUNT;
+        from_hours := from_hours + v_moved;
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE run_at >= $1)', v_part) INTO v_later USING v_minute_end;
+        IF v_later THEN
+            EXECUTE format('DELETE FROM %I WHERE run_at < $1', v_part) USING v_minute_end;
+        ELSE
+            EXECUTE format('TRUNCATE %I', v_part);
+        END IF;
+    END LOOP;
+END $$;
+
+-- Carry forward, then empty, the minute buckets the hand has passed: every
+-- bucket older than the sweep line (30 min behind now) gets its leftover due
+-- rows moved to the current bucket, and is emptied with TRUNCATE (dead
+-- tuples of claimed rows go with it, no VACUUM). Runs up to the line once;
+-- `wheel.swept_until` remembers how far. Concurrent callers: as cascade_wheel.
+CREATE FUNCTION sweep_passed(OUT buckets int, OUT carried bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now    timestamptz := mh_now();
+    v_cur    timestamptz := mh_minute(v_now);
+    v_line   timestamptz := v_cur - mh_sweep_after();
+    v_bucket timestamptz;
+    v_part   text;
+    v_moved  bigint;
+    v_later  boolean;
+BEGIN
+    buckets := 0; carried := 0;
+    SELECT w.swept_until INTO v_bucket FROM wheel w WHERE w.id = 1 FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN RETURN; END IF;
+    -- First run, or a long outage: the ring holds at most one lap.
+    v_bucket := greatest(coalesce(v_bucket, v_line - interval '1 hour'),
+                         v_line - (mh_minute_slots() - 1) * interval '1 minute');
+    WHILE v_bucket < v_line LOOP
+        v_part := mh_minute_part(mh_minute_slot(v_bucket));
+        v_bucket := v_bucket + interval '1 minute';
+        EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', v_part);
+        EXECUTE format($f$INSERT INTO due_minutes (slot, shard, strict, priority, run_at, job_id)
+                          SELECT $2, p.shard, p.strict, p.priority, p.run_at, p.job_id
+                            FROM %I p WHERE p.run_at < $1$f$, v_part)
+           USING v_cur, mh_minute_slot(v_cur);
+        GET DIAGNOSTICS v_moved = ROW_COUNT;
+        carried := carried + v_moved;
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE run_at >= $1)', v_part) INTO v_later USING v_cur;
+        IF v_later THEN
+            EXECUTE format('DELETE FROM %I WHERE run_at < $1', v_part) USING v_cur;
+        ELSE
+            EXECUTE format('TRUNCATE %I', v_part);
+        END IF;
+        buckets := buckets + 1;
+    END LOOP;
+    UPDATE wheel SET swept_until = greatest(coalesce(swept_until, v_line), v_line) WHERE id = 1;
+END $$;
+
+-- Idempotency keys live 24 h. One shard per call, bounded per call.
+CREATE FUNCTION purge_idempotency_keys(p_shard int, p_limit int DEFAULT 10000) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := mh_now();
+    v_n   bigint;
+BEGIN
+    DELETE FROM idempotency_keys k
+     WHERE k.shard = p_shard
+       AND k.ctid = ANY (ARRAY(SELECT c.ctid FROM idempotency_keys c
+                                WHERE c.shard = p_shard AND c.expires_at <= v_now LIMIT p_limit));
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END $$;
+
+-- Every duty once, over every shard: for operators, the demo and tests.
+CREATE FUNCTION maintain(OUT from_far bigint, OUT from_hours bigint, OUT swept_buckets int, OUT carried bigint,
+                         OUT claims_returned bigint, OUT claims_dead bigint, OUT keys_purged bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    s int;
+    r record;
+BEGIN
+    SELECT * INTO r FROM cascade_wheel();
+    from_far := r.from_far; from_hours := r.from_hours;
+    SELECT * INTO r FROM sweep_passed();
+    swept_buckets := r.buckets; carried := r.carried;
+    claims_returned := 0; claims_dead := 0; keys_purged := 0;
+    FOR s IN 0 .. mh_shard_count() - 1 LOOP
+        SELECT * INTO r FROM expire_claims(s);
+        claims_returned := claims_returned + r.returned;
+        claims_dead := claims_dead + r.dead;
+        keys_purged := keys_purged + purge_idempotency_keys(s);
+    END LOOP;
+END $$;

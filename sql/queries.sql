@@ -1,0 +1,94 @@
+-- Named statements the Python store sends, looked up by name
+-- (app/store/queries.py). Each calls a procedure of sql/00*.sql: the logic
+-- lives there, these only bind parameters. `-- name: X` starts one; the
+-- next line says what it does.
+
+-- name: set_clock
+-- Pin this session's clock (tests); NULL unpins it.
+SELECT set_config('minutehand.now', coalesce(%(now)s::text, ''), false)
+
+-- name: submit_job
+-- One job: its id, assigned run time, and whether it was created.
+SELECT job_id, run_at, created
+  FROM submit_job_detail(%(team)s::text, %(name)s::text, %(due_at)s::timestamptz, %(payload)s::jsonb,
+                         %(priority)s::int, %(max_attempts)s::int, %(flex_s)s::int, %(strict)s::boolean,
+                         %(idempotency_key)s::text, %(backoff_base_s)s::real, %(backoff_cap_s)s::real)
+
+-- name: submit_jobs
+-- Many jobs of one team, as parallel arrays; one row per item.
+SELECT idx, job_id, run_at, created, error
+  FROM submit_jobs(%(team)s::text, %(names)s::text[], %(due_ats)s::timestamptz[], %(payloads)s::jsonb[],
+                   %(priorities)s::int[], %(max_attempts)s::int[], %(flex_s)s::int[], %(stricts)s::boolean[],
+                   %(keys)s::text[], %(backoff_base_s)s::real[], %(backoff_cap_s)s::real[])
+
+-- name: take_shard_lease
+-- Take or renew one shard's lease; its epoch, or NULL if another holds it.
+SELECT take_shard_lease(%(shard)s::int, %(owner)s::text, %(ttl_s)s::real) AS epoch
+
+-- name: release_shard_lease
+-- Give a shard up at once.
+SELECT release_shard_lease(%(shard)s::int, %(owner)s::text, %(epoch)s::bigint) AS released
+
+-- name: claim_due
+-- Claim up to limit due jobs of one shard under a current lease.
+SELECT job_id, team_id, name, payload, attempt, max_attempts, idempotency_key, lease_token,
+       claim_expires_at, due_at, run_at, priority, strict
+  FROM claim_due(%(shard)s::int, %(limit)s::int, %(owner)s::text, %(epoch)s::bigint, %(lease_s)s::real, %(worker)s::text)
+
+-- name: next_due
+-- Earliest run time in one shard's current and next buckets.
+SELECT next_due(%(shard)s::int) AS next_due
+
+-- name: start_many
+-- Mark claimed jobs as started (records lateness).
+SELECT job_id, ok, state, reason FROM start_many(%(ids)s::bigint[], %(tokens)s::uuid[])
+
+-- name: heartbeat_many
+-- Extend the claims of running jobs.
+SELECT job_id, ok, state, reason FROM heartbeat_many(%(ids)s::bigint[], %(tokens)s::uuid[], %(extend_s)s::real)
+
+-- name: complete_many
+-- Close jobs as succeeded, storing results (and under idempotency keys).
+SELECT job_id, ok, state, reason FROM complete_many(%(ids)s::bigint[], %(tokens)s::uuid[], %(results)s::jsonb[])
+
+-- name: fail_many
+-- Report failures: retry after backoff, or dead.
+SELECT job_id, ok, state, reason FROM fail_many(%(ids)s::bigint[], %(tokens)s::uuid[], %(errors)s::text[], %(retryable)s::boolean[])
+
+-- name: cancel
+-- Cancel a job that has not started; team NULL acts for every team.
+SELECT job_id, ok, state, reason FROM cancel(%(job_id)s::bigint, %(team)s::text)
+
+-- name: job_status
+-- The status record of one job: one primary-key lookup (shard from the id).
+SELECT j.id AS job_id, t.name AS team, j.name, j.state, j.priority, j.due_at, j.run_at, j.strict, j.flex_s,
+       j.attempts, j.max_attempts, j.claimed_by, j.claim_expires_at, j.lateness, j.last_error, j.result,
+       j.idempotency_key, j.created_at, j.started_at, j.finished_at
+  FROM jobs j JOIN teams t ON t.id = j.team_id
+ WHERE j.shard = mh_shard_of(%(job_id)s::bigint) AND j.id = %(job_id)s::bigint
+   AND (%(team)s::text IS NULL OR t.name = %(team)s)
+
+-- name: create_team
+-- A new team with its token's hash.
+INSERT INTO teams (name, quota, weight, token_hash) VALUES (%(name)s, %(quota)s, %(weight)s, %(token_hash)s)
+RETURNING id
+
+-- name: expire_claims
+-- Return one shard's expired claims to the due pool.
+SELECT returned, dead FROM expire_claims(%(shard)s::int)
+
+-- name: cascade_wheel
+-- Move far-future jobs down the wheel as the horizon reaches them.
+SELECT from_far, from_hours FROM cascade_wheel()
+
+-- name: sweep_passed
+-- Carry forward and empty the minute buckets the hand has passed.
+SELECT buckets, carried FROM sweep_passed()
+
+-- name: purge_idempotency_keys
+-- Drop one shard's expired idempotency keys.
+SELECT purge_idempotency_keys(%(shard)s::int) AS purged
+
+-- name: maintain
+-- Every maintenance duty once, over every shard.
+SELECT * FROM maintain()
