@@ -1,0 +1,45 @@
+# Sourced by ops/test and ops/dev: go to the checkout, make sure .venv exists and
+# holds this project (editable) with the requested extras, and that some
+# PostgreSQL server binaries are available (the pgserver wheel if the machine has none).
+#
+#   source ops/lib/venv.sh; mh_venv test     # or: mh_venv ""  for no extras
+
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+
+# Same search order as app/localpg.py's find_bindir().
+mh_have_pg_server() {
+    command -v pg_ctl >/dev/null 2>&1 && return 0
+    compgen -G '/usr/lib/postgresql/*/bin/pg_ctl' >/dev/null && return 0
+    [ -x .venv/bin/python ] && .venv/bin/python -c 'import importlib.util as u, sys; sys.exit(u.find_spec("pgserver") is None)' 2>/dev/null
+}
+
+mh_venv() {
+    local extras="$1"
+    # A venv without pip is what `python3 -m venv` leaves behind when python3-venv is missing.
+    if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+        rm -rf .venv
+        if ! "${PYTHON:-python3}" -m venv .venv; then
+            rm -rf .venv
+            echo "ops: cannot create .venv; on Debian/Ubuntu: apt-get install python3-venv" >&2
+            exit 1
+        fi
+    fi
+    if ! mh_have_pg_server; then
+        echo "ops: no PostgreSQL server binaries found; installing the pgserver wheel into .venv" >&2
+        extras="${extras:+$extras,}embedded"
+    fi
+    # Reinstall only when pyproject.toml changed since the last install with these extras.
+    local stamp=".venv/.minutehand-installed${extras:+-$extras}"
+    if ! cmp -s pyproject.toml "$stamp"; then
+        echo "ops: installing minutehand${extras:+[$extras]} into .venv" >&2
+        local log=.venv/pip-install.log
+        # Output only on failure: the build backend's warnings are noise in test runs.
+        if ! .venv/bin/python -m pip install --disable-pip-version-check -e ".${extras:+[$extras]}" >"$log" 2>&1; then
+            tail -n 40 "$log" >&2
+            echo "ops: pip install failed (full log: $log)" >&2
+            exit 1
+        fi
+        cp pyproject.toml "$stamp"
+    fi
+}
