@@ -128,13 +128,25 @@ CREATE TABLE jobs (
     finished_at      timestamptz,
     updated_at       timestamptz NOT NULL,
     PRIMARY KEY (shard, id)
-);
--- expire_claims finds overdue claims of one shard without scanning.
-CREATE INDEX jobs_open_claims ON jobs (shard, claim_expires_at) WHERE state IN ('claimed', 'running');
+) WITH (fillfactor = 70);
+-- No index covers a column that claim, start, heartbeat, complete or fail
+-- change (state, claim fields, result): those updates are HOT, adding no
+-- index entries, with room left on each page (fillfactor) for the new
+-- versions. Claim expiry is found through claim_checks instead.
 -- A team's jobs, newest first (keyset pagination on id).
 CREATE INDEX jobs_team_recent ON jobs (team_id, id DESC);
 -- A repeating series cannot create the same run twice, whatever fails over.
 CREATE UNIQUE INDEX jobs_series_run ON jobs (shard, series_id, due_at) WHERE series_id IS NOT NULL;
+
+-- Reminders to look at claims when they would expire: one row per claim
+-- call (up to its whole batch of jobs), not per job. expire_claims() reads
+-- the due ones; a claim renewed by heartbeats is simply filed again.
+CREATE TABLE claim_checks (
+    shard    smallint    NOT NULL,
+    check_at timestamptz NOT NULL,
+    job_ids  bigint[]    NOT NULL
+);
+CREATE INDEX claim_checks_due ON claim_checks (shard, check_at);
 
 -- Idempotency keys, colocated with their job (same shard), kept 24 h.
 CREATE TABLE idempotency_keys (

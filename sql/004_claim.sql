@@ -34,7 +34,8 @@ END $$;
 --   $1 shard, $2 now, $3 limit, $4 claimed_by, $5 lease token, $6 claim expiry.
 -- It names the bucket's partition directly: the plan, and the locks it
 -- takes, cover exactly that partition and the job rows it claims.
--- Due rows of cancelled jobs are removed here and claim nothing.
+-- Due rows of cancelled jobs are removed here and claim nothing. One
+-- reminder row files the whole batch for expire_claims.
 CREATE FUNCTION mh_claim_sql(p_slot int) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT format($f$
@@ -55,6 +56,9 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
              WHERE j.shard = $1 AND j.id = p.job_id AND j.state IN ('scheduled', 'retrying')
             RETURNING j.id, j.team_id, j.name, j.payload, j.attempts, j.max_attempts, j.idempotency_key,
                       j.lease_token, j.claim_expires_at, j.due_at, j.run_at, j.priority, j.strict
+        ), reminder AS (
+            INSERT INTO claim_checks (shard, check_at, job_ids)
+            SELECT $1, $6, array_agg(c.id) FROM claimed c HAVING count(*) > 0
         )
         SELECT * FROM claimed ORDER BY strict DESC, priority DESC, run_at
     $f$, mh_minute_part(p_slot))

@@ -4,20 +4,37 @@
 -- Claims past their expiry go back to the current bucket with their attempt
 -- count kept (the claim already counted the attempt). A job whose last
 -- attempt expired is dead: a job that kills its workers must not loop.
--- One shard per call (a row-locking statement names one shard).
-CREATE FUNCTION expire_claims(p_shard int, OUT returned bigint, OUT dead bigint)
+-- Driven by the due reminders in claim_checks (at most p_limit per call), so
+-- it never scans the jobs; claims renewed since are filed again for the time
+-- they now expire. One shard per call (a row-locking statement names one).
+CREATE FUNCTION expire_claims(p_shard int, p_limit int DEFAULT 1000, OUT returned bigint, OUT dead bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_now  timestamptz := mh_now();
+    v_ids  bigint[];
     v_rows due_row[];
 BEGIN
+    returned := 0; dead := 0;
+    WITH due AS (
+        DELETE FROM claim_checks c
+         WHERE c.shard = p_shard
+           AND c.ctid = ANY (ARRAY(SELECT k.ctid FROM claim_checks k
+                                    WHERE k.shard = p_shard AND k.check_at <= v_now LIMIT p_limit))
+        RETURNING c.job_ids
+    )
+    SELECT array_agg(DISTINCT i) INTO v_ids FROM due, unnest(due.job_ids) i;
+    IF v_ids IS NULL THEN
+        RETURN;
+    END IF;
+
     WITH expired AS (
         UPDATE jobs j
            SET state = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'scheduled' END::job_state,
                finished_at = CASE WHEN j.attempts >= j.max_attempts THEN v_now END,
                last_error = format('claim by %s expired at %s on attempt %s', j.claimed_by, j.claim_expires_at, j.attempts),
                claimed_by = NULL, claim_expires_at = NULL, lease_token = NULL, updated_at = v_now
-         WHERE j.shard = p_shard AND j.state IN ('claimed', 'running') AND j.claim_expires_at < v_now
+         WHERE j.shard = p_shard AND j.id = ANY (v_ids)
+           AND j.state IN ('claimed', 'running') AND j.claim_expires_at < v_now
         RETURNING j.id, j.state, j.strict, j.priority
     )
     SELECT array_agg(ROW(p_shard, e.strict, e.priority, v_now, e.id)::due_row) FILTER (WHERE e.state = 'scheduled'),
@@ -26,6 +43,12 @@ BEGIN
       INTO v_rows, returned, dead
       FROM expired e;
     PERFORM mh_enqueue_many(v_rows, v_now);
+
+    INSERT INTO claim_checks (shard, check_at, job_ids)
+    SELECT p_shard, min(j.claim_expires_at), array_agg(j.id)
+      FROM jobs j
+     WHERE j.shard = p_shard AND j.id = ANY (v_ids) AND j.state IN ('claimed', 'running')
+    HAVING count(*) > 0;
 END $$;
 
 -- Move jobs down the wheel as the horizon reaches them, in bulk:

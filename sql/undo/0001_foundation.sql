@@ -7,6 +7,6 @@ DROP FUNCTION IF EXISTS maintain, purge_idempotency_keys, sweep_passed, cascade_
     mh_minute_part, mh_hour_slot, mh_minute_slot, mh_key_shard, mh_random_shard, mh_shard_of, mh_new_id,
     mh_hour, mh_minute, mh_now, mh_idempotency_ttl, mh_max_ahead, mh_payload_max_bytes, mh_hour_span,
     mh_hour_slots, mh_sweep_after, mh_horizon, mh_minute_slots, mh_shard_count;
-DROP TABLE IF EXISTS due_minutes, due_hours, due_far, wheel, shards, idempotency_keys, jobs, teams;
+DROP TABLE IF EXISTS due_minutes, due_hours, due_far, wheel, shards, claim_checks, idempotency_keys, jobs, teams;
 DROP TYPE IF EXISTS outcome, due_row, job_state;
 DROP SEQUENCE IF EXISTS job_id_seq;

@@ -1,0 +1,252 @@
+"""Store benchmark: submit, claim+complete, pending-set invariance, long
+transactions — each also as a ratio to the floor of any PostgreSQL queue on
+the same server, measured in the same run (../shared/bench/pg-floor/run.sh).
+
+    python -m ops.bench.store                # a fresh local cluster, durable (fsync on)
+    python -m ops.bench.store --dsn URL      # a server of yours (its database `mh_bench` is recreated)
+    python -m ops.bench.store --quick        # small sizes, to check the script itself
+
+Clients are processes (not threads): on 2 cores the GIL would otherwise
+cap the client before the server. synchronous_commit stays on.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import psycopg
+
+from app.localpg import LocalCluster
+from app.store import migrate
+from app.store.records import JobSpec
+from app.store.store import Store
+
+ROOT = Path(__file__).resolve().parents[2]
+FLOOR = ROOT.parent / "shared" / "bench" / "pg-floor" / "run.sh"
+TEAM = "bench"
+CLIENTS = 4
+
+
+def _url(dsn: str, dbname: str) -> str:
+    """The same server URL with another database."""
+    return urlsplit(dsn)._replace(path="/" + dbname).geturl()
+
+
+def recreate(dsn: str, dbname: str) -> str:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{dbname}"')
+    return _url(dsn, dbname)
+
+
+def floor(dsn: str, seconds: int) -> dict[str, int]:
+    url = recreate(dsn, "mh_floor")
+    out = subprocess.run(["bash", str(FLOOR), url, str(seconds)], check=True,
+                         capture_output=True, text=True).stdout
+    return {k: int(v) for k, v in (line.split("=") for line in out.split() if "=" in line)}
+
+
+def _parallel(target, args_per_client: list[tuple]) -> float:
+    """Run one process per args tuple; seconds from the start signal to the last one's end."""
+    start = mp.Event()
+    procs = [mp.Process(target=target, args=(start, *a)) for a in args_per_client]
+    for p in procs:
+        p.start()
+    time.sleep(1.0)                       # let every client connect first
+    t0 = time.perf_counter()
+    start.set()
+    for p in procs:
+        p.join()
+        if p.exitcode != 0:
+            raise SystemExit(f"a benchmark client failed (exit {p.exitcode})")
+    return time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------- submit
+def _submit_single(start, url: str, seconds: float, counter) -> None:
+    with Store(url, max_size=1) as store:
+        spec = JobSpec(name="bench.single", payload={"n": 1})
+        start.wait()
+        n, end = 0, time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            store.submit(TEAM, spec)
+            n += 1
+        with counter.get_lock():
+            counter.value += n
+
+
+def bench_submit_single(url: str, seconds: float) -> float:
+    counter = mp.Value("q", 0)
+    elapsed = _parallel(_submit_single, [(url, seconds, counter)] * CLIENTS)
+    return counter.value / elapsed
+
+
+def _submit_batches(start, url: str, batches: int, size: int, due_in_s: float) -> None:
+    import datetime as dt
+    with Store(url, max_size=1) as store:
+        start.wait()
+        for _ in range(batches):
+            due = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=due_in_s) if due_in_s else None
+            store.submit_many(TEAM, [JobSpec(name="bench.batch", due_at=due, payload={"n": i})
+                                     for i in range(size)])
+
+
+def bench_submit_batch(url: str, jobs: int, size: int = 10_000) -> float:
+    """Due-now jobs in batches of `size`; they feed the lifecycle run."""
+    per_client = max(1, jobs // size // CLIENTS)
+    elapsed = _parallel(_submit_batches, [(url, per_client, size, 0)] * CLIENTS)
+    return per_client * CLIENTS * size / elapsed
+
+
+# ---------------------------------------------------------------- lifecycle
+def _lifecycle(start, url: str, shards: list[int], owner: str, counter) -> None:
+    with Store(url, max_size=1) as store:
+        leases = store.take_leases(shards, owner, 3600)
+        start.wait()
+        n, idle = 0, False
+        while not idle:
+            idle = True
+            for shard, epoch in leases.items():
+                jobs = store.claim({shard: epoch}, 100, owner, 60).jobs
+                if jobs:
+                    store.complete([(j.job_id, j.lease_token, None) for j in jobs])
+                    n += len(jobs)
+                    idle = False
+        with counter.get_lock():
+            counter.value += n
+
+
+def bench_lifecycle(url: str, jobs: int) -> float:
+    """Claims of 100 then a batched complete, 4 clients over disjoint shard slices."""
+    counter = mp.Value("q", 0)
+    slices = [list(range(i, 256, CLIENTS)) for i in range(CLIENTS)]
+    elapsed = _parallel(_lifecycle, [(url, s, f"bench-{i}", counter) for i, s in enumerate(slices)])
+    if counter.value != jobs:
+        raise SystemExit(f"lifecycle: claimed and completed {counter.value} of {jobs}")
+    return jobs / elapsed
+
+
+def reset_due(url: str) -> None:
+    """Empty the due-now work and the records of finished jobs; far-future jobs stay."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DELETE FROM jobs WHERE state <> 'scheduled' OR run_at < now() + interval '1 day'")
+        conn.execute("TRUNCATE due_minutes")
+        conn.execute("UPDATE shards SET owner = NULL, hand = NULL, lease_expires_at = NULL")
+        conn.execute("VACUUM ANALYZE jobs")
+        conn.execute("CHECKPOINT")
+
+
+def add_far_future(url: str, count: int) -> None:
+    """Jobs due 30 days out, loaded set-based (the same rows submit_jobs writes)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        for lo in range(0, count, 1_000_000):
+            n = min(1_000_000, count - lo)
+            conn.execute("""
+                WITH g AS (SELECT mh_random_shard() AS shard,
+                                  now() + interval '30 days' + random() * interval '1 day' AS run_at
+                             FROM generate_series(1, %(n)s)),
+                     r AS (SELECT shard, mh_new_id(shard) AS id, run_at FROM g),
+                     j AS (INSERT INTO jobs (shard, id, team_id, name, payload, priority, due_at, flex_s, strict,
+                                             run_at, state, max_attempts, backoff_base_s, backoff_cap_s,
+                                             created_at, updated_at)
+                           SELECT shard, id, (SELECT id FROM teams WHERE name = %(team)s), 'bench.far', '{}', 0,
+                                  run_at, 0, false, run_at, 'scheduled', 3, 1, 3600, now(), now() FROM r)
+                INSERT INTO due_far (shard, strict, priority, run_at, job_id)
+                SELECT shard, false, 0, run_at, id FROM r""", {"n": n, "team": TEAM})
+        conn.execute("VACUUM ANALYZE")
+        conn.execute("CHECKPOINT")
+
+
+def lifecycle_run(url: str, jobs: int) -> tuple[float, float]:
+    """(batched submit jobs/s, claim+complete jobs/s) for `jobs` due-now jobs."""
+    reset_due(url)
+    submit = bench_submit_batch(url, jobs)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE jobs")
+    return submit, bench_lifecycle(url, jobs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dsn", help="a server to use (superuser); default: a fresh local cluster")
+    ap.add_argument("--jobs", type=int, default=200_000)
+    ap.add_argument("--far", default="1000000,10000000", help="far-future set sizes, comma-separated")
+    ap.add_argument("--seconds", type=int, default=15, help="length of timed runs (floor, single submit)")
+    ap.add_argument("--quick", action="store_true", help="small sizes: check the script, not the numbers")
+    args = ap.parse_args()
+    if args.quick:
+        args.jobs, args.far, args.seconds = 40_000, "100000", 3
+
+    tmp = None
+    if args.dsn is None:
+        tmp = Path(tempfile.mkdtemp(prefix="mh-bench-"))
+        tmp.chmod(0o755)
+        cluster = LocalCluster(tmp / "pgdata")          # durable: fsync and synchronous_commit on
+        cluster.ensure_started()
+        args.dsn = cluster.dsn()
+    try:
+        run(args)
+    finally:
+        if tmp is not None:
+            cluster.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run(args) -> None:
+    fl = floor(args.dsn, args.seconds)
+    enq_floor, claim_floor = fl["floor_enqueue_single_per_s"], fl["floor_claim_delete_batch100_rows_per_s"]
+    url = recreate(args.dsn, "mh_bench")
+    migrate.upgrade(url)
+    with Store(url) as store:
+        store.create_team(TEAM, quota=1_000_000)
+
+    rows = []
+
+    def report(name: str, value: float, floor_value: float | None = None, extra: str = "") -> None:
+        ratio = f"{value / floor_value:6.2f}x floor" if floor_value else ""
+        rows.append(f"{name:<52} {value:>10,.0f} jobs/s  {ratio} {extra}")
+        print(rows[-1], flush=True)
+
+    print(f"floor (pgbench, same server): enqueue {enq_floor:,}/s, claim+delete batch 100 {claim_floor:,} rows/s",
+          flush=True)
+    report("submit, single-row procedure calls, 4 connections", bench_submit_single(url, args.seconds), enq_floor)
+    submit, clean = lifecycle_run(url, args.jobs)
+    report(f"submit, batches of 10,000, 4 connections", submit, enq_floor)
+    report(f"claim(100)+complete, 4 connections, {args.jobs:,} jobs", clean, claim_floor)
+
+    loaded = 0
+    for far in (int(x) for x in args.far.split(",") if x):
+        add_far_future(url, far - loaded)
+        loaded = far
+        _, rate = lifecycle_run(url, args.jobs)
+        report(f"claim+complete with {far:,} far-future jobs pending", rate, claim_floor,
+               f"ratio to empty {rate / clean:.3f}")
+
+    # Long transaction: a REPEATABLE READ snapshot held open through the run.
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE due_far, due_hours, jobs, due_minutes")
+    _, clean2 = lifecycle_run(url, args.jobs)
+    reset_due(url)
+    bench_submit_batch(url, args.jobs)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE jobs")
+    with psycopg.connect(url) as holder:
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT count(*) FROM teams").fetchone()     # takes the snapshot, holds xmin
+        held = bench_lifecycle(url, args.jobs)
+        holder.rollback()
+    report("claim+complete, clean (again, for the next line)", clean2, claim_floor)
+    report("claim+complete, REPEATABLE READ txn held open", held, claim_floor,
+           f"ratio to clean {held / clean2:.3f}")
+    print("\nsummary")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
