@@ -1,0 +1,424 @@
+"""The hot statements touch O(1) partitions, whatever the size of the pending set.
+
+One database per module, filled once: the whole ring (480 minute partitions, 96
+hour partitions, due_far) with jobs in many minute buckets and hour slots, and
+1,000,000 far-future jobs written set-based straight into jobs and due_far.
+Then the plans are read, not guessed:
+
+* the claim (claim_due, with auto_explain logging every nested statement, and
+  the claim statement of mh_claim_sql itself under EXPLAIN EXECUTE) names only
+  the two minute partitions of the hand's bucket and the current one;
+* the status read (named query job_status) is one Index Scan on jobs_pkey;
+* a submit touches exactly one partition of the wheel.
+
+Every probe runs in a transaction that is rolled back, so the tests share the
+fixture without disturbing each other. Plans are also cross-checked against
+pg_locks: what a statement locks is what it can touch.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import secrets
+import threading
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from app.store.queries import q
+from app.store.records import JobSpec
+from tests.support import T0, make_store, pin
+
+FAR_JOBS = 1_000_000
+TEAM = "explainers"
+MIN = dt.timedelta(minutes=1)
+CUR = T0.replace(second=0)            # the current minute bucket at T0
+PREV = CUR - MIN                      # the bucket the hand sits on in steady state
+
+AUTO_EXPLAIN = (
+    "LOAD 'auto_explain'",
+    "SET auto_explain.log_min_duration = 0",
+    "SET auto_explain.log_nested_statements = on",
+    "SET auto_explain.log_analyze = on",
+    "SET auto_explain.log_level = 'notice'",
+    "SET auto_explain.log_format = 'json'",
+)
+
+
+# ---------------------------------------------------------------- plan helpers
+
+def plan_nodes(plan: dict) -> Iterator[dict]:
+    """Every node of a JSON plan (the "Plan" object), depth first."""
+    stack = [plan]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(node.get("Plans", [])))
+
+
+def relations(plan: dict) -> set[str]:
+    """Names of every relation a plan reads or writes."""
+    return {n["Relation Name"] for n in plan_nodes(plan) if "Relation Name" in n}
+
+
+def due_relations(plan: dict) -> set[str]:
+    return {r for r in relations(plan) if r.startswith("due_")}
+
+
+def nodes_on(plan: dict, relation: str) -> list[dict]:
+    return [n for n in plan_nodes(plan) if n.get("Relation Name") == relation]
+
+
+def explain_json(conn: psycopg.Connection, sql: str, params=None) -> dict:
+    """The top "Plan" of `sql`, an EXPLAIN (FORMAT JSON ...) statement."""
+    # client-side binding: EXPLAIN EXECUTE takes no protocol-level parameters
+    raw = psycopg.ClientCursor(conn).execute(sql, params).fetchone()[0]
+    doc = json.loads(raw) if isinstance(raw, str) else raw
+    return doc[0]["Plan"]
+
+
+def assert_no_scan_beyond(plan: dict, *small: str) -> None:
+    """Outside the `small` relations (the partitions a statement is meant to read), the plan
+    only writes rows or reaches them through an index (jobs through its primary key)."""
+    for node in plan_nodes(plan):
+        rel = node.get("Relation Name")
+        if rel is None or rel in small or node["Node Type"] == "ModifyTable":
+            continue
+        assert node["Node Type"] == "Index Scan", (rel, node["Node Type"])
+        if rel == "jobs":
+            assert node["Index Name"] == "jobs_pkey", node["Index Name"]
+
+
+class AutoExplain:
+    """auto_explain on one connection, plans collected from the NOTICEs it sends."""
+
+    def __init__(self, conn: psycopg.Connection):
+        self.conn = conn
+        self.plans: list[dict] = []      # {"Query Text": ..., "Plan": ...}
+        self.recording = False
+        conn.add_notice_handler(self._notice)
+        for stmt in AUTO_EXPLAIN:
+            conn.execute(stmt)
+
+    def _notice(self, diag: psycopg.errors.Diagnostic) -> None:
+        msg = diag.message_primary or ""
+        if self.recording and "plan:" in msg:
+            self.plans.append(json.loads(msg.split("plan:", 1)[1]))
+
+    def __enter__(self) -> AutoExplain:
+        self.plans.clear()
+        self.recording = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.recording = False
+
+    def due_relations(self) -> set[str]:
+        return set().union(*(due_relations(p["Plan"]) for p in self.plans))
+
+    def all_relations(self) -> set[str]:
+        return set().union(*(relations(p["Plan"]) for p in self.plans))
+
+    def nodes_on(self, relation: str) -> list[dict]:
+        return [n for p in self.plans for n in nodes_on(p["Plan"], relation)]
+
+
+def locked_due_relations(conn: psycopg.Connection) -> set[str]:
+    """due_* tables and partitions this session holds a lock on (in its open transaction)."""
+    rows = conn.execute(
+        """SELECT c.relname FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+            WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation'
+              AND c.relkind IN ('r', 'p') AND c.relname LIKE 'due\\_%'""").fetchall()
+    return {r[0] for r in rows}
+
+
+def minute_part(conn: psycopg.Connection, t: dt.datetime) -> str:
+    return conn.execute("SELECT mh_minute_part(mh_minute_slot(%s::timestamptz))", (t,)).fetchone()[0]
+
+
+def hour_part(conn: psycopg.Connection, t: dt.datetime) -> str:
+    return conn.execute("SELECT mh_hour_part(mh_hour_slot(%s::timestamptz))", (t,)).fetchone()[0]
+
+
+# ---------------------------------------------------------------- the big database
+
+def _insert_far_jobs(dsn: str) -> None:
+    """1,000,000 far-future jobs, set-based: jobs and due_far filled at once from two sessions."""
+    far_rows = """
+        SELECT (g %% 256)::smallint AS shard, ((g::bigint) << 10) | (g %% 256) AS id,
+               %(t0)s::timestamptz + interval '4 days' + (g %% 100000) * interval '1 minute' AS run_at
+          FROM generate_series(1, %(n)s) g"""
+    statements = [
+        f"""INSERT INTO jobs (shard, id, team_id, name, payload, priority, due_at, flex_s, strict, run_at,
+                              state, max_attempts, backoff_base_s, backoff_cap_s, created_at, updated_at)
+            SELECT f.shard, f.id, t.id, 'far', '{{}}', 0, f.run_at, 0, false, f.run_at,
+                   'scheduled', 3, 1, 3600, %(t0)s, %(t0)s
+              FROM ({far_rows}) f CROSS JOIN (SELECT id FROM teams WHERE name = %(team)s) t""",
+        f"""INSERT INTO due_far (shard, strict, priority, run_at, job_id)
+            SELECT f.shard, false, 0, f.run_at, f.id FROM ({far_rows}) f""",
+    ]
+    errors: list[BaseException] = []
+
+    def run(sql: str) -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(sql, {"t0": T0, "n": FAR_JOBS, "team": TEAM})
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in statements]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+@pytest.fixture(scope="module")
+def big_dsn(pg_server, template_db) -> Iterator[str]:
+    name = f"mh_explain_{os.getpid()}_{secrets.token_hex(3)}"
+    with pg_server.janitor(name, template_dbname=template_db):
+        dsn = pg_server.dsn(name)
+        store = make_store(dsn, clock=PREV + dt.timedelta(seconds=5))
+        try:
+            store.create_team(TEAM)
+            with store.connection() as c:   # a realistic number of teams
+                c.execute("INSERT INTO teams (name) SELECT 'team-' || g FROM generate_series(1, 300) g")
+            # The previous minute: jobs submitted then, due then (the hand's bucket).
+            store.submit_many(TEAM, [JobSpec(name="prev", due_at=PREV + dt.timedelta(seconds=5))] * 2560)
+            store.clock = T0
+            near = (
+                # due now and overdue: the current bucket
+                [JobSpec(name="now", due_at=T0 - dt.timedelta(seconds=s % 30)) for s in range(2560)]
+                # every minute of the next six hours and more: many minute buckets
+                + [JobSpec(name="soon", due_at=T0 + m * MIN) for m in range(1, 420) for _ in range(12)]
+                # hour slots
+                + [JobSpec(name="later", due_at=T0 + dt.timedelta(hours=h, minutes=m))
+                   for h in range(8, 71) for m in range(0, 60, 3)]
+            )
+            for i in range(0, len(near), 10_000):
+                store.submit_many(TEAM, near[i:i + 10_000])
+        finally:
+            store.close()
+        _insert_far_jobs(dsn)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            # Steady state: every shard's hand one minute behind now.
+            conn.execute("UPDATE shards SET hand = %s", (PREV,))
+            conn.execute("ANALYZE")
+        yield dsn
+
+
+@pytest.fixture
+def conn(big_dsn) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(big_dsn, autocommit=True) as c:
+        pin(c, T0)
+        yield c
+
+
+@pytest.fixture(scope="module")
+def layout(big_dsn) -> dict:
+    """Facts about the filled database the tests check against."""
+    with psycopg.connect(big_dsn, autocommit=True) as c:
+        prev, cur = minute_part(c, PREV), minute_part(c, CUR)
+        # The shard with the most claimable rows in both buckets.
+        shard, n_prev, n_cur = c.execute(f"""
+            SELECT p.shard, p.n, k.n
+              FROM (SELECT shard, count(*) n FROM {prev} WHERE run_at <= %(t)s GROUP BY shard) p
+              JOIN (SELECT shard, count(*) n FROM {cur} WHERE run_at <= %(t)s GROUP BY shard) k USING (shard)
+             ORDER BY p.n + k.n DESC, p.shard LIMIT 1""", {"t": T0}).fetchone()
+        counts = c.execute("""SELECT (SELECT count(*) FROM due_far), (SELECT count(*) FROM due_hours),
+                                     (SELECT count(*) FROM due_minutes),
+                                     (SELECT count(DISTINCT tableoid) FROM due_minutes),
+                                     (SELECT count(DISTINCT tableoid) FROM due_hours),
+                                     (SELECT count(*) FROM due_minutes WHERE shard = %s)""",
+                           (shard,)).fetchone()
+        far_id = c.execute("SELECT job_id FROM due_far ORDER BY run_at DESC LIMIT 1").fetchone()[0]
+        near_id = c.execute(f"SELECT job_id FROM {cur} LIMIT 1").fetchone()[0]
+    return {"prev": prev, "cur": cur, "shard": shard, "n_prev": n_prev, "n_cur": n_cur,
+            "far": counts[0], "hours": counts[1], "minutes": counts[2], "minute_parts": counts[3],
+            "hour_parts": counts[4], "shard_minute_rows": counts[5], "far_id": far_id, "near_id": near_id}
+
+
+def test_fixture_has_the_whole_wheel_populated(layout):
+    """The premise: a big pending set spread over many partitions at every level."""
+    assert layout["far"] >= FAR_JOBS
+    assert layout["minute_parts"] >= 400          # rows in most of the 480 minute partitions
+    assert layout["hour_parts"] >= 60             # and in most hour slots
+    assert layout["hours"] >= 1000
+    assert layout["prev"] != layout["cur"]
+    assert layout["n_prev"] > 0 and layout["n_cur"] > 0
+    # the chosen shard also has rows in buckets the claim must not touch
+    assert layout["shard_minute_rows"] > layout["n_prev"] + layout["n_cur"]
+
+
+# ---------------------------------------------------------------- (a) the claim
+
+def _lease(conn: psycopg.Connection, shard: int, owner: str) -> int:
+    epoch = conn.execute("SELECT take_shard_lease(%s, %s, 3600)", (shard, owner)).fetchone()[0]
+    assert epoch is not None
+    return epoch
+
+
+def test_claim_due_plans_touch_only_the_hand_and_current_minute_partitions(conn, layout):
+    shard = layout["shard"]
+    with conn.transaction(force_rollback=True):
+        epoch = _lease(conn, shard, "explain-a")
+        ae = AutoExplain(conn)
+        with ae:
+            rows = conn.execute("SELECT job_id FROM claim_due(%s, 10000, 'explain-a', %s, 30)",
+                                (shard, epoch)).fetchall()
+        assert len(rows) == layout["n_prev"] + layout["n_cur"]
+        assert ae.plans, "auto_explain sent no plans"
+        # the claim statement ran once per bucket, each naming its partition
+        claim_plans = [p for p in ae.plans
+                       if "WITH picked AS" in p["Query Text"] and "format(" not in p["Query Text"]]
+        assert [due_relations(p["Plan"]) for p in claim_plans] == [{layout["prev"]}, {layout["cur"]}]
+        # and nothing anywhere in the call touched any other part of the wheel
+        assert ae.due_relations() == {layout["prev"], layout["cur"]}
+        # the job records are reached by primary key, never scanned
+        assert ae.nodes_on("jobs")
+        for p in claim_plans:
+            assert_no_scan_beyond(p["Plan"], *due_relations(p["Plan"]))
+        # what the call locked agrees with what its plans say
+        assert locked_due_relations(conn) == {layout["prev"], layout["cur"]}
+
+
+def test_claim_statement_itself_names_one_partition(conn, layout):
+    shard = layout["shard"]
+    sql = conn.execute("SELECT mh_claim_sql(mh_minute_slot(%s::timestamptz))", (T0,)).fetchone()[0]
+    conn.execute(f"PREPARE mh_claim_probe (int, timestamptz, int, text, uuid, timestamptz) AS {sql}")
+    try:
+        for mode in ("auto", "force_generic_plan", "force_custom_plan"):
+            with conn.transaction(force_rollback=True):
+                conn.execute(f"SET LOCAL plan_cache_mode = {mode}")
+                plan = explain_json(
+                    conn, "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE mh_claim_probe "
+                          "(%s, %s, 10000, 'probe', gen_random_uuid(), %s)",
+                    (shard, T0, T0 + dt.timedelta(seconds=30)))
+                assert due_relations(plan) == {layout["cur"]}, mode
+                assert "jobs" in relations(plan)
+                assert plan["Actual Rows"] == layout["n_cur"], mode
+                assert_no_scan_beyond(plan, layout["cur"])
+                assert locked_due_relations(conn) == {layout["cur"]}, mode
+    finally:
+        conn.execute("DEALLOCATE mh_claim_probe")
+
+
+def test_claim_of_an_empty_shard_still_touches_only_two_partitions(conn, layout):
+    """Nothing due: the claim looks at its two buckets and stops; no search for the next job."""
+    with conn.transaction(force_rollback=True):
+        empty = conn.execute(f"""
+            SELECT s FROM generate_series(0, mh_shard_count() - 1) s
+             WHERE NOT EXISTS (SELECT 1 FROM {layout['prev']} WHERE shard = s)
+               AND NOT EXISTS (SELECT 1 FROM {layout['cur']} WHERE shard = s)
+             LIMIT 1""").fetchone()
+        if empty is None:
+            conn.execute(f"DELETE FROM {layout['prev']} WHERE shard = %s", (layout["shard"],))
+            conn.execute(f"DELETE FROM {layout['cur']} WHERE shard = %s", (layout["shard"],))
+            shard = layout["shard"]
+        else:
+            shard = empty[0]
+        epoch = _lease(conn, shard, "explain-e")
+        ae = AutoExplain(conn)
+        with ae:
+            rows = conn.execute("SELECT job_id FROM claim_due(%s, 100, 'explain-e', %s, 30)",
+                                (shard, epoch)).fetchall()
+        assert rows == []
+        assert ae.due_relations() == {layout["prev"], layout["cur"]}
+
+
+# ---------------------------------------------------------------- (b) the status read
+
+@pytest.mark.parametrize("which", ["far_id", "near_id"])
+@pytest.mark.parametrize("team", [None, TEAM])
+def test_job_status_is_one_primary_key_lookup(conn, layout, which, team):
+    job_id = layout[which]
+    plan = explain_json(conn, "EXPLAIN (ANALYZE, FORMAT JSON) " + q("job_status"),
+                        {"job_id": job_id, "team": team})
+    assert relations(plan) <= {"jobs", "teams"}
+    jobs_nodes = nodes_on(plan, "jobs")
+    assert len(jobs_nodes) == 1
+    node = jobs_nodes[0]
+    assert node["Node Type"] == "Index Scan"
+    assert node["Index Name"] == "jobs_pkey"
+    cond = node["Index Cond"]
+    assert "shard" in cond and "id" in cond
+    assert node["Actual Rows"] == 1 and node["Actual Loops"] == 1
+    assert plan["Actual Rows"] == 1
+    # the row found is the one asked for
+    row = conn.execute(q("job_status"), {"job_id": job_id, "team": team}).fetchone()
+    assert row[0] == job_id
+
+
+def test_job_status_generic_plan_is_one_primary_key_lookup(conn, layout):
+    """What a driver's prepared statement gets after a few executions (plan_cache_mode auto
+    switches to the generic plan): still one lookup on jobs_pkey."""
+    text = q("job_status").replace("%(job_id)s", "$1").replace("%(team)s", "$2")
+    conn.execute("SET plan_cache_mode = force_generic_plan")
+    conn.execute(f"PREPARE mh_status_probe (bigint, text) AS {text}")
+    try:
+        for team in (None, TEAM):
+            plan = explain_json(conn, "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE mh_status_probe (%s, %s)",
+                                (layout["far_id"], team))
+            [node] = nodes_on(plan, "jobs")
+            assert (node["Node Type"], node["Index Name"]) == ("Index Scan", "jobs_pkey")
+            assert node["Actual Rows"] == 1 and node["Actual Loops"] == 1
+            assert plan["Actual Rows"] == 1
+    finally:
+        conn.execute("DEALLOCATE mh_status_probe")
+        conn.execute("RESET plan_cache_mode")
+
+
+# ---------------------------------------------------------------- (c) submit
+
+@pytest.mark.parametrize("ahead,level", [
+    (dt.timedelta(0), "minute"),
+    (-dt.timedelta(hours=2), "minute"),           # overdue: the current bucket
+    (dt.timedelta(hours=3, minutes=17), "minute"),
+    (dt.timedelta(hours=30), "hour"),
+    (dt.timedelta(days=10), "far"),
+])
+def test_submit_job_touches_one_due_partition(conn, ahead, level):
+    due = T0 + ahead
+    if level == "minute":
+        expected_leaf, parent = minute_part(conn, max(due, T0)), "due_minutes"
+    elif level == "hour":
+        expected_leaf, parent = hour_part(conn, due), "due_hours"
+    else:
+        expected_leaf, parent = "due_far", "due_far"
+    with conn.transaction(force_rollback=True):
+        ae = AutoExplain(conn)
+        with ae:
+            job_id = conn.execute("SELECT submit_job(%s, 'probe', %s)", (TEAM, due)).fetchone()[0]
+        # the plans name one level of the wheel (an INSERT names the partitioned parent) ...
+        assert ae.due_relations() == {parent}
+        # ... and the one row went to one leaf: the only partition locked
+        assert locked_due_relations(conn) - {"due_minutes", "due_hours"} == {expected_leaf}
+        where = conn.execute(
+            """SELECT tableoid::regclass::text FROM due_minutes WHERE job_id = %(id)s
+               UNION ALL SELECT tableoid::regclass::text FROM due_hours WHERE job_id = %(id)s
+               UNION ALL SELECT 'due_far' FROM due_far WHERE job_id = %(id)s""", {"id": job_id}).fetchall()
+        assert where == [(expected_leaf,)]
+        # the job record: one insert by primary key
+        assert {n["Node Type"] for n in ae.nodes_on("jobs")} <= {"ModifyTable"}
+
+
+def test_submit_jobs_batch_touches_only_the_partitions_of_its_items(conn):
+    """A batch of 200 jobs all due in one minute: one partition, not the ring."""
+    due = T0 + dt.timedelta(hours=2, seconds=10)
+    with conn.transaction(force_rollback=True):
+        ae = AutoExplain(conn)
+        with ae:
+            rows = conn.execute(q("submit_jobs"), {
+                "team": TEAM, "names": ["batch"] * 200, "due_ats": [due] * 200, "payloads": None,
+                "priorities": None, "max_attempts": None, "flex_s": None, "stricts": None,
+                "keys": None, "backoff_base_s": None, "backoff_cap_s": None}).fetchall()
+        assert len(rows) == 200 and all(r[4] is None for r in rows)
+        assert ae.due_relations() <= {"due_minutes", "due_hours", "due_far"}
+        # (the empty INSERTs into the other levels lock only their parent or due_far itself)
+        assert locked_due_relations(conn) - {"due_minutes", "due_hours", "due_far"} == {minute_part(conn, due)}
+        # due_far is indexed and large: the batch never scanned it
+        assert all(n["Node Type"] == "ModifyTable" for n in ae.nodes_on("due_far"))
