@@ -69,6 +69,73 @@ BEGIN
     RETURN v_id;
 END $$;
 
+-- A validated job becomes a record and a row on the wheel.
+CREATE FUNCTION mh_write_job(p_shard smallint, p_id bigint, p_team int, p_name text, p_due_at timestamptz,
+                             p_payload jsonb, p_priority int, p_max_attempts int, p_flex_s int, p_strict boolean,
+                             p_key text, p_base real, p_cap real, p_now timestamptz)
+RETURNS timestamptz LANGUAGE plpgsql AS $$
+DECLARE v_run_at timestamptz := mh_run_at(p_due_at, p_flex_s, p_strict, p_now);
+BEGIN
+    INSERT INTO jobs (shard, id, team_id, name, payload, priority, due_at, flex_s, strict, run_at, state,
+                      max_attempts, backoff_base_s, backoff_cap_s, idempotency_key, created_at, updated_at)
+    VALUES (p_shard, p_id, p_team, p_name, p_payload, p_priority, coalesce(p_due_at, p_now), p_flex_s, p_strict,
+            v_run_at, 'scheduled', p_max_attempts, p_base, p_cap, p_key, p_now, p_now);
+    PERFORM mh_enqueue(p_shard, p_id, v_run_at, p_strict, p_priority::smallint, p_now);
+    RETURN v_run_at;
+END $$;
+
+-- A validated job with an idempotency key. The same key from the same team
+-- within 24 h names the first job (created false) and writes nothing; with a
+-- different request it is a conflict, returned as text, not raised, so a
+-- batch can report it per item without a subtransaction per item.
+CREATE FUNCTION mh_submit_keyed(p_team int, p_name text, p_due_at timestamptz, p_payload jsonb, p_priority int,
+                                p_max_attempts int, p_flex_s int, p_strict boolean, p_key text,
+                                p_base real, p_cap real, p_now timestamptz,
+                                OUT job_id bigint, OUT run_at timestamptz, OUT created boolean, OUT conflict text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_shard smallint := mh_key_shard(p_team, p_key);
+    v_hash  text := mh_request_hash(p_name, p_due_at, p_payload, p_priority, p_max_attempts, p_flex_s,
+                                    p_strict, p_base, p_cap);
+    v_key   idempotency_keys%ROWTYPE;
+BEGIN
+    job_id := mh_new_id(v_shard);
+    -- A concurrent submit with the same key waits here on the unique key
+    -- until the first commits (then this one finds its row) or rolls back.
+    LOOP
+        INSERT INTO idempotency_keys (shard, team_id, key, job_id, request_hash, created_at, expires_at)
+        VALUES (v_shard, p_team, p_key, job_id, v_hash, p_now, p_now + mh_idempotency_ttl())
+        ON CONFLICT DO NOTHING;
+        EXIT WHEN FOUND;
+        SELECT * INTO v_key FROM idempotency_keys k
+         WHERE k.shard = v_shard AND k.team_id = p_team AND k.key = p_key
+           FOR UPDATE;
+        CONTINUE WHEN NOT FOUND;              -- purged in between: try the insert again
+        IF v_key.expires_at > p_now THEN
+            created := false;
+            IF v_key.request_hash <> v_hash THEN
+                job_id := NULL;
+                conflict := format('idempotency key %L was used for a different request (job %s) within %s',
+                                   p_key, v_key.job_id, mh_idempotency_ttl());
+            ELSE
+                job_id := v_key.job_id;
+                SELECT j.run_at INTO run_at FROM jobs j WHERE j.shard = v_shard AND j.id = v_key.job_id;
+            END IF;
+            RETURN;
+        END IF;
+        -- Expired: the key starts over with this job.
+        UPDATE idempotency_keys k
+           SET job_id = mh_submit_keyed.job_id, request_hash = v_hash, result = NULL, completed_at = NULL,
+               created_at = p_now, expires_at = p_now + mh_idempotency_ttl()
+         WHERE k.shard = v_shard AND k.team_id = p_team AND k.key = p_key;
+        EXIT;
+    END LOOP;
+    created := true;
+    run_at := mh_write_job(v_shard, job_id, p_team, p_name, p_due_at, p_payload, p_priority, p_max_attempts,
+                           p_flex_s, p_strict, p_key, p_base, p_cap, p_now);
+END $$;
+
 -- One job. Returns its id, assigned run time, and whether it was created
 -- (false: the idempotency key named an earlier job, whose id is returned).
 CREATE FUNCTION submit_job_detail(
@@ -78,15 +145,13 @@ CREATE FUNCTION submit_job_detail(
     p_backoff_base_s real DEFAULT 1, p_backoff_cap_s real DEFAULT 3600,
     OUT job_id bigint, OUT run_at timestamptz, OUT created boolean)
 LANGUAGE plpgsql AS $$
-#variable_conflict use_column
 DECLARE
     v_now     timestamptz := mh_now();
     v_team    int := mh_team_id(p_team);
     v_payload jsonb := coalesce(p_payload, '{}');
     v_problem text;
     v_shard   smallint;
-    v_hash    text;
-    v_key     idempotency_keys%ROWTYPE;
+    v_keyed   record;
 BEGIN
     v_problem := mh_payload_problem(v_payload);
     IF v_problem IS NOT NULL THEN
@@ -97,53 +162,21 @@ BEGIN
     IF v_problem IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = v_problem;
     END IF;
-
     IF p_idempotency_key IS NULL THEN
         v_shard := mh_random_shard();
         job_id := mh_new_id(v_shard);
-    ELSE
-        v_shard := mh_key_shard(v_team, p_idempotency_key);
-        job_id := mh_new_id(v_shard);
-        v_hash := mh_request_hash(p_name, p_due_at, v_payload, p_priority, p_max_attempts, p_flex_s,
-                                  p_strict, p_backoff_base_s, p_backoff_cap_s);
-        -- A concurrent submit with the same key waits here on the unique key
-        -- until the first commits (then this one finds its row) or rolls back.
-        LOOP
-            INSERT INTO idempotency_keys (shard, team_id, key, job_id, request_hash, created_at, expires_at)
-            VALUES (v_shard, v_team, p_idempotency_key, job_id, v_hash, v_now, v_now + mh_idempotency_ttl())
-            ON CONFLICT DO NOTHING;
-            EXIT WHEN FOUND;
-            SELECT * INTO v_key FROM idempotency_keys k
-             WHERE k.shard = v_shard AND k.team_id = v_team AND k.key = p_idempotency_key
-               FOR UPDATE;
-            CONTINUE WHEN NOT FOUND;              -- purged in between: try the insert again
-            IF v_key.expires_at > v_now THEN
-                IF v_key.request_hash <> v_hash THEN
-                    RAISE EXCEPTION USING ERRCODE = 'MH409',
-                        MESSAGE = format('idempotency key %L was used for a different request (job %s) within %s',
-                                         p_idempotency_key, v_key.job_id, mh_idempotency_ttl());
-                END IF;
-                job_id := v_key.job_id;
-                created := false;
-                SELECT j.run_at INTO run_at FROM jobs j WHERE j.shard = v_shard AND j.id = v_key.job_id;
-                RETURN;
-            END IF;
-            -- Expired: the key starts over with this job.
-            UPDATE idempotency_keys k
-               SET job_id = submit_job_detail.job_id, request_hash = v_hash, result = NULL, completed_at = NULL,
-                   created_at = v_now, expires_at = v_now + mh_idempotency_ttl()
-             WHERE k.shard = v_shard AND k.team_id = v_team AND k.key = p_idempotency_key;
-            EXIT;
-        END LOOP;
+        created := true;
+        run_at := mh_write_job(v_shard, job_id, v_team, p_name, p_due_at, v_payload, p_priority, p_max_attempts,
+                               p_flex_s, p_strict, NULL, p_backoff_base_s, p_backoff_cap_s, v_now);
+        RETURN;
     END IF;
-
-    run_at := mh_run_at(p_due_at, p_flex_s, p_strict, v_now);
-    created := true;
-    INSERT INTO jobs (shard, id, team_id, name, payload, priority, due_at, flex_s, strict, run_at, state,
-                      max_attempts, backoff_base_s, backoff_cap_s, idempotency_key, created_at, updated_at)
-    VALUES (v_shard, job_id, v_team, p_name, v_payload, p_priority, coalesce(p_due_at, v_now), p_flex_s, p_strict,
-            run_at, 'scheduled', p_max_attempts, p_backoff_base_s, p_backoff_cap_s, p_idempotency_key, v_now, v_now);
-    PERFORM mh_enqueue(v_shard, job_id, run_at, p_strict, p_priority::smallint, v_now);
+    SELECT * INTO v_keyed FROM mh_submit_keyed(v_team, p_name, p_due_at, v_payload, p_priority, p_max_attempts,
+                                               p_flex_s, p_strict, p_idempotency_key, p_backoff_base_s,
+                                               p_backoff_cap_s, v_now);
+    IF v_keyed.conflict IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'MH409', MESSAGE = v_keyed.conflict;
+    END IF;
+    job_id := v_keyed.job_id; run_at := v_keyed.run_at; created := v_keyed.created;
 END $$;
 
 -- The SQL-level interface: enqueue inside your own transaction, get the id.
@@ -157,94 +190,80 @@ RETURNS bigint LANGUAGE sql AS $$
                               p_strict, p_idempotency_key, p_backoff_base_s, p_backoff_cap_s)).job_id
 $$;
 
--- Many jobs of one team in one call: parallel arrays (NULL array or element =
--- the default). Set-based: one INSERT per table, no per-row round trip.
--- Each item is validated; valid items are written together, invalid ones are
--- reported (error) and written nowhere. idx is the 0-based array position.
-CREATE FUNCTION submit_jobs(
-    p_team text, p_names text[], p_due_ats timestamptz[] DEFAULT NULL, p_payloads jsonb[] DEFAULT NULL,
-    p_priorities int[] DEFAULT NULL, p_max_attempts int[] DEFAULT NULL, p_flex_s int[] DEFAULT NULL,
-    p_stricts boolean[] DEFAULT NULL, p_keys text[] DEFAULT NULL,
-    p_backoff_base_s real[] DEFAULT NULL, p_backoff_cap_s real[] DEFAULT NULL)
-RETURNS TABLE (idx int, job_id bigint, run_at timestamptz, created boolean, error text)
-LANGUAGE plpgsql AS $$
-#variable_conflict use_column
-DECLARE
-    v_now  timestamptz := mh_now();
-    v_team int := mh_team_id(p_team);
-    v_due  due_row[] := '{}';
-    r      record;
-    v_key  idempotency_keys%ROWTYPE;
-BEGIN
-    IF p_keys IS NOT NULL THEN
-        -- Expired keys start over, as in submit_job_detail.
-        DELETE FROM idempotency_keys k
-         USING (SELECT DISTINCT key FROM unnest(p_keys) key WHERE key IS NOT NULL) b
-         WHERE k.shard = mh_key_shard(v_team, b.key) AND k.team_id = v_team AND k.key = b.key
-           AND k.expires_at <= v_now;
-    END IF;
+CREATE TYPE submit_result AS (idx int, job_id bigint, run_at timestamptz, created boolean, error text);
 
-    FOR r IN
-        WITH items AS (
-            SELECT (u.ord - 1)::int AS idx, u.name, u.due_at, coalesce(u.payload, '{}') AS payload,
+-- The items of a batch, defaults filled in and each checked: problem is
+-- NULL for a valid item.
+CREATE FUNCTION mh_batch_items(
+    p_names text[], p_due_ats timestamptz[], p_payloads jsonb[], p_priorities int[], p_max_attempts int[],
+    p_flex_s int[], p_stricts boolean[], p_keys text[], p_backoff_base_s real[], p_backoff_cap_s real[],
+    p_now timestamptz)
+RETURNS TABLE (idx int, name text, due_at timestamptz, payload jsonb, priority int, max_attempts int,
+               flex_s int, is_strict boolean, key text, base real, cap real, problem text)
+LANGUAGE sql STABLE AS $$
+    SELECT i.*, coalesce(mh_payload_problem(i.payload),
+                         mh_job_problem(i.name, i.due_at, i.priority, i.max_attempts, i.flex_s,
+                                        i.strict, i.base, i.cap, i.key, p_now))
+      FROM (SELECT (u.ord - 1)::int AS idx, u.name, u.due_at, coalesce(u.payload, '{}') AS payload,
                    coalesce(u.priority, 0) AS priority, coalesce(u.max_attempts, 3) AS max_attempts,
                    coalesce(u.flex_s, 0) AS flex_s, coalesce(u.strict, false) AS strict, u.key,
                    coalesce(u.base, 1) AS base, coalesce(u.cap, 3600) AS cap
               FROM unnest(p_names, p_due_ats, p_payloads, p_priorities, p_max_attempts, p_flex_s,
                           p_stricts, p_keys, p_backoff_base_s, p_backoff_cap_s)
-                   WITH ORDINALITY AS u(name, due_at, payload, priority, max_attempts, flex_s, strict, key, base, cap, ord)
-        ), checked AS (
-            SELECT i.*, coalesce(mh_payload_problem(i.payload),
-                                 mh_job_problem(i.name, i.due_at, i.priority, i.max_attempts, i.flex_s,
-                                                i.strict, i.base, i.cap, i.key, v_now)) AS problem
-              FROM items i
-        ), fresh AS (
-            SELECT c.*, s.shard, mh_new_id(s.shard) AS id, mh_run_at(c.due_at, c.flex_s, c.strict, v_now) AS run_at,
-                   CASE WHEN c.key IS NOT NULL THEN
-                       mh_request_hash(c.name, c.due_at, c.payload, c.priority, c.max_attempts, c.flex_s,
-                                       c.strict, c.base, c.cap) END AS request_hash,
-                   c.key IS NULL OR row_number() OVER (PARTITION BY c.key ORDER BY c.idx) = 1 AS first_of_key
-              FROM checked c
-             CROSS JOIN LATERAL (SELECT CASE WHEN c.key IS NULL THEN mh_random_shard()
-                                             ELSE mh_key_shard(v_team, c.key) END AS shard) s
-             WHERE c.problem IS NULL
-        ), new_keys AS (
-            INSERT INTO idempotency_keys (shard, team_id, key, job_id, request_hash, created_at, expires_at)
-            SELECT f.shard, v_team, f.key, f.id, f.request_hash, v_now, v_now + mh_idempotency_ttl()
-              FROM fresh f WHERE f.key IS NOT NULL AND f.first_of_key
-            ON CONFLICT DO NOTHING
-            RETURNING idempotency_keys.job_id
-        ), new_jobs AS (
-            INSERT INTO jobs (shard, id, team_id, name, payload, priority, due_at, flex_s, strict, run_at, state,
-                              max_attempts, backoff_base_s, backoff_cap_s, idempotency_key, created_at, updated_at)
-            SELECT f.shard, f.id, v_team, f.name, f.payload, f.priority, coalesce(f.due_at, v_now), f.flex_s, f.strict,
-                   f.run_at, 'scheduled', f.max_attempts, f.base, f.cap, f.key, v_now, v_now
-              FROM fresh f
-             WHERE f.key IS NULL OR f.id IN (SELECT nk.job_id FROM new_keys nk)
-            RETURNING jobs.id
-        )
-        SELECT c.idx, c.problem, c.key, f.shard, f.strict AS is_strict, f.priority, f.id, f.run_at, f.request_hash,
-               (nj.id IS NOT NULL) AS is_new
-          FROM checked c
-          LEFT JOIN fresh f ON f.idx = c.idx
-          LEFT JOIN new_jobs nj ON nj.id = f.id
-    LOOP
-        idx := r.idx; job_id := NULL; run_at := NULL; created := false; error := r.problem;
-        IF r.problem IS NULL AND r.is_new THEN
-            v_due := v_due || ROW(r.shard, r.is_strict, r.priority, r.run_at, r.id)::due_row;
-            job_id := r.id; run_at := r.run_at; created := true;
-        ELSIF r.problem IS NULL THEN
-            -- The key named an earlier job (before this call, or earlier in this batch).
-            SELECT * INTO v_key FROM idempotency_keys k
-             WHERE k.shard = r.shard AND k.team_id = v_team AND k.key = r.key;
-            IF v_key.request_hash <> r.request_hash THEN
-                error := format('idempotency key %L was used for a different request (job %s)', r.key, v_key.job_id);
-            ELSE
-                job_id := v_key.job_id;
-                SELECT j.run_at INTO run_at FROM jobs j WHERE j.shard = r.shard AND j.id = v_key.job_id;
-            END IF;
-        END IF;
-        RETURN NEXT;
-    END LOOP;
+                   WITH ORDINALITY AS u(name, due_at, payload, priority, max_attempts, flex_s, strict, key,
+                                        base, cap, ord)) i
+$$;
+
+-- Many jobs of one team in one call: parallel arrays (a NULL array or
+-- element means the default). Each item is validated; valid items are
+-- written together, invalid ones are reported (error) and written nowhere.
+-- idx is the 0-based array position; rows come in no particular order.
+-- Jobs without a key are written set-based (one INSERT per table, no loop);
+-- keyed ones one by one through the same path as submit_job_detail.
+CREATE FUNCTION submit_jobs(
+    p_team text, p_names text[], p_due_ats timestamptz[] DEFAULT NULL, p_payloads jsonb[] DEFAULT NULL,
+    p_priorities int[] DEFAULT NULL, p_max_attempts int[] DEFAULT NULL, p_flex_s int[] DEFAULT NULL,
+    p_stricts boolean[] DEFAULT NULL, p_keys text[] DEFAULT NULL,
+    p_backoff_base_s real[] DEFAULT NULL, p_backoff_cap_s real[] DEFAULT NULL)
+RETURNS SETOF submit_result
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now     timestamptz := mh_now();
+    v_team    int := mh_team_id(p_team);
+    v_due     due_row[];
+    v_results submit_result[];
+    v_keyed   record;
+    r         record;
+BEGIN
+    WITH checked AS (
+        SELECT * FROM mh_batch_items(p_names, p_due_ats, p_payloads, p_priorities, p_max_attempts, p_flex_s,
+                                     p_stricts, p_keys, p_backoff_base_s, p_backoff_cap_s, v_now)
+    ), sharded AS (
+        SELECT c.*, mh_random_shard() AS shard FROM checked c WHERE c.problem IS NULL AND c.key IS NULL
+    ), fresh AS (
+        SELECT s.*, mh_new_id(s.shard) AS id, mh_run_at(s.due_at, s.flex_s, s.is_strict, v_now) AS run_at
+          FROM sharded s
+    ), new_jobs AS (
+        INSERT INTO jobs (shard, id, team_id, name, payload, priority, due_at, flex_s, strict, run_at, state,
+                          max_attempts, backoff_base_s, backoff_cap_s, created_at, updated_at)
+        SELECT f.shard, f.id, v_team, f.name, f.payload, f.priority, coalesce(f.due_at, v_now), f.flex_s, f.is_strict,
+               f.run_at, 'scheduled', f.max_attempts, f.base, f.cap, v_now, v_now
+          FROM fresh f
+    )
+    SELECT (SELECT array_agg(ROW(f.shard, f.is_strict, f.priority, f.run_at, f.id)::due_row) FROM fresh f),
+           (SELECT array_agg(ROW(c.idx, f.id, f.run_at, f.id IS NOT NULL, c.problem)::submit_result)
+              FROM checked c LEFT JOIN fresh f ON f.idx = c.idx
+             WHERE c.key IS NULL OR c.problem IS NOT NULL)
+      INTO v_due, v_results;
     PERFORM mh_enqueue_many(v_due, v_now);
+    RETURN QUERY SELECT * FROM unnest(v_results);
+
+    FOR r IN SELECT * FROM mh_batch_items(p_names, p_due_ats, p_payloads, p_priorities, p_max_attempts, p_flex_s,
+                                          p_stricts, p_keys, p_backoff_base_s, p_backoff_cap_s, v_now) c
+              WHERE c.key IS NOT NULL AND c.problem IS NULL
+    LOOP
+        SELECT * INTO v_keyed FROM mh_submit_keyed(v_team, r.name, r.due_at, r.payload, r.priority, r.max_attempts,
+                                                   r.flex_s, r.is_strict, r.key, r.base, r.cap, v_now);
+        RETURN NEXT ROW(r.idx, v_keyed.job_id, v_keyed.run_at, v_keyed.created, v_keyed.conflict)::submit_result;
+    END LOOP;
 END $$;

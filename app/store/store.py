@@ -4,6 +4,7 @@ procedures. psycopg 3 through a connection pool, autocommit (each procedure
 call is its own transaction unless the caller says otherwise)."""
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import secrets
@@ -20,6 +21,10 @@ from app.store import errors
 from app.store.queries import q
 from app.store.records import (BatchItem, ClaimedJob, ClaimResult, JobSpec, JobStatus, Maintenance,
                                Outcome, Submitted)
+
+
+_DEFAULTS = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
+             for f in dataclasses.fields(JobSpec)}
 
 
 def hash_token(token: str) -> str:
@@ -81,21 +86,22 @@ class Store:
         return Submitted(**row)
 
     def submit_many(self, team: str, jobs: Sequence[JobSpec]) -> list[BatchItem]:
-        """One call for the whole batch: valid items are written together, invalid ones reported."""
+        """One call for the whole batch: valid items are written together, invalid
+        ones reported. Items in input order (idx = position)."""
+        def column(field: str, adapt=None) -> list | None:
+            values = [getattr(j, field) for j in jobs]
+            if all(v == _DEFAULTS[field] for v in values):
+                return None                  # NULL array: the procedure's defaults, nothing to send
+            return [adapt(v) for v in values] if adapt else values
+
         rows = self._all("submit_jobs", {
-            "team": team,
-            "names": [j.name for j in jobs],
-            "due_ats": [j.due_at for j in jobs],
-            "payloads": [Jsonb(j.payload) for j in jobs],
-            "priorities": [j.priority for j in jobs],
-            "max_attempts": [j.max_attempts for j in jobs],
-            "flex_s": [j.flex_s for j in jobs],
-            "stricts": [j.strict for j in jobs],
-            "keys": [j.idempotency_key for j in jobs],
-            "backoff_base_s": [j.backoff_base_s for j in jobs],
-            "backoff_cap_s": [j.backoff_cap_s for j in jobs],
+            "team": team, "names": [j.name for j in jobs],
+            "due_ats": column("due_at"), "payloads": column("payload", Jsonb),
+            "priorities": column("priority"), "max_attempts": column("max_attempts"),
+            "flex_s": column("flex_s"), "stricts": column("strict"), "keys": column("idempotency_key"),
+            "backoff_base_s": column("backoff_base_s"), "backoff_cap_s": column("backoff_cap_s"),
         })
-        return [BatchItem(**r) for r in rows]
+        return sorted((BatchItem(**r) for r in rows), key=lambda item: item.idx)
 
     # ------------------------------------------------------------ dispatch
     def take_leases(self, shards: Sequence[int], owner: str, ttl_s: float) -> dict[int, int]:
