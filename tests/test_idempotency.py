@@ -1,0 +1,422 @@
+"""Idempotency keys against a real PostgreSQL: the same team + key + request
+names one job for 24 hours; another request under the key is a conflict;
+concurrent submitters race to one job; keys expire, are purged, and hold the
+result of their job once it succeeded.
+
+The tests of this module share one clone of the migrated template, emptied
+before each test (see test_submit.py for why)."""
+from __future__ import annotations
+
+import datetime as dt
+import os
+import secrets
+import threading
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from app.store.errors import Conflict
+from app.store.records import JobSpec
+from support import T0, make_store, pin
+
+TABLES = ("jobs", "due_minutes", "due_hours", "due_far", "idempotency_keys")
+S = dt.timedelta(seconds=1)
+H = dt.timedelta(hours=1)
+TTL = dt.timedelta(hours=24)
+
+COUNTS = "SELECT " + ", ".join(f"(SELECT count(*) FROM {t})" for t in TABLES)
+
+
+def counts(conn: psycopg.Connection) -> dict[str, int]:
+    return dict(zip(TABLES, conn.execute(COUNTS, prepare=True).fetchone()))
+
+
+def key_row(conn: psycopg.Connection, team: str, key: str) -> dict | None:
+    row = conn.execute("""SELECT to_jsonb(k) FROM idempotency_keys k JOIN teams t ON t.id = k.team_id
+                           WHERE t.name = %s AND k.key = %s""", (team, key)).fetchone()
+    return row[0] if row else None
+
+
+def ts(v: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(v)
+
+
+def claim_job(store, job_id: int, lease_s: float = 30):
+    """Lease the job's shard at the store's clock and claim; the job's claim."""
+    shard = job_id & 1023
+    leases = store.take_leases([shard], "d1", 3600)
+    assert shard in leases
+    got = [c for c in store.claim(leases, 100, "d1", lease_s).jobs if c.job_id == job_id]
+    assert len(got) == 1, f"job {job_id} was not claimable"
+    return got[0]
+
+
+# ---------------------------------------------------------------- fixtures
+# Empty every table of the schema (whatever tables later revisions add), then
+# put back the per-shard and wheel state of a fresh migration.
+RESET = """
+DO $$
+DECLARE t text;
+BEGIN
+    FOR t IN SELECT c.relname FROM pg_class c
+              WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p')
+                AND NOT c.relispartition AND c.relname NOT IN ('alembic_version', 'shards', 'wheel')
+    LOOP
+        EXECUTE format('DELETE FROM %I', t);
+    END LOOP;
+END $$;
+UPDATE shards SET owner = NULL, epoch = 0, lease_expires_at = NULL, hand = NULL;
+UPDATE wheel SET swept_until = NULL;
+INSERT INTO teams (name) VALUES ('t'), ('u');
+DISCARD TEMP;
+"""
+
+
+@pytest.fixture(scope="module")
+def module_dsn(pg_server, template_db):
+    """One clone of the migrated template for this module."""
+    name = f"mh_{__name__.rsplit('.', 1)[-1]}_{os.getpid()}_{secrets.token_hex(3)}"
+    with pg_server.janitor(name, template_dbname=template_db):
+        yield pg_server.dsn(name)
+
+
+@pytest.fixture(scope="module")
+def module_conn(module_dsn):
+    with psycopg.connect(module_dsn, autocommit=True) as c:
+        c.execute("SET max_parallel_workers_per_gather = 0")   # counting 480 partitions: no worker start-up
+        yield c
+
+
+@pytest.fixture(scope="module")
+def module_store(module_dsn):
+    s = make_store(module_dsn)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def db_dsn(module_dsn, module_conn):
+    """Overrides conftest's per-test clone: the module's database, emptied back
+    to the migrated state plus teams 't' and 'u'."""
+    module_conn.execute(RESET)
+    return module_dsn
+
+
+@pytest.fixture
+def conn(db_dsn, module_conn):
+    """An autocommit connection to the test database, clock pinned to T0."""
+    pin(module_conn, T0)
+    return module_conn
+
+
+@pytest.fixture
+def store(db_dsn, module_store):
+    """A Store on the test database, clock pinned to T0."""
+    module_store.clock = T0
+    return module_store
+
+
+def submit_sql(conn, team="t", name="job", due_at=None, payload=None, **kw):
+    """submit_job_detail with named arguments; (job_id, run_at, created)."""
+    args = {"p_team": team, "p_name": name, "p_due_at": due_at,
+            "p_payload": Jsonb(payload if payload is not None else {})}
+    args.update({f"p_{k}": v for k, v in kw.items()})
+    named = ", ".join(f"{k} => %({k})s" for k in args)
+    return conn.execute(f"SELECT job_id, run_at, created FROM submit_job_detail({named})", args).fetchone()
+
+
+def submit_store(store, team="t", name="job", due_at=None, payload=None, **kw):
+    r = store.submit(team, JobSpec(name=name, due_at=due_at, payload=payload if payload is not None else {}, **kw))
+    return r.job_id, r.run_at, r.created
+
+
+@pytest.fixture(params=["sql", "store"])
+def via(request, conn, store):
+    """(submit, conflict_error): submit one job by SQL or by the Store, and what a conflict raises there."""
+    if request.param == "sql":
+        return (lambda **kw: submit_sql(conn, **kw)), psycopg.Error
+    return (lambda **kw: submit_store(store, **kw)), Conflict
+
+
+def assert_conflict(exc_info) -> None:
+    e = exc_info.value
+    if isinstance(e, psycopg.Error):
+        assert e.sqlstate == "MH409"
+        message = e.diag.message_primary
+    else:
+        assert isinstance(e, Conflict) and e.status == 409
+        message = e.message
+    assert "different request" in message
+
+
+# ---------------------------------------------------------------- same key
+def test_same_key_and_request_returns_the_same_job_and_writes_nothing(conn, via):
+    submit, _ = via
+    spec = dict(name="charge", due_at=T0 + H, payload={"order": 7}, flex_s=600, idempotency_key="order-7")
+    job_id, run_at, created = submit(**spec)
+    assert created is True
+    before = counts(conn)
+    assert before == {"jobs": 1, "due_minutes": 1, "due_hours": 0, "due_far": 0, "idempotency_keys": 1}
+    for _ in range(3):
+        again = submit(**spec)
+        assert again == (job_id, run_at, False)        # the first run time, not a new draw from the window
+    assert counts(conn) == before
+    k = key_row(conn, "t", "order-7")
+    assert k["job_id"] == job_id and ts(k["expires_at"]) == T0 + TTL
+
+
+def test_keyed_job_lives_on_the_shard_of_its_key(conn, via):
+    submit, _ = via
+    job_id, _, _ = submit(idempotency_key="where-am-i")
+    team_id = conn.execute("SELECT id FROM teams WHERE name = 't'").fetchone()[0]
+    key_shard = conn.execute("SELECT mh_key_shard(%s, 'where-am-i')", (team_id,)).fetchone()[0]
+    assert job_id & 1023 == key_shard
+    assert conn.execute("SELECT shard FROM jobs WHERE id = %s", (job_id,)).fetchone()[0] == key_shard
+    assert key_row(conn, "t", "where-am-i")["shard"] == key_shard
+
+
+@pytest.mark.parametrize("change", [
+    dict(payload={"order": 8}),
+    dict(due_at=T0 + 2 * H),
+    dict(priority=5),
+    dict(name="other-name"),
+    dict(max_attempts=9),
+    dict(strict=True, flex_s=0),
+], ids=lambda c: "+".join(c))
+def test_same_key_different_request_is_a_conflict_and_writes_nothing(conn, via, change):
+    submit, error = via
+    spec = dict(name="charge", due_at=T0 + H, payload={"order": 7}, flex_s=0, idempotency_key="order-7")
+    job_id, _, _ = submit(**spec)
+    before = counts(conn)
+    key_before = key_row(conn, "t", "order-7")
+    with pytest.raises(error) as err:
+        submit(**{**spec, **change})
+    assert_conflict(err)
+    assert str(job_id) in str(err.value)                 # names the job the key belongs to
+    assert counts(conn) == before
+    assert key_row(conn, "t", "order-7") == key_before
+    # The original request is still answered with the original job.
+    assert submit(**spec)[:1] == (job_id,) and submit(**spec)[2] is False
+
+
+def test_same_key_in_another_team_is_another_job(conn, via):
+    submit, _ = via
+    a, _, created_a = submit(team="t", idempotency_key="shared", payload={"x": 1})
+    b, _, created_b = submit(team="u", idempotency_key="shared", payload={"x": 1})
+    assert created_a and created_b and a != b
+    assert counts(conn)["jobs"] == 2 and counts(conn)["idempotency_keys"] == 2
+    assert key_row(conn, "t", "shared")["job_id"] == a
+    assert key_row(conn, "u", "shared")["job_id"] == b
+    # And another team's different request under the same key is no conflict.
+    c, _, created_c = submit(team="u", idempotency_key="shared2", payload={"y": 2})
+    d, _, created_d = submit(team="t", idempotency_key="shared2", payload={"z": 3})
+    assert created_c and created_d and c != d
+
+
+def test_single_and_batch_submissions_share_keys(conn, store):
+    spec = JobSpec("mixed", due_at=T0 + H, payload={"n": 1}, idempotency_key="mix")
+    first = store.submit("t", spec)
+    before = counts(conn)
+    [item] = store.submit_many("t", [spec])
+    assert (item.job_id, item.run_at, item.created, item.error) == (first.job_id, first.run_at, False, None)
+    assert counts(conn) == before
+    [batch_first] = store.submit_many("t", [JobSpec("mixed2", idempotency_key="mix2")])
+    again = store.submit("t", JobSpec("mixed2", idempotency_key="mix2"))
+    assert (again.job_id, again.created) == (batch_first.job_id, False)
+
+
+# ---------------------------------------------------------------- concurrency
+def race(dsn: str, n: int, sql: str, params_of) -> tuple[list, list]:
+    """n connections run `sql` at the same instant; (results, errors)."""
+    barrier = threading.Barrier(n)
+    results, errors = [], []
+    lock = threading.Lock()
+
+    def worker(i: int) -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            pin(c, T0)
+            barrier.wait()
+            try:
+                row = c.execute(sql, params_of(i)).fetchone()
+                with lock:
+                    results.append(row)
+            except psycopg.Error as e:
+                with lock:
+                    errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    return results, errors
+
+
+SUBMIT_KEYED = ("SELECT job_id, run_at, created FROM submit_job_detail('t', 'race', NULL, %s, "
+                "p_idempotency_key => 'race-key')")
+
+
+def test_twenty_concurrent_submissions_with_one_key_make_one_job(conn, db_dsn):
+    results, errors = race(db_dsn, 20, SUBMIT_KEYED, lambda i: (Jsonb({"same": True}),))
+    assert errors == []
+    assert len(results) == 20
+    assert len({r[0] for r in results}) == 1
+    assert sorted(r[2] for r in results) == [False] * 19 + [True]
+    assert counts(conn) == {"jobs": 1, "due_minutes": 1, "due_hours": 0, "due_far": 0, "idempotency_keys": 1}
+    assert key_row(conn, "t", "race-key")["job_id"] == results[0][0]
+
+
+def test_concurrent_different_requests_with_one_key_one_wins_rest_conflict(conn, db_dsn):
+    results, errors = race(db_dsn, 10, SUBMIT_KEYED, lambda i: (Jsonb({"i": i}),))
+    assert len(results) == 1 and results[0][2] is True
+    assert len(errors) == 9 and all(e.sqlstate == "MH409" for e in errors)
+    assert counts(conn) == {"jobs": 1, "due_minutes": 1, "due_hours": 0, "due_far": 0, "idempotency_keys": 1}
+
+
+def test_concurrent_batches_with_one_key_make_one_job(conn, db_dsn):
+    sql = ("SELECT array_agg(job_id ORDER BY idx), array_agg(created ORDER BY idx), array_agg(error ORDER BY idx) "
+           "FROM submit_jobs('t', ARRAY['b', 'b'], p_keys => ARRAY['batch-race', 'batch-race'])")
+    results, errors = race(db_dsn, 10, sql, lambda i: ())
+    assert errors == []
+    ids = {i for r in results for i in r[0]}
+    assert len(ids) == 1 and None not in ids
+    assert sum(c for r in results for c in r[1]) == 1
+    assert all(e is None for r in results for e in r[2])
+    assert counts(conn)["jobs"] == 1 and counts(conn)["idempotency_keys"] == 1
+
+
+# ---------------------------------------------------------------- expiry
+def test_key_expires_after_24_hours(conn, store):
+    spec = JobSpec("daily", payload={"d": 1}, idempotency_key="day-key")
+    first = store.submit("t", spec)
+    store.clock = T0 + TTL - S                       # still inside the 24 h
+    assert store.submit("t", spec).job_id == first.job_id
+    assert store.submit("t", spec).created is False
+    before = counts(conn)
+    store.clock = T0 + TTL + S                       # past expires_at
+    second = store.submit("t", spec)
+    assert second.created is True and second.job_id != first.job_id
+    assert second.run_at == T0 + TTL + S
+    after = counts(conn)
+    assert after["jobs"] == before["jobs"] + 1
+    assert after["idempotency_keys"] == before["idempotency_keys"]    # the key row starts over
+    k = key_row(conn, "t", "day-key")
+    assert k["job_id"] == second.job_id and ts(k["expires_at"]) == T0 + TTL + S + TTL
+    assert k["result"] is None and k["completed_at"] is None
+    # The new job now owns the key for the next 24 h.
+    assert store.submit("t", spec).job_id == second.job_id
+
+
+def test_expired_key_accepts_a_different_request(conn, store):
+    store.submit("t", JobSpec("v1", payload={"v": 1}, idempotency_key="k"))
+    store.clock = T0 + 2 * H
+    with pytest.raises(Conflict):
+        store.submit("t", JobSpec("v2", payload={"v": 2}, idempotency_key="k"))
+    store.clock = T0 + TTL + H
+    new = store.submit("t", JobSpec("v2", payload={"v": 2}, idempotency_key="k"))
+    assert new.created
+    assert key_row(conn, "t", "k")["job_id"] == new.job_id
+
+
+def test_expired_key_in_a_batch_makes_a_new_job(conn, store):
+    spec = JobSpec("batched", idempotency_key="bk")
+    [first] = store.submit_many("t", [spec])
+    store.clock = T0 + TTL + S
+    [second] = store.submit_many("t", [spec])
+    assert second.created and second.error is None and second.job_id != first.job_id
+    assert counts(conn)["jobs"] == 2 and counts(conn)["idempotency_keys"] == 1
+    assert key_row(conn, "t", "bk")["job_id"] == second.job_id
+
+
+def test_purge_removes_only_expired_keys(conn, store):
+    old = store.submit("t", JobSpec("old", idempotency_key="old-key"))
+    store.clock = T0 + 12 * H
+    young = store.submit("t", JobSpec("young", idempotency_key="young-key"))
+    store.clock = T0 + TTL - S                        # nothing expired yet
+    assert store.purge_keys(range(256)) == 0
+    store.clock = T0 + TTL + S
+    before = counts(conn)
+    assert store.purge_keys(range(256)) == 1
+    assert key_row(conn, "t", "old-key") is None
+    assert key_row(conn, "t", "young-key")["job_id"] == young.job_id
+    after = counts(conn)
+    assert after == {**before, "idempotency_keys": before["idempotency_keys"] - 1}   # jobs untouched
+    # The SQL form, one shard at a time: only the shard that holds the key purges it.
+    pin(conn, T0 + 12 * H + TTL + S)
+    young_shard = young.job_id & 1023
+    other_shard = (young_shard + 1) % 256
+    assert conn.execute("SELECT purge_idempotency_keys(%s)", (other_shard,)).fetchone()[0] == 0
+    assert key_row(conn, "t", "young-key") is not None
+    assert conn.execute("SELECT purge_idempotency_keys(%s)", (young_shard,)).fetchone()[0] == 1
+    assert counts(conn)["idempotency_keys"] == 0 and counts(conn)["jobs"] == 2
+    assert old.job_id != young.job_id
+
+
+# ---------------------------------------------------------------- batches
+def test_key_repeated_in_a_batch_makes_one_job(conn, store):
+    spec = JobSpec("dup", payload={"p": 1}, idempotency_key="dup-key")
+    items = store.submit_many("t", [spec, JobSpec("other"), spec])
+    assert [i.error for i in items] == [None, None, None]
+    assert items[0].job_id == items[2].job_id and items[0].job_id is not None
+    assert (items[0].created, items[2].created) == (True, False)
+    assert items[0].run_at == items[2].run_at == T0
+    assert counts(conn) == {"jobs": 2, "due_minutes": 2, "due_hours": 0, "due_far": 0, "idempotency_keys": 1}
+
+
+def test_key_repeated_in_a_batch_with_another_request_reports_that_item(conn, store):
+    items = store.submit_many("t", [JobSpec("a", payload={"p": 1}, idempotency_key="k"),
+                                    JobSpec("a", payload={"p": 2}, idempotency_key="k")])
+    assert items[0].created and items[0].error is None
+    assert items[1].job_id is None and not items[1].created
+    assert "k" in items[1].error and "different request" in items[1].error
+    assert counts(conn)["jobs"] == 1 and counts(conn)["idempotency_keys"] == 1
+
+
+def test_batch_reuses_a_key_from_before_and_writes_nothing(conn, store):
+    spec = JobSpec("pre", payload={"p": 1}, idempotency_key="pre-key")
+    first = store.submit("t", spec)
+    before = counts(conn)
+    items = store.submit_many("t", [spec, JobSpec("pre", payload={"p": 2}, idempotency_key="pre-key")])
+    assert (items[0].job_id, items[0].created, items[0].error) == (first.job_id, False, None)
+    assert items[1].job_id is None and "different request" in items[1].error
+    assert counts(conn) == before
+
+
+# ---------------------------------------------------------------- results under the key
+def test_complete_stores_the_result_under_the_key(conn, store):
+    job = store.submit("t", JobSpec("paid", payload={"order": 1}, idempotency_key="pay-1"))
+    c = claim_job(store, job.job_id)
+    store.clock = T0 + 5 * S
+    [out] = store.complete([(job.job_id, c.lease_token, {"receipt": "r-1"})])
+    assert out.ok and out.state == "succeeded"
+    k = key_row(conn, "t", "pay-1")
+    assert k["result"] == {"receipt": "r-1"}
+    assert ts(k["completed_at"]) == T0 + 5 * S
+    assert k["job_id"] == job.job_id
+    # A later submission with the key names the finished job (its result is under the key).
+    again = store.submit("t", JobSpec("paid", payload={"order": 1}, idempotency_key="pay-1"))
+    assert (again.job_id, again.created) == (job.job_id, False)
+
+
+def test_complete_without_key_stores_no_key(conn, store):
+    job = store.submit("t", JobSpec("plain"))
+    c = claim_job(store, job.job_id)
+    [out] = store.complete([(job.job_id, c.lease_token, {"r": 1})])
+    assert out.ok
+    assert counts(conn)["idempotency_keys"] == 0
+    assert store.status(job.job_id).result == {"r": 1}
+
+
+def test_completing_a_job_whose_key_moved_on_leaves_the_new_jobs_key_alone(conn, store):
+    spec = JobSpec("long", idempotency_key="long-key")
+    old = store.submit("t", spec)
+    c = claim_job(store, old.job_id, lease_s=86400)
+    store.clock = T0 + TTL + S                     # the key expired; a new job takes it
+    new = store.submit("t", spec)
+    assert new.created and new.job_id != old.job_id
+    [out] = store.complete([(old.job_id, c.lease_token, {"from": "old"})])
+    assert out.ok
+    k = key_row(conn, "t", "long-key")
+    assert k["job_id"] == new.job_id and k["result"] is None and k["completed_at"] is None
