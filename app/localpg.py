@@ -90,6 +90,11 @@ def find_bindir() -> Path:
     raise LocalPGError(INSTALL_HINT)
 
 
+def default_data_dir() -> Path:
+    """`minutehand dev`'s data: .minutehand/pgdata in the checkout (app/ is installed editable)."""
+    return Path(__file__).resolve().parent.parent / ".minutehand" / "pgdata"
+
+
 def _as_server_user() -> list[str]:
     # runuser is in /usr/sbin, which a minimal PATH may lack.
     return [shutil.which("runuser") or "/usr/sbin/runuser", "-u", SERVER_USER, "--"]
@@ -158,9 +163,13 @@ class LocalCluster:
                 return
             self._start()
 
+    def running(self) -> bool:
+        """Whether a server runs on this data dir now (started by anyone)."""
+        return (self.data_dir / "PG_VERSION").exists() and self._running_port() is not None
+
     def stop(self) -> None:
         with self._lock():
-            if (self.data_dir / "PG_VERSION").exists() and self._running_port() is not None:
+            if self.running():
                 self._pg("pg_ctl", "stop", "-D", self.data_dir, "-m", "fast", "-w", "-s")
 
     # -- internals ---------------------------------------------------------------

@@ -7,11 +7,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
-# Same search order as app/localpg.py's find_bindir().
-mh_have_pg_server() {
-    command -v pg_ctl >/dev/null 2>&1 && return 0
-    compgen -G '/usr/lib/postgresql/*/bin/pg_ctl' >/dev/null && return 0
-    [ -x .venv/bin/python ] && .venv/bin/python -c 'import importlib.util as u, sys; sys.exit(u.find_spec("pgserver") is None)' 2>/dev/null
+# Server binaries on the machine (as app/localpg.py looks for them before pgserver).
+mh_have_system_pg() {
+    command -v pg_ctl >/dev/null 2>&1 || compgen -G '/usr/lib/postgresql/*/bin/pg_ctl' >/dev/null
 }
 
 mh_venv() {
@@ -25,10 +23,8 @@ mh_venv() {
             exit 1
         fi
     fi
-    if ! mh_have_pg_server; then
-        echo "ops: no PostgreSQL server binaries found; installing the pgserver wheel into .venv" >&2
-        extras="${extras:+$extras,}embedded"
-    fi
+    # No server binaries: the `embedded` extra brings the pgserver wheel, which ships them.
+    mh_have_system_pg || extras="${extras:+$extras,}embedded"
     # Reinstall only when pyproject.toml changed since the last install with these extras.
     local stamp=".venv/.minutehand-installed${extras:+-$extras}"
     if ! cmp -s pyproject.toml "$stamp"; then
