@@ -140,7 +140,7 @@ BEGIN
                SET state = 'retrying', run_at = v_run_at, last_error = v_error, updated_at = v_now,
                    claimed_by = NULL, claim_expires_at = NULL, lease_token = NULL
              WHERE j.shard = v_job.shard AND j.id = v_job.id;
-            PERFORM mh_enqueue(v_job.shard, v_job.id, v_run_at, v_job.strict, v_job.priority, v_now);
+            PERFORM mh_enqueue(v_job.shard, v_job.id, v_run_at, (v_job).strict, v_job.priority, v_now);
             RETURN NEXT ROW(v_job.id, true, 'retrying'::job_state, NULL::text)::outcome;
         ELSE
             UPDATE jobs j

@@ -69,9 +69,14 @@ SELECT j.id AS job_id, t.name AS team, j.name, j.state, j.priority, j.due_at, j.
    AND (%(team)s::text IS NULL OR t.name = %(team)s)
 
 -- name: create_team
--- A new team with its token's hash.
+-- A new team with its token's hash; no row if the name is taken.
 INSERT INTO teams (name, quota, weight, token_hash) VALUES (%(name)s, %(quota)s, %(weight)s, %(token_hash)s)
+ON CONFLICT (name) DO NOTHING
 RETURNING id
+
+-- name: team_exists
+-- Whether a team of this name exists.
+SELECT EXISTS (SELECT 1 FROM teams WHERE name = %(name)s) AS exists
 
 -- name: expire_claims
 -- Return one shard's expired claims to the due pool.

@@ -71,9 +71,19 @@ class Store:
     def create_team(self, name: str, *, quota: int = 1000, weight: int = 1) -> str:
         """Create a team; returns its bearer token (only its hash is stored)."""
         token = "mh_" + secrets.token_urlsafe(24)
-        self._one("create_team", {"name": name, "quota": quota, "weight": weight,
-                                  "token_hash": hash_token(token)})
+        try:
+            row = self._one("create_team", {"name": name, "quota": quota, "weight": weight,
+                                            "token_hash": hash_token(token)})
+        except psycopg.errors.CheckViolation:
+            raise errors.InvalidInput(
+                f"team name {name!r} must be 1 to 63 characters: lowercase letters, digits, _ . -, "
+                "starting with a letter or digit; quota and weight must be positive") from None
+        if row is None:
+            raise errors.Conflict(f"team {name!r} already exists")
         return token
+
+    def team_exists(self, name: str) -> bool:
+        return self._one("team_exists", {"name": name})["exists"]
 
     # ------------------------------------------------------------ submission
     def submit(self, team: str, job: JobSpec) -> Submitted:
@@ -113,8 +123,11 @@ class Store:
         epochs = {s: cur.fetchone()["epoch"] for s, cur in cursors}
         return {s: e for s, e in epochs.items() if e is not None}
 
-    def release_lease(self, shard: int, owner: str, epoch: int) -> bool:
-        return self._one("release_shard_lease", {"shard": shard, "owner": owner, "epoch": epoch})["released"]
+    def release_leases(self, leases: dict[int, int], owner: str) -> None:
+        """Give shards ({shard: epoch}) up at once, in one round trip."""
+        with self.connection() as conn, conn.pipeline():
+            for shard, epoch in leases.items():
+                conn.execute(q("release_shard_lease"), {"shard": shard, "owner": owner, "epoch": epoch})
 
     def claim(self, leases: dict[int, int], limit: int, owner: str, lease_s: float,
               worker: str | None = None) -> ClaimResult:

@@ -1,0 +1,89 @@
+"""`minutehand` command line: one subcommand per process role or operator task.
+
+Settings come from MINUTEHAND_* environment variables or the matching flags
+(app/settings.py), given after the subcommand: `minutehand migrate --database-url URL`.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from app.settings import Settings
+
+
+def _store(settings: Settings):
+    from app.store.store import Store
+    if not settings.database_url:
+        raise SystemExit("no database: set MINUTEHAND_DATABASE_URL or pass --database-url")
+    return Store(settings.database_url, max_size=settings.pool_size)
+
+
+def cmd_migrate(settings: Settings, args: argparse.Namespace) -> None:
+    from app.store import migrate
+    if not settings.database_url:
+        raise SystemExit("no database: set MINUTEHAND_DATABASE_URL or pass --database-url")
+    if args.downgrade:
+        migrate.downgrade(settings.database_url, "-1")
+    else:
+        migrate.upgrade(settings.database_url)
+    print(f"schema at revision {migrate.current(settings.database_url)}")
+
+
+def cmd_maintain(settings: Settings, args: argparse.Namespace) -> None:
+    with _store(settings) as store:
+        print(store.maintain())
+
+
+def cmd_team_create(settings: Settings, args: argparse.Namespace) -> None:
+    from app.store.errors import StoreError
+    with _store(settings) as store:
+        try:
+            token = store.create_team(args.name, quota=args.quota, weight=args.weight)
+        except StoreError as exc:
+            raise SystemExit(f"team {args.name!r} not created: {exc.message}") from None
+    print(f"team {args.name} created; its token (shown once, only its hash is stored):\n{token}")
+
+
+def cmd_dev(settings: Settings, args: argparse.Namespace) -> None:
+    from app.cli import dev
+    dev.run(settings, args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="minutehand", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def command(name: str, func, help_: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_, description=help_)
+        Settings.parser(p)
+        p.set_defaults(func=func)
+        return p
+
+    p = command("migrate", cmd_migrate, "upgrade the schema to the latest revision (a no-op when current)")
+    p.add_argument("--downgrade", action="store_true", help="undo the latest revision instead")
+    command("maintain", cmd_maintain, "run every maintenance duty once over every shard")
+    p = command("team", cmd_team_create, "create a team and print its API token")
+    p.add_argument("action", choices=["create"])
+    p.add_argument("name")
+    p.add_argument("--quota", type=int, default=1000, help="most jobs of the team running at once")
+    p.add_argument("--weight", type=int, default=1, help="share of the fleet when teams compete")
+    p = command("dev", cmd_dev, "local embedded PostgreSQL, migrated, with a demo workload (Ctrl-C stops)")
+    p.add_argument("--rate", type=int, default=200, help="demo jobs submitted per second")
+    p.add_argument("--seconds", type=float, default=0, help="stop after this long (0: until Ctrl-C)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    settings = Settings.load(argv[1:])
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    args.func(settings, args)
+
+
+if __name__ == "__main__":
+    main()
