@@ -1,0 +1,297 @@
+"""Retries against a real PostgreSQL, on a pinned clock (no sleeping):
+exponential backoff with jitter and a cap, non-retryable failures, the
+attempt limit, and claims that expire (returned, or dead at the last attempt).
+
+The tests of this module share one clone of the migrated template, emptied
+before each test (see test_submit.py for why)."""
+from __future__ import annotations
+
+import datetime as dt
+import os
+import secrets
+
+import psycopg
+import pytest
+
+from app.store.records import JobSpec
+from support import T0, make_store, pin
+
+S = dt.timedelta(seconds=1)
+US = dt.timedelta(microseconds=1)
+
+
+def due_rows(conn: psycopg.Connection, job_id: int) -> list[tuple[str, dt.datetime]]:
+    return conn.execute(
+        """SELECT tableoid::regclass::text, run_at FROM due_minutes WHERE job_id = %(id)s
+           UNION ALL SELECT tableoid::regclass::text, run_at FROM due_hours WHERE job_id = %(id)s
+           UNION ALL SELECT 'due_far', run_at FROM due_far WHERE job_id = %(id)s""",
+        {"id": job_id}).fetchall()
+
+
+def minute_part(conn: psycopg.Connection, t: dt.datetime) -> str:
+    return conn.execute("SELECT mh_minute_part(mh_minute_slot(%s))", (t,)).fetchone()[0]
+
+
+def claim(store, job_ids, lease_s: float = 30):
+    shards = sorted({j & 1023 for j in job_ids})
+    leases = store.take_leases(shards, "d1", 3600)
+    assert set(leases) == set(shards)
+    got = []
+    while batch := store.claim(leases, 100, "d1", lease_s).jobs:
+        got += batch
+    return got
+
+
+def claim_job(store, job_id: int, lease_s: float = 30):
+    got = [c for c in claim(store, [job_id], lease_s) if c.job_id == job_id]
+    assert len(got) == 1, f"job {job_id} was not claimable at {store.clock}"
+    return got[0]
+
+
+def assert_backoff(gap: dt.timedelta, d: float) -> None:
+    """A retry delay in [d/2, d] seconds."""
+    assert dt.timedelta(seconds=d / 2) - US <= gap <= dt.timedelta(seconds=d) + US, (gap, d)
+
+
+# ---------------------------------------------------------------- fixtures
+# Empty every table of the schema (whatever tables later revisions add), then
+# put back the per-shard and wheel state of a fresh migration.
+RESET = """
+DO $$
+DECLARE t text;
+BEGIN
+    FOR t IN SELECT c.relname FROM pg_class c
+              WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p')
+                AND NOT c.relispartition AND c.relname NOT IN ('alembic_version', 'shards', 'wheel')
+    LOOP
+        EXECUTE format('DELETE FROM %I', t);
+    END LOOP;
+END $$;
+UPDATE shards SET owner = NULL, epoch = 0, lease_expires_at = NULL, hand = NULL;
+UPDATE wheel SET swept_until = NULL;
+INSERT INTO teams (name) VALUES ('t'), ('u');
+DISCARD TEMP;
+"""
+
+
+@pytest.fixture(scope="module")
+def module_dsn(pg_server, template_db):
+    """One clone of the migrated template for this module."""
+    name = f"mh_{__name__.rsplit('.', 1)[-1]}_{os.getpid()}_{secrets.token_hex(3)}"
+    with pg_server.janitor(name, template_dbname=template_db):
+        yield pg_server.dsn(name)
+
+
+@pytest.fixture(scope="module")
+def module_conn(module_dsn):
+    with psycopg.connect(module_dsn, autocommit=True) as c:
+        c.execute("SET max_parallel_workers_per_gather = 0")   # counting 480 partitions: no worker start-up
+        yield c
+
+
+@pytest.fixture(scope="module")
+def module_store(module_dsn):
+    s = make_store(module_dsn)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def db_dsn(module_dsn, module_conn):
+    """Overrides conftest's per-test clone: the module's database, emptied back
+    to the migrated state plus teams 't' and 'u'."""
+    module_conn.execute(RESET)
+    return module_dsn
+
+
+@pytest.fixture
+def conn(db_dsn, module_conn):
+    """An autocommit connection to the test database, clock pinned to T0."""
+    pin(module_conn, T0)
+    return module_conn
+
+
+@pytest.fixture
+def store(db_dsn, module_store):
+    """A Store on the test database, clock pinned to T0."""
+    module_store.clock = T0
+    return module_store
+
+
+# ---------------------------------------------------------------- backoff
+def test_fail_twice_then_succeed(conn, store):
+    base = 2.0
+    job_id = store.submit("t", JobSpec("flaky", max_attempts=3, backoff_base_s=base)).job_id
+    gaps = []
+    for attempt in (1, 2):
+        c = claim_job(store, job_id)
+        assert c.attempt == attempt
+        failed_at = store.clock + S
+        store.clock = failed_at
+        [out] = store.fail([(job_id, c.lease_token, f"error {attempt}", True)])
+        assert (out.ok, out.state) == (True, "retrying")
+        st = store.status(job_id)
+        assert st.state == "retrying" and st.attempts == attempt and st.last_error == f"error {attempt}"
+        assert st.claimed_by is None and st.claim_expires_at is None
+        gap = st.run_at - failed_at
+        assert_backoff(gap, base * 2 ** (attempt - 1))
+        gaps.append(gap)
+        # On the wheel at its retry time, and not claimable a moment before it.
+        assert due_rows(conn, job_id) == [(minute_part(conn, st.run_at), st.run_at)]
+        store.clock = st.run_at - dt.timedelta(milliseconds=1)
+        assert claim(store, [job_id]) == []
+        store.clock = st.run_at
+    assert gaps[1] >= gaps[0]
+    c = claim_job(store, job_id)
+    assert c.attempt == 3
+    [out] = store.complete([(job_id, c.lease_token, {"third": "time lucky"})])
+    assert (out.ok, out.state) == (True, "succeeded")
+    st = store.status(job_id)
+    assert (st.state, st.attempts, st.result) == ("succeeded", 3, {"third": "time lucky"})
+    assert due_rows(conn, job_id) == []
+
+
+def test_fail_via_sql_schedules_the_retry(conn, store):
+    job_id = store.submit("t", JobSpec("sqlfail", backoff_base_s=8)).job_id
+    c = claim_job(store, job_id)
+    pin(conn, T0)
+    r = conn.execute("SELECT * FROM fail(%s, %s, 'oops')", (job_id, c.lease_token)).fetchone()
+    assert r == (job_id, True, "retrying", None)
+    assert_backoff(store.status(job_id).run_at - T0, 8)
+
+
+def test_jitter_spreads_retries_of_jobs_failing_together(conn, store):
+    base = 60.0
+    ids = [s.job_id for s in store.submit_many("t", [JobSpec(f"j{i}", backoff_base_s=base) for i in range(50)])]
+    claimed = claim(store, ids)
+    assert sorted(c.job_id for c in claimed) == sorted(ids)
+    outs = store.fail([(c.job_id, c.lease_token, "thundering herd", True) for c in claimed])
+    assert all(o.ok and o.state == "retrying" for o in outs)
+    run_ats = [store.status(i).run_at for i in ids]
+    assert len(set(run_ats)) == 50
+    for r in run_ats:
+        assert_backoff(r - T0, base)
+    assert max(run_ats) - min(run_ats) > 5 * S
+
+
+def test_backoff_is_capped(conn, store):
+    base, cap = 10.0, 15.0
+    job_id = store.submit("t", JobSpec("capped", max_attempts=6, backoff_base_s=base, backoff_cap_s=cap)).job_id
+    for attempt in range(1, 6):
+        c = claim_job(store, job_id)
+        assert c.attempt == attempt
+        [out] = store.fail([(job_id, c.lease_token, "again", True)])
+        assert out.state == "retrying"
+        st = store.status(job_id)
+        gap = st.run_at - store.clock
+        assert_backoff(gap, min(cap, base * 2 ** (attempt - 1)))
+        assert gap <= dt.timedelta(seconds=cap)
+        store.clock = st.run_at
+    assert attempt == 5 and gap >= dt.timedelta(seconds=cap / 2) - US
+
+
+def test_large_base_is_capped_from_the_first_attempt(conn, store):
+    job_id = store.submit("t", JobSpec("big", backoff_base_s=7200, backoff_cap_s=7200)).job_id
+    c = claim_job(store, job_id)
+    store.fail([(job_id, c.lease_token, "x", True)])
+    st = store.status(job_id)
+    assert_backoff(st.run_at - T0, 7200)
+    # Over an hour ahead: waits on the wheel at its own run time.
+    assert len(due_rows(conn, job_id)) == 1 and due_rows(conn, job_id)[0][1] == st.run_at
+
+
+# ---------------------------------------------------------------- dead
+def test_non_retryable_failure_is_dead_at_once(conn, store):
+    job_id = store.submit("t", JobSpec("fatal", max_attempts=5)).job_id
+    c = claim_job(store, job_id)
+    store.clock = T0 + 3 * S
+    [out] = store.fail([(job_id, c.lease_token, "bad input", False)])
+    assert (out.ok, out.state) == (True, "dead")
+    st = store.status(job_id)
+    assert (st.state, st.attempts, st.last_error, st.finished_at) == ("dead", 1, "bad input", T0 + 3 * S)
+    assert due_rows(conn, job_id) == []
+    store.clock = T0 + 3600 * S
+    assert claim(store, [job_id]) == []
+
+
+def test_last_attempt_failure_is_dead_with_its_error(conn, store):
+    job_id = store.submit("t", JobSpec("twice", max_attempts=2)).job_id
+    c = claim_job(store, job_id)
+    assert store.fail([(job_id, c.lease_token, "first", True)])[0].state == "retrying"
+    store.clock = store.status(job_id).run_at
+    c = claim_job(store, job_id)
+    assert c.attempt == 2 and c.max_attempts == 2
+    [out] = store.fail([(job_id, c.lease_token, "second", True)])
+    assert (out.ok, out.state) == (True, "dead")
+    st = store.status(job_id)
+    assert (st.state, st.attempts, st.last_error) == ("dead", 2, "second")
+    assert st.finished_at == store.clock
+    assert due_rows(conn, job_id) == []
+    store.clock = store.clock + 3600 * S
+    assert claim(store, [job_id]) == []
+
+
+def test_single_attempt_job_is_dead_after_one_failure(conn, store):
+    job_id = store.submit("t", JobSpec("once", max_attempts=1)).job_id
+    c = claim_job(store, job_id)
+    assert store.fail([(job_id, c.lease_token, "nope", True)])[0].state == "dead"
+
+
+# ---------------------------------------------------------------- expired claims
+def test_expired_claim_returns_to_the_current_bucket(conn, store):
+    job_id = store.submit("t", JobSpec("slow", max_attempts=3)).job_id
+    shard = job_id & 1023
+    c = claim_job(store, job_id, lease_s=30)
+    assert c.claim_expires_at == T0 + 30 * S
+    store.clock = T0 + 29 * S
+    assert store.expire_claims([shard]) == (0, 0)
+    assert store.status(job_id).state == "claimed"
+    now = T0 + 95 * S                                       # in the next minute
+    store.clock = now
+    assert store.expire_claims([shard]) == (1, 0)
+    st = store.status(job_id)
+    assert (st.state, st.attempts, st.claimed_by, st.claim_expires_at) == ("scheduled", 1, None, None)
+    assert "expired" in st.last_error
+    assert due_rows(conn, job_id) == [(minute_part(conn, now), now)]
+    assert store.expire_claims([shard]) == (0, 0)         # once only
+    c2 = claim_job(store, job_id)
+    assert c2.attempt == 2 and c2.lease_token != c.lease_token
+    assert due_rows(conn, job_id) == []
+
+
+def test_expired_running_job_returns_too(conn, store):
+    job_id = store.submit("t", JobSpec("hung")).job_id
+    c = claim_job(store, job_id, lease_s=10)
+    assert store.start([(job_id, c.lease_token)])[0].ok
+    store.clock = T0 + 11 * S
+    pin(conn, store.clock)
+    assert conn.execute("SELECT returned, dead FROM expire_claims(%s)", (job_id & 1023,)).fetchone() == (1, 0)
+    assert store.status(job_id).state == "scheduled"
+    assert claim_job(store, job_id).attempt == 2
+
+
+def test_expired_claim_at_the_last_attempt_is_dead(conn, store):
+    job_id = store.submit("t", JobSpec("killer", max_attempts=2)).job_id
+    shard = job_id & 1023
+    claim_job(store, job_id, lease_s=30)
+    store.clock = T0 + 31 * S
+    assert store.expire_claims([shard]) == (1, 0)
+    c = claim_job(store, job_id, lease_s=30)
+    assert c.attempt == 2
+    store.clock = T0 + 62 * S
+    assert store.expire_claims([shard]) == (0, 1)
+    st = store.status(job_id)
+    assert (st.state, st.attempts, st.finished_at) == ("dead", 2, T0 + 62 * S)
+    assert "expired" in st.last_error
+    assert due_rows(conn, job_id) == []
+    store.clock = T0 + 3600 * S
+    assert claim(store, [job_id]) == []
+
+
+def test_completed_claim_is_not_expired(conn, store):
+    job_id = store.submit("t", JobSpec("quick")).job_id
+    c = claim_job(store, job_id, lease_s=30)
+    assert store.complete([(job_id, c.lease_token, None)])[0].ok
+    store.clock = T0 + 31 * S
+    assert store.expire_claims([job_id & 1023]) == (0, 0)
+    assert store.status(job_id).state == "succeeded"
