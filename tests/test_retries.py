@@ -295,3 +295,29 @@ def test_completed_claim_is_not_expired(conn, store):
     store.clock = T0 + 31 * S
     assert store.expire_claims([job_id & 1023]) == (0, 0)
     assert store.status(job_id).state == "succeeded"
+
+
+# ---------------------------------------------------------------- the pinned clock itself
+def test_advancing_the_store_clock_moves_every_pooled_session(conn, store):
+    with store.connection() as a, store.connection() as b:       # two sessions of the pool
+        assert a.execute("SELECT mh_now() AS t").fetchone()["t"] == T0
+        assert b.execute("SELECT mh_now() AS t").fetchone()["t"] == T0
+    store.clock = T0 + 3600 * S
+    with store.connection() as a, store.connection() as b:
+        assert a.execute("SELECT mh_now() AS t").fetchone()["t"] == T0 + 3600 * S
+        assert b.execute("SELECT mh_now() AS t").fetchone()["t"] == T0 + 3600 * S
+
+
+@pytest.mark.xfail(strict=True, reason="bug: Store.connection() sets minutehand.now only when store.clock is not "
+                                       "None, so after store.clock = None pooled sessions stay pinned to the old time")
+def test_unpinning_the_store_clock_returns_to_the_wall_clock(db_dsn):
+    s = make_store(db_dsn, clock=T0, max_size=1)
+    try:
+        with s.connection() as c:
+            assert c.execute("SELECT mh_now() AS t").fetchone()["t"] == T0
+        s.clock = None
+        with s.connection() as c:
+            now = c.execute("SELECT mh_now() AS t, clock_timestamp() AS wall").fetchone()
+        assert abs(now["t"] - now["wall"]) < dt.timedelta(minutes=1)
+    finally:
+        s.close()
