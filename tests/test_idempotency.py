@@ -420,3 +420,59 @@ def test_completing_a_job_whose_key_moved_on_leaves_the_new_jobs_key_alone(conn,
     assert out.ok
     k = key_row(conn, "t", "long-key")
     assert k["job_id"] == new.job_id and k["result"] is None and k["completed_at"] is None
+
+
+# ---------------------------------------------------------------- the caller's transaction
+def test_rolled_back_submission_leaves_the_key_free(conn, store):
+    with conn.transaction():
+        conn.execute("SELECT submit_job('t', 'tx', NULL, '{}', p_idempotency_key => 'tx-key')")
+        assert key_row(conn, "t", "tx-key") is not None
+        raise psycopg.Rollback()
+    assert key_row(conn, "t", "tx-key") is None
+    assert counts(conn) == {"jobs": 0, "due_minutes": 0, "due_hours": 0, "due_far": 0, "idempotency_keys": 0}
+    sub = store.submit("t", JobSpec("other-request", payload={"now": "different"}, idempotency_key="tx-key"))
+    assert sub.created
+
+
+def wait_until_blocked(conn: psycopg.Connection, marker: str) -> None:
+    """Until a session running a statement containing `marker` waits on a lock."""
+    for _ in range(500):
+        if conn.execute("""SELECT count(*) FROM pg_stat_activity
+                            WHERE wait_event_type = 'Lock' AND query LIKE %s""", (f"%{marker}%",)).fetchone()[0]:
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError("the second submitter never waited for the first")
+
+
+@pytest.mark.parametrize("first_commits", [True, False], ids=["first-commits", "first-rolls-back"])
+def test_second_submitter_waits_for_the_first_transaction(conn, db_dsn, first_commits):
+    first = psycopg.connect(db_dsn)
+    try:
+        pin(first, T0)
+        first.commit()
+        first_id = first.execute("SELECT submit_job('t', 'w', NULL, '{}', p_idempotency_key => 'wait-key')"
+                                 ).fetchone()[0]
+        result = {}
+
+        def second():
+            with psycopg.connect(db_dsn, autocommit=True) as c:
+                pin(c, T0)
+                result["row"] = c.execute("SELECT job_id, created FROM submit_job_detail('t', 'w', NULL, '{}', "
+                                          "p_idempotency_key => 'wait-key') /* second-submitter */").fetchone()
+
+        t = threading.Thread(target=second)
+        t.start()
+        wait_until_blocked(conn, "second-submitter")
+        assert "row" not in result
+        first.commit() if first_commits else first.rollback()
+        t.join(10)
+        assert not t.is_alive()
+    finally:
+        first.close()
+    job_id, created = result["row"]
+    if first_commits:
+        assert (job_id, created) == (first_id, False)
+    else:
+        assert created is True and job_id != first_id
+    assert counts(conn)["jobs"] == 1 and counts(conn)["idempotency_keys"] == 1
+    assert key_row(conn, "t", "wait-key")["job_id"] == job_id
