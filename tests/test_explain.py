@@ -29,7 +29,7 @@ import pytest
 
 from app.store.queries import q
 from app.store.records import JobSpec
-from tests.support import T0, make_store, pin
+from support import T0, make_store, pin
 
 FAR_JOBS = 1_000_000
 TEAM = "explainers"
