@@ -217,6 +217,8 @@ def test_fencing_after_the_lease_lapses(db_dsn, db, dispatchers):
     for shard in range(256):
         assert sqlstate_of(lambda: raw_claim(db_dsn, later, shard, "A", a_leases[shard])) == "MH403"
     assert refused_shards(a, a_leases, "A") == set(range(256))
+    # even if A's clock still reads T0 (its view before the pause): the epoch fences it, not the time
+    assert sqlstate_of(lambda: raw_claim(db_dsn, T0, 9, "A", a_leases[9])) == "MH403"
     assert a.take_leases(range(256), "A", 60) == {}           # nor can it take them back
     assert db.execute("SELECT count(*) FROM jobs WHERE state = 'claimed'").fetchone()[0] == before
     # B claims what is left; A's first claims are untouched

@@ -330,6 +330,20 @@ def test_claim_of_an_empty_shard_still_touches_only_two_partitions(conn, layout)
         assert ae.due_relations() == {layout["prev"], layout["cur"]}
 
 
+def test_next_due_reads_only_the_hand_current_and_next_buckets(conn, layout):
+    """The dispatcher's sleep query: the hand's bucket, the current one and the next, nothing else."""
+    nxt = minute_part(conn, CUR + MIN)
+    with conn.transaction(force_rollback=True):
+        shard = layout["shard"]
+        for part in (layout["prev"], layout["cur"], nxt):        # nothing due nearby: it looks at all three
+            conn.execute(f"DELETE FROM {part} WHERE shard = %s", (shard,))
+        ae = AutoExplain(conn)
+        with ae:
+            assert conn.execute("SELECT next_due(%s)", (shard,)).fetchone()[0] is None
+        assert ae.due_relations() == {layout["prev"], layout["cur"], nxt}
+        assert locked_due_relations(conn) - {layout["prev"], layout["cur"], nxt} == set()
+
+
 # ---------------------------------------------------------------- (b) the status read
 
 @pytest.mark.parametrize("which", ["far_id", "near_id"])
