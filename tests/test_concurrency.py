@@ -286,7 +286,7 @@ def test_dispatchers_taking_overlapping_shards_in_different_orders_do_not_deadlo
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in (0, 1)]
     try:
         for t in threads:
             t.start()

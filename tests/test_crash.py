@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from app.store.records import JobSpec
 from support import T0, lease_all, make_store, pin
@@ -95,7 +96,9 @@ def children():
 
 @pytest.fixture
 def store(db_dsn):
-    s = make_store(db_dsn, clock=T0)
+    # A claim that waits on a lock the (live or dying) child holds fails after 5 s instead of hanging:
+    # claims are meant to skip rows other claimers hold, never to wait for them.
+    s = make_store(make_conninfo(db_dsn, options="-c lock_timeout=5000"), clock=T0)
     s.create_team(TEAM)
     yield s
     s.close()
