@@ -175,9 +175,10 @@ CREATE TABLE shards (
 INSERT INTO shards (shard) SELECT g FROM generate_series(0, mh_shard_count() - 1) g;
 
 -- Global duties (cascade, sweep) serialise on this one row; it also records
--- how far the sweep of passed minute slots has gone.
+-- how far each has gone, so a run after an outage knows to look further.
 CREATE TABLE wheel (
-    id           int PRIMARY KEY CHECK (id = 1),
-    swept_until  timestamptz                  -- minute buckets before this are emptied
+    id              int PRIMARY KEY CHECK (id = 1),
+    swept_until     timestamptz,              -- minute buckets before this are emptied
+    cascaded_until  timestamptz               -- hour slots before this moved to minute buckets
 );
 INSERT INTO wheel (id) VALUES (1);

@@ -7,12 +7,13 @@
 --   MH413 payload too large
 
 -- NULL when acceptable, else a reason a person can act on.
+-- The size of the payload as JSON text: what the submitter sent, whatever
+-- its stored (possibly compressed) form.
 CREATE FUNCTION mh_payload_problem(p_payload jsonb) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT CASE
-        WHEN pg_column_size(p_payload) > mh_payload_max_bytes()
-            THEN format('payload is %s bytes encoded, over the limit of %s', pg_column_size(p_payload), mh_payload_max_bytes())
-    END
+    SELECT CASE WHEN octet_length(p_payload::text) > mh_payload_max_bytes()
+                THEN format('payload is %s bytes as JSON, over the limit of %s',
+                            octet_length(p_payload::text), mh_payload_max_bytes()) END
 $$;
 
 CREATE FUNCTION mh_job_problem(p_name text, p_due_at timestamptz, p_priority int, p_max_attempts int,

@@ -64,6 +64,19 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     $f$, mh_minute_part(p_slot))
 $$;
 
+-- Move a shard's hand forward (never back). If another transaction holds
+-- the shard's row (a claimer moving it too, or one that hangs before it
+-- commits), skip: waiting would stall this shard's claims behind it, and
+-- the next claim moves the hand anyway.
+CREATE FUNCTION mh_move_hand(p_shard int, p_hand timestamptz) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM shards s WHERE s.shard = p_shard FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        UPDATE shards s SET hand = p_hand WHERE s.shard = p_shard AND (s.hand IS NULL OR s.hand < p_hand);
+    END IF;
+END $$;
+
 -- Claim up to p_limit due jobs of one shard (one shard per call: a
 -- row-locking statement must name one shard value to stay single-shard on
 -- Citus; callers send many shards in one round trip with pipelining).
@@ -101,8 +114,12 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'MH403',
             MESSAGE = format('shard %s: %L does not hold a current lease with epoch %s', p_shard, p_owner, p_epoch);
     END IF;
-    -- Buckets older than the sweep line are carried forward by maintenance.
-    v_hand := greatest(coalesce(v_hand, v_cur - interval '1 minute'), v_cur - mh_sweep_after());
+    -- A shard's first claim sets its hand; buckets older than the sweep line
+    -- are carried forward by maintenance, so the hand never lags further.
+    IF v_hand IS NULL OR v_hand < v_cur - mh_sweep_after() THEN
+        v_hand := greatest(coalesce(v_hand, v_cur - interval '1 minute'), v_cur - mh_sweep_after());
+        PERFORM mh_move_hand(p_shard, v_hand);
+    END IF;
     v_bucket := v_hand;
     LOOP
         RETURN QUERY EXECUTE mh_claim_sql(mh_minute_slot(v_bucket))
@@ -121,7 +138,7 @@ BEGIN
                INTO v_any USING p_shard;
             IF NOT v_any THEN
                 v_hand := v_bucket + interval '1 minute';
-                UPDATE shards s SET hand = v_hand WHERE s.shard = p_shard AND (s.hand IS NULL OR s.hand < v_hand);
+                PERFORM mh_move_hand(p_shard, v_hand);
             END IF;
         END IF;
         v_bucket := v_bucket + interval '1 minute';

@@ -2,11 +2,13 @@
 -- and cancellation before it starts. Every call names the job and the lease
 -- token of its current claim; a wrong or stale token changes nothing and
 -- the answer says why, per item. Batch forms take parallel arrays and run
--- in one transaction, so the commit rate does not cap throughput.
+-- in one transaction, so the commit rate does not cap throughput. Results
+-- are matched to items by position, so a job named twice in one batch
+-- succeeds at most once.
 
 CREATE TYPE outcome AS (job_id bigint, ok boolean, state job_state, reason text);
 
--- Why an outcome for this job was refused (j is the job row, NULL if none).
+-- Why an outcome for a job was refused, from whether it exists and its state.
 CREATE FUNCTION mh_refusal(p_found boolean, p_state job_state) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE
@@ -39,17 +41,19 @@ BEGIN
           FROM input i
          WHERE j.shard = mh_shard_of(i.id) AND j.id = i.id AND j.lease_token = i.token
            AND j.state IN ('claimed', 'running')
-        RETURNING j.id
+        RETURNING j.id, i.ord
     )
     SELECT i.id, s.id IS NOT NULL,
            CASE WHEN s.id IS NOT NULL THEN 'running'::job_state ELSE j.state END,
            CASE WHEN s.id IS NULL THEN mh_refusal(j.id IS NOT NULL, j.state) END
       FROM input i
-      LEFT JOIN started s ON s.id = i.id
+      LEFT JOIN started s ON s.ord = i.ord
       LEFT JOIN jobs j ON s.id IS NULL AND j.shard = mh_shard_of(i.id) AND j.id = i.id
      ORDER BY i.ord;
 END $$;
 
+-- A heartbeat extends a claim to now + p_extend_s; it never shortens one
+-- (its reminder in claim_checks stays valid).
 CREATE FUNCTION heartbeat_many(p_ids bigint[], p_tokens uuid[], p_extend_s real) RETURNS SETOF outcome
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -64,16 +68,16 @@ BEGIN
     WITH input AS (
         SELECT u.id, u.token, u.ord FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS u(id, token, ord)
     ), renewed AS (
-        UPDATE jobs j SET claim_expires_at = v_expires, updated_at = v_now
+        UPDATE jobs j SET claim_expires_at = greatest(j.claim_expires_at, v_expires), updated_at = v_now
           FROM input i
          WHERE j.shard = mh_shard_of(i.id) AND j.id = i.id AND j.lease_token = i.token
            AND j.state IN ('claimed', 'running')
-        RETURNING j.id, j.state
+        RETURNING j.id, j.state, i.ord
     )
     SELECT i.id, r.id IS NOT NULL, coalesce(r.state, j.state),
            CASE WHEN r.id IS NULL THEN mh_refusal(j.id IS NOT NULL, j.state) END
       FROM input i
-      LEFT JOIN renewed r ON r.id = i.id
+      LEFT JOIN renewed r ON r.ord = i.ord
       LEFT JOIN jobs j ON r.id IS NULL AND j.shard = mh_shard_of(i.id) AND j.id = i.id
      ORDER BY i.ord;
 END $$;
@@ -97,7 +101,7 @@ BEGIN
           FROM input i
          WHERE j.shard = mh_shard_of(i.id) AND j.id = i.id AND j.lease_token = i.token
            AND j.state IN ('claimed', 'running')
-        RETURNING j.id, j.shard, j.team_id, j.idempotency_key, i.result
+        RETURNING j.id, j.shard, j.team_id, j.idempotency_key, i.result, i.ord
     ), stored AS (
         UPDATE idempotency_keys k SET result = d.result, completed_at = v_now
           FROM done d
@@ -108,7 +112,7 @@ BEGIN
            CASE WHEN d.id IS NOT NULL THEN 'succeeded'::job_state ELSE j.state END,
            CASE WHEN d.id IS NULL THEN mh_refusal(j.id IS NOT NULL, j.state) END
       FROM input i
-      LEFT JOIN done d ON d.id = i.id
+      LEFT JOIN done d ON d.ord = i.ord
       LEFT JOIN jobs j ON d.id IS NULL AND j.shard = mh_shard_of(i.id) AND j.id = i.id
      ORDER BY i.ord;
 END $$;

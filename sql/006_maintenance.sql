@@ -32,6 +32,7 @@ BEGIN
            SET state = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'scheduled' END::job_state,
                finished_at = CASE WHEN j.attempts >= j.max_attempts THEN v_now END,
                last_error = format('claim by %s expired at %s on attempt %s', j.claimed_by, j.claim_expires_at, j.attempts),
+               run_at = CASE WHEN j.attempts >= j.max_attempts THEN j.run_at ELSE v_now END,
                claimed_by = NULL, claim_expires_at = NULL, lease_token = NULL, updated_at = v_now
          WHERE j.shard = p_shard AND j.id = ANY (v_ids)
            AND j.state IN ('claimed', 'running') AND j.claim_expires_at < v_now
@@ -58,24 +59,25 @@ END $$;
 --                mh_minute_end(now) is moved with one INSERT ... SELECT and
 --                emptied with TRUNCATE. The last 24 hours of slots are
 --                revisited for stragglers (a submitter whose clock read came
---                just before the boundary and its commit just after).
--- A slot can hold rows of a later lap only after maintenance stopped for a
--- day; those stay, and the slot is then emptied by DELETE instead.
--- Returns how many rows moved. Concurrent callers: one works, the others
--- return 0 at once (row lock on `wheel`, SKIP LOCKED).
+--                just before the boundary and its commit just after); on the
+--                first run, or after an outage of more than that, every slot.
+-- A slot can then also hold rows of a later lap: those stay, and the slot is
+-- emptied by DELETE instead. Returns how many rows moved. Concurrent
+-- callers: one works, the others return 0 at once (row lock on `wheel`).
 CREATE FUNCTION cascade_wheel(p_far_limit int DEFAULT 200000, OUT from_far bigint, OUT from_hours bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_now        timestamptz := mh_now();
     v_minute_end timestamptz := mh_minute_end(v_now);
     v_hour_end   timestamptz := mh_hour_end(v_now);
+    v_since      timestamptz;
     v_hour       timestamptz;
     v_part       text;
     v_moved      bigint;
     v_later      boolean;
 BEGIN
     from_far := 0; from_hours := 0;
-    PERFORM 1 FROM wheel WHERE id = 1 FOR UPDATE SKIP LOCKED;
+    SELECT w.cascaded_until INTO v_since FROM wheel w WHERE w.id = 1 FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN RETURN; END IF;
 
     WITH moved AS (
@@ -96,7 +98,11 @@ BEGIN
     )
     SELECT (SELECT count(*) FROM to_minutes) + (SELECT count(*) FROM to_hours) INTO from_far;
 
-    v_hour := v_minute_end - interval '24 hours';
+    IF v_since IS NOT NULL AND v_since >= v_minute_end - interval '24 hours' THEN
+        v_hour := v_minute_end - interval '24 hours';
+    ELSE
+        v_hour := v_minute_end - mh_hour_slots() * interval '1 hour';
+    END IF;
     WHILE v_hour < v_minute_end LOOP
         v_part := mh_hour_part(mh_hour_slot(v_hour));
         v_hour := v_hour + interval '1 hour';
@@ -117,49 +123,84 @@ BEGIN
             EXECUTE format('TRUNCATE %I', v_part);
         END IF;
     END LOOP;
+    UPDATE wheel SET cascaded_until = v_minute_end
+     WHERE id = 1 AND (cascaded_until IS NULL OR cascaded_until < v_minute_end);
+END $$;
+
+-- Carry the overdue rows (run_at before p_cur) of one minute slot into the
+-- current bucket; then empty the slot with TRUNCATE, or, if it also holds
+-- rows of a later lap, DELETE just the moved ones. p_passed: the slot's
+-- minute has passed the sweep line, so it is emptied even with nothing to
+-- carry (its claimed rows' dead tuples go with it); otherwise an untouched
+-- slot is left alone. Never the current bucket's own slot.
+CREATE FUNCTION mh_carry_forward(p_slot int, p_cur timestamptz, p_passed boolean) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_part  text := mh_minute_part(p_slot);
+    v_moved bigint;
+    v_later boolean;
+BEGIN
+    IF p_slot = mh_minute_slot(p_cur) THEN
+        RAISE EXCEPTION 'slot % is the current bucket: it cannot be carried forward into itself', p_slot;
+    END IF;
+    IF NOT p_passed THEN
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE run_at < $1)', v_part) INTO v_later USING p_cur;
+        IF NOT v_later THEN RETURN 0; END IF;
+    END IF;
+    EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', v_part);
+    EXECUTE format($f$INSERT INTO due_minutes (slot, shard, strict, priority, run_at, job_id)
+                      SELECT $2, p.shard, p.strict, p.priority, p.run_at, p.job_id
+                        FROM %I p WHERE p.run_at < $1$f$, v_part)
+       USING p_cur, mh_minute_slot(p_cur);
+    GET DIAGNOSTICS v_moved = ROW_COUNT;
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE run_at >= $1)', v_part) INTO v_later USING p_cur;
+    IF v_later THEN
+        EXECUTE format('DELETE FROM %I WHERE run_at < $1', v_part) USING p_cur;
+    ELSE
+        EXECUTE format('TRUNCATE %I', v_part);
+    END IF;
+    RETURN v_moved;
 END $$;
 
 -- Carry forward, then empty, the minute buckets the hand has passed: every
 -- bucket older than the sweep line (30 min behind now) gets its leftover due
 -- rows moved to the current bucket, and is emptied with TRUNCATE (dead
--- tuples of claimed rows go with it, no VACUUM). Runs up to the line once;
--- `wheel.swept_until` remembers how far. Concurrent callers: as cascade_wheel.
+-- tuples of claimed rows go with it, no VACUUM). `wheel.swept_until`
+-- remembers how far it got. On the first run, or after an outage longer than
+-- the margin, passed buckets may share their slot with future ones (the
+-- ring is 480 minutes): then every slot outside the claim window
+-- [sweep line, now] is checked for overdue rows instead.
+-- Concurrent callers: as cascade_wheel.
 CREATE FUNCTION sweep_passed(OUT buckets int, OUT carried bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_now    timestamptz := mh_now();
     v_cur    timestamptz := mh_minute(v_now);
     v_line   timestamptz := v_cur - mh_sweep_after();
+    v_since  timestamptz;
     v_bucket timestamptz;
-    v_part   text;
-    v_moved  bigint;
-    v_later  boolean;
+    v_normal boolean;
 BEGIN
     buckets := 0; carried := 0;
-    SELECT w.swept_until INTO v_bucket FROM wheel w WHERE w.id = 1 FOR UPDATE SKIP LOCKED;
+    SELECT w.swept_until INTO v_since FROM wheel w WHERE w.id = 1 FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN RETURN; END IF;
-    -- First run, or a long outage: the ring holds at most one lap.
-    v_bucket := greatest(coalesce(v_bucket, v_line - interval '1 hour'),
-                         v_line - (mh_minute_slots() - 1) * interval '1 minute');
-    WHILE v_bucket < v_line LOOP
-        v_part := mh_minute_part(mh_minute_slot(v_bucket));
-        v_bucket := v_bucket + interval '1 minute';
-        EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', v_part);
-        EXECUTE format($f$INSERT INTO due_minutes (slot, shard, strict, priority, run_at, job_id)
-                          SELECT $2, p.shard, p.strict, p.priority, p.run_at, p.job_id
-                            FROM %I p WHERE p.run_at < $1$f$, v_part)
-           USING v_cur, mh_minute_slot(v_cur);
-        GET DIAGNOSTICS v_moved = ROW_COUNT;
-        carried := carried + v_moved;
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE run_at >= $1)', v_part) INTO v_later USING v_cur;
-        IF v_later THEN
-            EXECUTE format('DELETE FROM %I WHERE run_at < $1', v_part) USING v_cur;
-        ELSE
-            EXECUTE format('TRUNCATE %I', v_part);
-        END IF;
-        buckets := buckets + 1;
-    END LOOP;
-    UPDATE wheel SET swept_until = greatest(coalesce(swept_until, v_line), v_line) WHERE id = 1;
+    v_normal := v_since IS NOT NULL AND v_since >= v_line - mh_sweep_after();
+    IF v_normal THEN
+        v_bucket := v_since;
+        WHILE v_bucket < v_line LOOP
+            carried := carried + mh_carry_forward(mh_minute_slot(v_bucket), v_cur, true);
+            buckets := buckets + 1;
+            v_bucket := v_bucket + interval '1 minute';
+        END LOOP;
+    ELSE
+        v_bucket := v_cur + interval '1 minute';
+        WHILE v_bucket < v_line + mh_minute_slots() * interval '1 minute' LOOP
+            carried := carried + mh_carry_forward(mh_minute_slot(v_bucket), v_cur, false);
+            buckets := buckets + 1;
+            v_bucket := v_bucket + interval '1 minute';
+        END LOOP;
+    END IF;
+    UPDATE wheel SET swept_until = v_line WHERE id = 1 AND (swept_until IS NULL OR swept_until < v_line);
 END $$;
 
 -- Idempotency keys live 24 h. One shard per call, bounded per call.

@@ -260,11 +260,6 @@ def _waiting_on_locks(db: psycopg.Connection) -> int:
                           WHERE datname = current_database() AND wait_event_type = 'Lock'""").fetchone()[0]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: app/store/store.py Store.take_leases sends every take_shard_lease in one pipeline with no "
-    "sync between them, so they run as ONE implicit transaction holding the row lock of every shard "
-    "taken until the last: two dispatchers asking for overlapping shards in different orders "
-    "deadlock (raw psycopg DeadlockDetected); release_leases has the same shape"))
 def test_dispatchers_taking_overlapping_shards_in_different_orders_do_not_deadlock(db_dsn, db, dispatchers):
     """A rebalancing dispatcher may ask for its shards in any order. Made deterministic: a third
     session holds shard 128 until A (ascending) and B (descending) both wait for it."""

@@ -149,10 +149,6 @@ def test_claimer_killed_before_commit_loses_nothing(db_dsn, db, store, children)
     assert due_count(db) == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: sql/004_claim.sql claim_due never persists the shard's hand (NULL = now - 1 min), so rows a "
-    "claimer held for more than a minute before it died sit behind the claim window until "
-    "sweep_passed carries them, up to 30 min later (the comment in claim_due promises otherwise)"))
 def test_claimer_killed_before_commit_minutes_later_loses_nothing(db_dsn, db, store, children):
     """The claimer hung for 3 minutes before it died: its jobs are claimable as soon as it is gone."""
     leases = lease_all(store, "d1")

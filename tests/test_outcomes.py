@@ -315,9 +315,6 @@ def test_outcome_after_completion_changes_nothing(conn, store, job, do, op):
     assert store.status(job_id).result == {"first": True}
 
 
-@pytest.mark.xfail(strict=True, reason="bug: start_many/heartbeat_many/complete_many join each input item to the "
-                                       "updated rows by job id only, so a second item for the same job with a "
-                                       "wrong token is reported ok")
 def test_duplicate_item_with_wrong_token_in_one_batch_is_refused(conn, store, job):
     job_id, token = job
     out = store.complete([(job_id, token, {"good": 1}), (job_id, uuid.uuid4(), {"bad": 1})])
@@ -480,9 +477,6 @@ def test_status_shows_the_claim(conn, store, job):
 
 
 # ---------------------------------------------------------------- claim refusals in a batch
-@pytest.mark.xfail(strict=True, reason="bug: Store.claim never fills ClaimResult.refused; a stale lease on one "
-                                       "shard raises a raw psycopg error for the whole call and the jobs already "
-                                       "claimed from the other shards are lost to the caller")
 def test_claim_with_one_stale_shard_lease_refuses_only_that_shard(conn, store):
     a = store.submit("t", JobSpec("a")).job_id
     shard_a = a & 1023

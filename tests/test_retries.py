@@ -298,9 +298,6 @@ def test_completed_claim_is_not_expired(conn, store):
 
 
 
-@pytest.mark.xfail(strict=True, reason="bug: heartbeat_many may set claim_expires_at earlier than the claim's "
-                                       "reminder in claim_checks and files no new one, so expire_claims misses the "
-                                       "expired claim until the original lease time")
 def test_claim_shortened_by_a_heartbeat_is_returned_once_it_expires(conn, store):
     job_id = store.submit("t", JobSpec("short-beat")).job_id
     c = claim_job(store, job_id, lease_s=300)
@@ -322,8 +319,6 @@ def test_advancing_the_store_clock_moves_every_pooled_session(conn, store):
         assert b.execute("SELECT mh_now() AS t").fetchone()["t"] == T0 + 3600 * S
 
 
-@pytest.mark.xfail(strict=True, reason="bug: Store.connection() sets minutehand.now only when store.clock is not "
-                                       "None, so after store.clock = None pooled sessions stay pinned to the old time")
 def test_unpinning_the_store_clock_returns_to_the_wall_clock(db_dsn):
     s = make_store(db_dsn, clock=T0, max_size=1)
     try:

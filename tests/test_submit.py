@@ -337,8 +337,6 @@ def test_null_name_is_refused(conn):
     assert counts(conn) == before
 
 
-@pytest.mark.xfail(strict=True, reason="bug: mh_payload_problem measures pg_column_size(), the compressed size, "
-                                       "so a large compressible payload read from a table column passes the 256 KiB limit")
 def test_payload_limit_holds_for_a_payload_read_from_a_table(conn):
     # The same 1 MB payload is refused when sent as a parameter (the API path) ...
     conn.execute("CREATE TEMP TABLE staging (p jsonb)")

@@ -237,11 +237,6 @@ def test_a_hand_left_behind_drains_its_oldest_bucket_first(db_dsn, db, store):
     assert store.claim({shard: epoch}, 100, "d1", 30).jobs == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: sql/004_claim.sql claim_due never initialises shards.hand (NULL -> treated as now - 1 min "
-    "and only persisted when it was already more than 1 min behind), so the hand never lags: after a "
-    "dispatcher pause the claim reads only the previous and current bucket and rows in older buckets "
-    "wait up to 30 min for sweep_passed"))
 def test_after_a_dispatcher_pause_the_claim_catches_up_from_where_it_stopped(db_dsn, db, store):
     shard = 7
     [epoch] = store.take_leases([shard], "d1", 3600).values()
@@ -268,10 +263,6 @@ def test_a_past_run_time_goes_to_the_current_bucket_and_is_claimed_at_once(db_ds
 
 # ---------------------------------------------------------------- long outages
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: sql/006_maintenance.sql cascade_wheel only revisits the hour slots of the 24 h before "
-    "mh_minute_end(now); after maintenance stops for more than ~24 h, jobs already in older hour slots "
-    "are never moved to the minute level until their slot comes round again 96 h later"))
 def test_after_a_30_hour_maintenance_outage_every_overdue_job_is_claimable(db_dsn, db, store):
     ids = {it.job_id for it in store.submit_many(TEAM, [JobSpec(name="o", due_at=T0 + 10 * H + i * MIN)
                                                         for i in range(30)])}
@@ -282,9 +273,6 @@ def test_after_a_30_hour_maintenance_outage_every_overdue_job_is_claimable(db_ds
     assert set(claim_ids(store, leases)) == ids
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: sql/006_maintenance.sql sweep_passed, first run (wheel.swept_until NULL), sweeps only the hour "
-    "before the sweep line; leftovers in older buckets stay until their slot comes round (up to 8 h)"))
 def test_the_first_sweep_carries_every_passed_bucket(db_dsn, db, store):
     """A fresh install: jobs submitted, nothing claimed, maintenance starts 3 hours later."""
     ids = {it.job_id for it in store.submit_many(TEAM, [JobSpec(name="early", due_at=T0)] * 20)}
@@ -294,12 +282,6 @@ def test_the_first_sweep_carries_every_passed_bucket(db_dsn, db, store):
     assert set(claim_ids(store, leases)) == ids
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug (loses jobs): sql/006_maintenance.sql sweep_passed, after >= 7.5 h without a sweep, starts at "
-    "line - 479 min = now - 509 min, so it visits bucket now - 480 min, whose partition IS the current "
-    "bucket's: it copies the current partition's rows (run_at < now) into itself and then TRUNCATEs "
-    "(or DELETEs run_at < now from) it, destroying every overdue row in the current bucket, including "
-    "those it carried there earlier in the same loop and those cascade_wheel just put there"))
 def test_the_first_sweep_after_an_8_hour_outage_loses_no_job(db_dsn, db, store):
     maintain(store)                                   # maintenance ran at T0 ...
     ids = {it.job_id for it in store.submit_many(TEAM, [JobSpec(name="a", due_at=T0 + 10 * S)] * 50)}

@@ -36,8 +36,10 @@ class Store:
                  clock: dt.datetime | None = None):
         self.pool = ConnectionPool(database_url, min_size=min_size, max_size=max_size, open=True,
                                    kwargs={"autocommit": True, "row_factory": dict_row})
-        # A pinned clock (tests): every checkout sets it on its session.
+        # A pinned clock (tests): every checkout sets it on its session, and
+        # once it has been pinned, unpinning (None) is applied the same way.
         self.clock = clock
+        self._clock_used = clock is not None
 
     def close(self) -> None:
         self.pool.close()
@@ -52,12 +54,17 @@ class Store:
     def connection(self) -> Iterator[psycopg.Connection]:
         """A pooled connection, clock applied; procedure refusals become StoreErrors."""
         with self.pool.connection() as conn:
-            if self.clock is not None:
-                conn.execute(q("set_clock"), {"now": self.clock})
+            self._apply_clock(conn)
             try:
                 yield conn
             except psycopg.Error as exc:
                 raise errors.translate(exc) from exc
+
+    def _apply_clock(self, conn: psycopg.Connection) -> None:
+        if self.clock is not None:
+            self._clock_used = True
+        if self._clock_used:
+            conn.execute(q("set_clock"), {"now": self.clock})
 
     def _all(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         with self.connection() as conn:
@@ -115,19 +122,24 @@ class Store:
 
     # ------------------------------------------------------------ dispatch
     def take_leases(self, shards: Sequence[int], owner: str, ttl_s: float) -> dict[int, int]:
-        """Take or renew shard leases in one round trip; {shard: epoch} for those held."""
-        with self.connection() as conn, conn.pipeline():
-            cursors = [(s, conn.cursor().execute(q("take_shard_lease"),
-                                                 {"shard": s, "owner": owner, "ttl_s": ttl_s}))
-                       for s in shards]
+        """Take or renew shard leases in one round trip; {shard: epoch} for those held.
+        Each shard is its own transaction (a sync after each): one transaction
+        holding many shard rows could deadlock with another dispatcher's."""
+        with self.connection() as conn, conn.pipeline() as pipe:
+            cursors = []
+            for s in shards:
+                cursors.append((s, conn.cursor().execute(q("take_shard_lease"),
+                                                         {"shard": s, "owner": owner, "ttl_s": ttl_s})))
+                pipe.sync()
         epochs = {s: cur.fetchone()["epoch"] for s, cur in cursors}
         return {s: e for s, e in epochs.items() if e is not None}
 
     def release_leases(self, leases: dict[int, int], owner: str) -> None:
-        """Give shards ({shard: epoch}) up at once, in one round trip."""
-        with self.connection() as conn, conn.pipeline():
+        """Give shards ({shard: epoch}) up at once, in one round trip, one transaction each."""
+        with self.connection() as conn, conn.pipeline() as pipe:
             for shard, epoch in leases.items():
                 conn.execute(q("release_shard_lease"), {"shard": shard, "owner": owner, "epoch": epoch})
+                pipe.sync()
 
     def claim(self, leases: dict[int, int], limit: int, owner: str, lease_s: float,
               worker: str | None = None) -> ClaimResult:
@@ -139,17 +151,23 @@ class Store:
         jobs: list[ClaimedJob] = []
         refused: dict[int, str] = {}
         with self.pool.connection() as conn:
-            if self.clock is not None:
-                conn.execute(q("set_clock"), {"now": self.clock})
+            self._apply_clock(conn)
             pending = []
             with conn.pipeline() as pipe:
                 for shard, epoch in leases.items():
                     cur = conn.cursor()
                     cur.execute(q("claim_due"), {"shard": shard, "limit": limit, "owner": owner,
                                                  "epoch": epoch, "lease_s": lease_s, "worker": worker})
-                    pending.append((shard, cur))
-                    pipe.sync()
-            for shard, cur in pending:
+                    try:
+                        pipe.sync()          # an error surfaces here, for this statement alone
+                    except psycopg.Error as exc:
+                        error = errors.translate(exc)
+                        if not isinstance(error, errors.StaleLease):
+                            raise error from exc
+                        refused[shard] = error.message
+                        continue
+                    pending.append(cur)
+            for cur in pending:
                 jobs.extend(ClaimedJob(**r) for r in cur.fetchall())
         return ClaimResult(jobs, refused)
 
