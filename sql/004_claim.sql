@@ -30,12 +30,11 @@ BEGIN
     RETURN FOUND;
 END $$;
 
--- The one statement that claims from a minute bucket, for EXECUTE with
---   $1 shard, $2 now, $3 limit, $4 claimed_by, $5 lease token, $6 claim expiry.
--- It names the bucket's partition directly: the plan, and the locks it
--- takes, cover exactly that partition and the job rows it claims.
--- Due rows of cancelled jobs are removed here and claim nothing. One
--- reminder row files the whole batch for expire_claims.
+-- The statement that takes due rows off one minute bucket, for EXECUTE with
+--   $1 shard, $2 now, $3 limit; it returns the claimed job ids as an array.
+-- It names the bucket's partition directly: its plan, and the locks it
+-- takes, cover exactly that partition. Only this small statement is planned
+-- per call; the job update that follows is static SQL with a cached plan.
 CREATE FUNCTION mh_claim_sql(p_slot int) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT format($f$
@@ -48,21 +47,20 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
                     LIMIT $3
                       FOR UPDATE SKIP LOCKED))
             RETURNING d.job_id
-        ), claimed AS (
-            UPDATE jobs j
-               SET state = 'claimed', attempts = j.attempts + 1, claimed_by = $4, lease_token = $5,
-                   claim_expires_at = $6, claimed_at = $2, updated_at = $2
-              FROM picked p
-             WHERE j.shard = $1 AND j.id = p.job_id AND j.state IN ('scheduled', 'retrying')
-            RETURNING j.id, j.team_id, j.name, j.payload, j.attempts, j.max_attempts, j.idempotency_key,
-                      j.lease_token, j.claim_expires_at, j.due_at, j.run_at, j.priority, j.strict
-        ), reminder AS (
-            INSERT INTO claim_checks (shard, check_at, job_ids)
-            SELECT $1, $6, array_agg(c.id) FROM claimed c HAVING count(*) > 0
         )
-        SELECT * FROM claimed ORDER BY strict DESC, priority DESC, run_at
+        SELECT array_agg(job_id) FROM picked
     $f$, mh_minute_part(p_slot))
 $$;
+
+-- Whether a minute bucket holds any row of a shard, locked or not.
+CREATE FUNCTION mh_bucket_has_rows(p_bucket timestamptz, p_shard int) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+DECLARE v_any boolean;
+BEGIN
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE shard = $1)', mh_minute_part(mh_minute_slot(p_bucket)))
+       INTO v_any USING p_shard;
+    RETURN v_any;
+END $$;
 
 -- Move a shard's hand forward (never back). If another transaction holds
 -- the shard's row (a claimer moving it too, or one that hangs before it
@@ -101,6 +99,9 @@ DECLARE
     v_left    int := p_limit;
     v_got     int;
     v_any     boolean;
+    v_ids     bigint[];
+    v_token   uuid := gen_random_uuid();
+    v_expires timestamptz := v_now + make_interval(secs => p_lease_s);
 BEGIN
     IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 10000 THEN
         RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = 'limit must be between 1 and 10000';
@@ -122,24 +123,38 @@ BEGIN
     END IF;
     v_bucket := v_hand;
     LOOP
-        RETURN QUERY EXECUTE mh_claim_sql(mh_minute_slot(v_bucket))
-            USING p_shard, v_now, v_left, coalesce(p_worker, p_owner), gen_random_uuid(),
-                  v_now + make_interval(secs => p_lease_s);
-        GET DIAGNOSTICS v_got = ROW_COUNT;
-        v_left := v_left - v_got;
-        EXIT WHEN v_left <= 0 OR v_bucket >= v_cur;
+        -- A bucket behind now is usually drained: a cheap probe first.
+        v_any := v_bucket >= v_cur OR mh_bucket_has_rows(v_bucket, p_shard);
+        IF v_any THEN
+            EXECUTE mh_claim_sql(mh_minute_slot(v_bucket)) INTO v_ids USING p_shard, v_now, v_left;
+            -- Due rows of cancelled jobs were removed too, and claim nothing here.
+            -- One reminder row files the whole batch for expire_claims.
+            RETURN QUERY
+            WITH claimed AS (
+                UPDATE jobs j
+                   SET state = 'claimed', attempts = j.attempts + 1, claimed_by = coalesce(p_worker, p_owner),
+                       lease_token = v_token, claim_expires_at = v_expires, claimed_at = v_now, updated_at = v_now
+                 WHERE j.shard = p_shard AND j.id = ANY (v_ids) AND j.state IN ('scheduled', 'retrying')
+                RETURNING j.id, j.team_id, j.name, j.payload, j.attempts, j.max_attempts, j.idempotency_key,
+                          j.lease_token, j.claim_expires_at, j.due_at, j.run_at, j.priority, j.strict
+            ), reminder AS (
+                INSERT INTO claim_checks (shard, check_at, job_ids)
+                SELECT p_shard, v_expires, array_agg(c.id) FROM claimed c HAVING count(*) > 0
+            )
+            SELECT * FROM claimed c ORDER BY c.strict DESC, c.priority DESC, c.run_at;
+            GET DIAGNOSTICS v_got = ROW_COUNT;
+            v_left := v_left - v_got;
+            EXIT WHEN v_left <= 0 OR v_bucket >= v_cur;
+            v_any := mh_bucket_has_rows(v_bucket, p_shard);
+        END IF;
         -- The hand moves past a bucket only when no row of this shard is left
         -- in it, locked by another claimer or not: a claimer that dies
         -- mid-transaction must not leave its rows stranded behind the hand.
         -- It stays one minute behind now, for rows whose submitter read the
         -- clock just before the minute turned and committed just after.
-        IF v_bucket = v_hand AND v_bucket < v_cur - interval '1 minute' THEN
-            EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE shard = $1)', mh_minute_part(mh_minute_slot(v_bucket)))
-               INTO v_any USING p_shard;
-            IF NOT v_any THEN
-                v_hand := v_bucket + interval '1 minute';
-                PERFORM mh_move_hand(p_shard, v_hand);
-            END IF;
+        IF NOT v_any AND v_bucket = v_hand AND v_bucket < v_cur - interval '1 minute' THEN
+            v_hand := v_bucket + interval '1 minute';
+            PERFORM mh_move_hand(p_shard, v_hand);
         END IF;
         v_bucket := v_bucket + interval '1 minute';
     END LOOP;

@@ -18,6 +18,18 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     END
 $$;
 
+-- A job's state, looked up only when p_needed (an item that was refused):
+-- the lookup is skipped for the items that went through.
+-- (A set-returning SQL function, so that the planner inlines it.)
+CREATE FUNCTION mh_job_state(p_job bigint, p_needed boolean) RETURNS TABLE (found boolean, state job_state)
+LANGUAGE sql STABLE AS $$
+    SELECT true, j.state FROM jobs j
+     WHERE p_needed AND j.shard = mh_shard_of(p_job) AND j.id = p_job
+    UNION ALL
+    SELECT false, NULL::job_state
+    LIMIT 1
+$$;
+
 -- Exponential backoff with jitter: attempt n waits a random time in
 -- [d/2, d] with d = min(cap, base * 2^(n-1)): it grows, spreads, and never
 -- exceeds the cap.
@@ -45,10 +57,10 @@ BEGIN
     )
     SELECT i.id, s.id IS NOT NULL,
            CASE WHEN s.id IS NOT NULL THEN 'running'::job_state ELSE j.state END,
-           CASE WHEN s.id IS NULL THEN mh_refusal(j.id IS NOT NULL, j.state) END
+           CASE WHEN s.id IS NULL THEN mh_refusal(j.found, j.state) END
       FROM input i
       LEFT JOIN started s ON s.ord = i.ord
-      LEFT JOIN jobs j ON s.id IS NULL AND j.shard = mh_shard_of(i.id) AND j.id = i.id
+      LEFT JOIN LATERAL mh_job_state(i.id, s.id IS NULL) j ON true
      ORDER BY i.ord;
 END $$;
 
@@ -75,10 +87,10 @@ BEGIN
         RETURNING j.id, j.state, i.ord
     )
     SELECT i.id, r.id IS NOT NULL, coalesce(r.state, j.state),
-           CASE WHEN r.id IS NULL THEN mh_refusal(j.id IS NOT NULL, j.state) END
+           CASE WHEN r.id IS NULL THEN mh_refusal(j.found, j.state) END
       FROM input i
       LEFT JOIN renewed r ON r.ord = i.ord
-      LEFT JOIN jobs j ON r.id IS NULL AND j.shard = mh_shard_of(i.id) AND j.id = i.id
+      LEFT JOIN LATERAL mh_job_state(i.id, r.id IS NULL) j ON true
      ORDER BY i.ord;
 END $$;
 
@@ -110,10 +122,10 @@ BEGIN
     )
     SELECT i.id, d.id IS NOT NULL,
            CASE WHEN d.id IS NOT NULL THEN 'succeeded'::job_state ELSE j.state END,
-           CASE WHEN d.id IS NULL THEN mh_refusal(j.id IS NOT NULL, j.state) END
+           CASE WHEN d.id IS NULL THEN mh_refusal(j.found, j.state) END
       FROM input i
       LEFT JOIN done d ON d.ord = i.ord
-      LEFT JOIN jobs j ON d.id IS NULL AND j.shard = mh_shard_of(i.id) AND j.id = i.id
+      LEFT JOIN LATERAL mh_job_state(i.id, d.id IS NULL) j ON true
      ORDER BY i.ord;
 END $$;
 

@@ -96,7 +96,6 @@ def test_far_jobs_cascade_down_to_the_minute_bucket_of_their_run_time(db_dsn, db
         due[t] = store.submit(TEAM, JobSpec(name="far", due_at=t, strict=True)).job_id
     run_at = {job_id: t for t, job_id in due.items()}
     ids = set(run_at)
-    n = len(ids)
 
     # now: every one in due_far, none on the minute or hour level
     assert all(w == ["due_far"] for w in where(db, ids).values())
