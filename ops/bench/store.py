@@ -7,7 +7,10 @@ the same server, measured in the same run (../shared/bench/pg-floor/run.sh).
     python -m ops.bench.store --quick        # small sizes, to check the script itself
 
 Clients are processes (not threads): on 2 cores the GIL would otherwise
-cap the client before the server. synchronous_commit stays on.
+cap the client before the server. synchronous_commit stays on. Each figure
+is the median of --repeat runs; a ratio compares runs interleaved in time
+(clean, held, clean, held, ...; empty database, far-future database, ...),
+so that the drift of a shared machine falls on both sides alike.
 """
 from __future__ import annotations
 
@@ -164,24 +167,39 @@ def add_far_future(url: str, count: int) -> None:
         conn.execute("CHECKPOINT")
 
 
-def lifecycle_run(url: str, jobs: int, repeat: int, hold_snapshot: bool = False) -> tuple[float, float]:
-    """(batched submit jobs/s, claim+complete jobs/s) for `jobs` due-now jobs,
-    each the median of `repeat` runs: a shared machine's speed drifts.
-    hold_snapshot: a REPEATABLE READ transaction stays open through the runs."""
-    submits, rates = [], []
+def lifecycle_run(url: str, jobs: int, hold_snapshot: bool = False) -> tuple[float, float]:
+    """(batched submit jobs/s, claim+complete jobs/s) for `jobs` due-now jobs.
+    hold_snapshot: a REPEATABLE READ transaction stays open through the run."""
     with psycopg.connect(url, autocommit=True) as holder:
         if hold_snapshot:
             holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
             holder.execute("SELECT count(*) FROM teams").fetchone()   # takes the snapshot, holds xmin
-        for _ in range(repeat):
-            reset_due(url)
-            submits.append(bench_submit_batch(url, jobs))
-            with psycopg.connect(url, autocommit=True) as conn:
-                conn.execute("ANALYZE jobs")
-            rates.append(bench_lifecycle(url, jobs))
+        reset_due(url)
+        submit = bench_submit_batch(url, jobs)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("ANALYZE jobs")
+        rate = bench_lifecycle(url, jobs)
         if hold_snapshot:
             holder.execute("ROLLBACK")
-    return statistics.median(submits), statistics.median(rates)
+    return submit, rate
+
+
+def alternate(first, second, repeat: int) -> tuple[float, float]:
+    """Medians of `repeat` runs of each, interleaved, so that the drift of a
+    shared machine falls on both sides of a ratio alike."""
+    a, b = [], []
+    for _ in range(repeat):
+        a.append(first())
+        b.append(second())
+    return statistics.median(a), statistics.median(b)
+
+
+def new_database(dsn: str, name: str) -> str:
+    url = recreate(dsn, name)
+    migrate.upgrade(url)
+    with Store(url) as store:
+        store.create_team(TEAM, quota=1_000_000)
+    return url
 
 
 def main() -> None:
@@ -214,11 +232,7 @@ def main() -> None:
 def run(args) -> None:
     fl = floor(args.dsn, args.seconds)
     enq_floor, claim_floor = fl["floor_enqueue_single_per_s"], fl["floor_claim_delete_batch100_rows_per_s"]
-    url = recreate(args.dsn, "mh_bench")
-    migrate.upgrade(url)
-    with Store(url) as store:
-        store.create_team(TEAM, quota=1_000_000)
-
+    url = new_database(args.dsn, "mh_bench")
     rows = []
 
     def report(name: str, value: float, floor_value: float | None = None, extra: str = "") -> None:
@@ -229,20 +243,27 @@ def run(args) -> None:
     print(f"floor (pgbench, same server): enqueue {enq_floor:,}/s, claim+delete batch 100 {claim_floor:,} rows/s",
           flush=True)
     report("submit, single-row procedure calls, 4 connections", bench_submit_single(url, args.seconds), enq_floor)
-    submit, clean = lifecycle_run(url, args.jobs, args.repeat)
-    report("submit, batches of 10,000, 4 connections", submit, enq_floor)
+    runs = [lifecycle_run(url, args.jobs) for _ in range(args.repeat)]
+    clean = statistics.median(r[1] for r in runs)
+    report("submit, batches of 10,000, 4 connections", statistics.median(r[0] for r in runs), enq_floor)
     report(f"claim(100)+complete, 4 connections, {args.jobs:,} jobs", clean, claim_floor)
-    _, held = lifecycle_run(url, args.jobs, args.repeat, hold_snapshot=True)
-    report("claim+complete, REPEATABLE READ txn held open", held, claim_floor,
-           f"ratio to clean {held / clean:.3f}")
 
+    # A REPEATABLE READ snapshot held open, against clean runs interleaved with it.
+    clean, held = alternate(lambda: lifecycle_run(url, args.jobs)[1],
+                            lambda: lifecycle_run(url, args.jobs, hold_snapshot=True)[1], args.repeat)
+    report("claim+complete, REPEATABLE READ txn held open", held, claim_floor,
+           f"ratio to clean {held / clean:.3f} (clean {clean:,.0f})")
+
+    # Far-future jobs wait in a second database, run in turn with the clean one.
+    far_url = new_database(args.dsn, "mh_bench_far")
     loaded = 0
     for far in (int(x) for x in args.far.split(",") if x):
-        add_far_future(url, far - loaded)
+        add_far_future(far_url, far - loaded)
         loaded = far
-        _, rate = lifecycle_run(url, args.jobs, args.repeat)
+        clean, rate = alternate(lambda: lifecycle_run(url, args.jobs)[1],
+                                lambda: lifecycle_run(far_url, args.jobs)[1], args.repeat)
         report(f"claim+complete with {far:,} far-future jobs pending", rate, claim_floor,
-               f"ratio to empty {rate / clean:.3f}")
+               f"ratio to empty {rate / clean:.3f} (empty {clean:,.0f})")
     print("\nsummary")
     print("\n".join(rows))
 
