@@ -58,7 +58,10 @@ class Store:
             try:
                 yield conn
             except psycopg.Error as exc:
-                raise errors.translate(exc) from exc
+                error = errors.translate(exc)
+                if error is exc:
+                    raise
+                raise error from exc
 
     def _apply_clock(self, conn: psycopg.Connection) -> None:
         if self.clock is not None:
@@ -121,25 +124,26 @@ class Store:
         return sorted((BatchItem(**r) for r in rows), key=lambda item: item.idx)
 
     # ------------------------------------------------------------ dispatch
-    def take_leases(self, shards: Sequence[int], owner: str, ttl_s: float) -> dict[int, int]:
-        """Take or renew shard leases in one round trip; {shard: epoch} for those held.
-        Each shard is its own transaction (a sync after each): one transaction
-        holding many shard rows could deadlock with another dispatcher's."""
+    def _pipelined(self, name: str, params: Sequence[dict[str, Any]]) -> list[dict[str, Any] | None]:
+        """The statement once per item, all in one round trip, each its own
+        transaction (a sync after each: one transaction holding many shards'
+        rows could deadlock with another dispatcher's); the first row of each."""
         with self.connection() as conn, conn.pipeline() as pipe:
             cursors = []
-            for s in shards:
-                cursors.append((s, conn.cursor().execute(q("take_shard_lease"),
-                                                         {"shard": s, "owner": owner, "ttl_s": ttl_s})))
+            for p in params:
+                cursors.append(conn.cursor().execute(q(name), p))
                 pipe.sync()
-        epochs = {s: cur.fetchone()["epoch"] for s, cur in cursors}
-        return {s: e for s, e in epochs.items() if e is not None}
+        return [c.fetchone() for c in cursors]
+
+    def take_leases(self, shards: Sequence[int], owner: str, ttl_s: float) -> dict[int, int]:
+        """Take or renew shard leases; {shard: epoch} for those now held."""
+        rows = self._pipelined("take_shard_lease", [{"shard": s, "owner": owner, "ttl_s": ttl_s} for s in shards])
+        return {s: r["epoch"] for s, r in zip(shards, rows) if r["epoch"] is not None}
 
     def release_leases(self, leases: dict[int, int], owner: str) -> None:
-        """Give shards ({shard: epoch}) up at once, in one round trip, one transaction each."""
-        with self.connection() as conn, conn.pipeline() as pipe:
-            for shard, epoch in leases.items():
-                conn.execute(q("release_shard_lease"), {"shard": shard, "owner": owner, "epoch": epoch})
-                pipe.sync()
+        """Give shards ({shard: epoch}) up at once."""
+        self._pipelined("release_shard_lease",
+                        [{"shard": s, "owner": owner, "epoch": e} for s, e in leases.items()])
 
     def claim(self, leases: dict[int, int], limit: int, owner: str, lease_s: float,
               worker: str | None = None) -> ClaimResult:
@@ -204,13 +208,8 @@ class Store:
 
     # ------------------------------------------------------------ maintenance
     def expire_claims(self, shards: Sequence[int]) -> tuple[int, int]:
-        """(returned, dead) over the shards, one statement each, one round trip."""
-        with self.connection() as conn, conn.pipeline() as pipe:
-            cursors = []
-            for s in shards:
-                cursors.append(conn.cursor().execute(q("expire_claims"), {"shard": s}))
-                pipe.sync()
-        rows = [c.fetchone() for c in cursors]
+        """(returned, dead) over the shards."""
+        rows = self._pipelined("expire_claims", [{"shard": s} for s in shards])
         return sum(r["returned"] for r in rows), sum(r["dead"] for r in rows)
 
     def cascade(self) -> tuple[int, int]:
@@ -222,12 +221,7 @@ class Store:
         return row["buckets"], row["carried"]
 
     def purge_keys(self, shards: Sequence[int]) -> int:
-        with self.connection() as conn, conn.pipeline() as pipe:
-            cursors = []
-            for s in shards:
-                cursors.append(conn.cursor().execute(q("purge_idempotency_keys"), {"shard": s}))
-                pipe.sync()
-        return sum(c.fetchone()["purged"] for c in cursors)
+        return sum(r["purged"] for r in self._pipelined("purge_idempotency_keys", [{"shard": s} for s in shards]))
 
     def maintain(self) -> Maintenance:
         return Maintenance(**self._one("maintain", {}))
