@@ -33,6 +33,7 @@ from app.store.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOOR = ROOT.parent / "shared" / "bench" / "pg-floor" / "run.sh"
+PGBENCH_LIFECYCLE = Path(__file__).with_name("lifecycle.pgbench.sql")
 TEAM = "bench"
 CLIENTS = 4
 
@@ -136,6 +137,25 @@ def bench_lifecycle(url: str, jobs: int) -> float:
     return jobs / elapsed
 
 
+def bench_lifecycle_pgbench(url: str, seconds: int, jobs: int) -> float:
+    """claim(100)+complete driven by pgbench, the floor's own client (4
+    connections, -M prepared): the server side alone, without Python."""
+    reset_due(url)
+    bench_submit_batch(url, jobs)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE jobs")
+        conn.execute("CHECKPOINT")
+        conn.execute("SELECT take_shard_lease(s, 'pgbench', 3600) FROM generate_series(0, mh_shard_count() - 1) s")
+    pgbench = shutil.which("pgbench") or "/usr/lib/postgresql/15/bin/pgbench"
+    subprocess.run([pgbench, "-n", "-M", "prepared", "-c", str(CLIENTS), "-j", "2", "-T", str(seconds),
+                    "-f", str(PGBENCH_LIFECYCLE), url], check=True, capture_output=True)
+    with psycopg.connect(url, autocommit=True) as conn:
+        done = conn.execute("SELECT count(*) FROM jobs WHERE state = 'succeeded'").fetchone()[0]
+    if done >= jobs * 0.9:
+        raise SystemExit(f"pgbench lifecycle nearly ran out of jobs ({done:,} of {jobs:,}): give it more")
+    return done / seconds
+
+
 def reset_due(url: str) -> None:
     """Empty the due-now work and the records of finished jobs; far-future jobs stay."""
     with psycopg.connect(url, autocommit=True) as conn:
@@ -208,11 +228,13 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=200_000)
     ap.add_argument("--far", default="1000000,10000000", help="far-future set sizes, comma-separated")
     ap.add_argument("--seconds", type=int, default=15, help="length of timed runs (floor, single submit)")
+    ap.add_argument("--pgbench-jobs", type=int, default=2_000_000,
+                    help="due jobs loaded for the pgbench-driven lifecycle (more than it can finish)")
     ap.add_argument("--repeat", type=int, default=3, help="lifecycle runs per figure (the median is reported)")
     ap.add_argument("--quick", action="store_true", help="small sizes: check the script, not the numbers")
     args = ap.parse_args()
     if args.quick:
-        args.jobs, args.far, args.seconds, args.repeat = 40_000, "100000", 3, 1
+        args.jobs, args.far, args.seconds, args.repeat, args.pgbench_jobs = 40_000, "100000", 3, 1, 400_000
 
     tmp = None
     if args.dsn is None:
@@ -237,7 +259,7 @@ def run(args) -> None:
 
     def report(name: str, value: float, floor_value: float | None = None, extra: str = "") -> None:
         ratio = f"{value / floor_value:6.2f}x floor" if floor_value else ""
-        rows.append(f"{name:<52} {value:>10,.0f} jobs/s  {ratio} {extra}")
+        rows.append(f"{name:<60} {value:>10,.0f} jobs/s  {ratio} {extra}")
         print(rows[-1], flush=True)
 
     print(f"floor (pgbench, same server): enqueue {enq_floor:,}/s, claim+delete batch 100 {claim_floor:,} rows/s",
@@ -247,6 +269,8 @@ def run(args) -> None:
     clean = statistics.median(r[1] for r in runs)
     report("submit, batches of 10,000, 4 connections", statistics.median(r[0] for r in runs), enq_floor)
     report(f"claim(100)+complete, 4 connections, {args.jobs:,} jobs", clean, claim_floor)
+    report("claim(100)+complete driven by pgbench (the floor's client)",
+           bench_lifecycle_pgbench(url, args.seconds, args.pgbench_jobs), claim_floor)
 
     # A REPEATABLE READ snapshot held open, against clean runs interleaved with it.
     clean, held = alternate(lambda: lifecycle_run(url, args.jobs)[1],
