@@ -73,8 +73,8 @@ DECLARE
     v_since      timestamptz;
     v_hour       timestamptz;
     v_part       text;
-    v_moved      bigint;
-    v_later      boolean;
+    v_any        boolean;
+    v_rows       due_row[];
 BEGIN
     from_far := 0; from_hours := 0;
     SELECT w.cascaded_until INTO v_since FROM wheel w WHERE w.id = 1 FOR UPDATE SKIP LOCKED;
@@ -85,18 +85,10 @@ BEGIN
          WHERE f.ctid = ANY (ARRAY(SELECT c.ctid FROM due_far c WHERE c.run_at < v_hour_end
                                     ORDER BY c.run_at LIMIT p_far_limit))
         RETURNING f.*
-    ), to_minutes AS (
-        INSERT INTO due_minutes (slot, shard, strict, priority, run_at, job_id)
-        SELECT mh_minute_slot(greatest(m.run_at, v_now)), m.shard, m.strict, m.priority, m.run_at, m.job_id
-          FROM moved m WHERE m.run_at < v_minute_end
-        RETURNING 1
-    ), to_hours AS (
-        INSERT INTO due_hours (slot, shard, strict, priority, run_at, job_id)
-        SELECT mh_hour_slot(m.run_at), m.shard, m.strict, m.priority, m.run_at, m.job_id
-          FROM moved m WHERE m.run_at >= v_minute_end
-        RETURNING 1
     )
-    SELECT (SELECT count(*) FROM to_minutes) + (SELECT count(*) FROM to_hours) INTO from_far;
+    SELECT array_agg(ROW(m.shard, m.strict, m.priority, m.run_at, m.job_id)::due_row), count(*)
+      INTO v_rows, from_far FROM moved m;
+    PERFORM mh_enqueue_many(v_rows, v_now);
 
     IF v_since IS NOT NULL AND v_since >= v_minute_end - interval '24 hours' THEN
         v_hour := v_minute_end - interval '24 hours';
@@ -106,60 +98,59 @@ BEGIN
     WHILE v_hour < v_minute_end LOOP
         v_part := mh_hour_part(mh_hour_slot(v_hour));
         v_hour := v_hour + interval '1 hour';
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I)', v_part) INTO v_later;
-        CONTINUE WHEN NOT v_later;
-        -- Submitters of this hour wait for the move; none is lost to the TRUNCATE.
-        EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', v_part);
-        EXECUTE format($f$INSERT INTO due_minutes (slot, shard, strict, priority, run_at, job_id)
-                          SELECT mh_minute_slot(greatest(h.run_at, $2)), h.shard, h.strict, h.priority, h.run_at, h.job_id
-                            FROM %I h WHERE h.run_at < $1$f$, v_part)
-           USING v_minute_end, v_now;
-        GET DIAGNOSTICS v_moved = ROW_COUNT;
-        from_hours := from_hours + v_moved;
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE run_at >= $1)', v_part) INTO v_later USING v_minute_end;
-        IF v_later THEN
-            EXECUTE format('DELETE FROM %I WHERE run_at < $1', v_part) USING v_minute_end;
-        ELSE
-            EXECUTE format('TRUNCATE %I', v_part);
-        END IF;
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I)', v_part) INTO v_any;
+        CONTINUE WHEN NOT v_any;
+        from_hours := from_hours + mh_move_down(v_part, v_minute_end, v_now);
     END LOOP;
     UPDATE wheel SET cascaded_until = v_minute_end
      WHERE id = 1 AND (cascaded_until IS NULL OR cascaded_until < v_minute_end);
 END $$;
 
--- Carry the overdue rows (run_at before p_cur) of one minute slot into the
--- current bucket; then empty the slot with TRUNCATE, or, if it also holds
--- rows of a later lap, DELETE just the moved ones. p_passed: the slot's
--- minute has passed the sweep line, so it is emptied even with nothing to
--- carry (its claimed rows' dead tuples go with it); otherwise an untouched
--- slot is left alone. Never the current bucket's own slot.
-CREATE FUNCTION mh_carry_forward(p_slot int, p_cur timestamptz, p_passed boolean) RETURNS bigint
+-- Move the rows of one wheel partition that are due before p_before down to
+-- the minute level (a row already due lands in the current bucket), then
+-- empty the partition with TRUNCATE, or, if it also holds later rows (a
+-- slot shared with a later lap of the ring after an outage), DELETE just the
+-- moved ones. The partition is locked meanwhile: its submitters and
+-- claimers wait, and none of their rows is lost to the TRUNCATE.
+CREATE FUNCTION mh_move_down(p_part text, p_before timestamptz, p_now timestamptz) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_part  text := mh_minute_part(p_slot);
     v_moved bigint;
     v_later boolean;
+BEGIN
+    EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', p_part);
+    EXECUTE format($f$INSERT INTO due_minutes (slot, shard, strict, priority, run_at, job_id)
+                      SELECT mh_minute_slot(greatest(p.run_at, $2)), p.shard, p.strict, p.priority, p.run_at, p.job_id
+                        FROM %I p WHERE p.run_at < $1$f$, p_part)
+       USING p_before, p_now;
+    GET DIAGNOSTICS v_moved = ROW_COUNT;
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE run_at >= $1)', p_part) INTO v_later USING p_before;
+    IF v_later THEN
+        EXECUTE format('DELETE FROM %I WHERE run_at < $1', p_part) USING p_before;
+    ELSE
+        EXECUTE format('TRUNCATE %I', p_part);
+    END IF;
+    RETURN v_moved;
+END $$;
+
+-- Carry the overdue rows (run_at before p_cur) of one minute slot into the
+-- current bucket and empty the slot. p_passed: the slot's minute has passed
+-- the sweep line, so it is emptied even with nothing to carry (its claimed
+-- rows' dead tuples go with it); otherwise an untouched slot is left alone.
+-- Never the current bucket's own slot.
+CREATE FUNCTION mh_carry_forward(p_slot int, p_cur timestamptz, p_passed boolean) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE v_any boolean;
 BEGIN
     IF p_slot = mh_minute_slot(p_cur) THEN
         RAISE EXCEPTION 'slot % is the current bucket: it cannot be carried forward into itself', p_slot;
     END IF;
     IF NOT p_passed THEN
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE run_at < $1)', v_part) INTO v_later USING p_cur;
-        IF NOT v_later THEN RETURN 0; END IF;
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE run_at < $1)', mh_minute_part(p_slot))
+           INTO v_any USING p_cur;
+        IF NOT v_any THEN RETURN 0; END IF;
     END IF;
-    EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', v_part);
-    EXECUTE format($f$INSERT INTO due_minutes (slot, shard, strict, priority, run_at, job_id)
-                      SELECT $2, p.shard, p.strict, p.priority, p.run_at, p.job_id
-                        FROM %I p WHERE p.run_at < $1$f$, v_part)
-       USING p_cur, mh_minute_slot(p_cur);
-    GET DIAGNOSTICS v_moved = ROW_COUNT;
-    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE run_at >= $1)', v_part) INTO v_later USING p_cur;
-    IF v_later THEN
-        EXECUTE format('DELETE FROM %I WHERE run_at < $1', v_part) USING p_cur;
-    ELSE
-        EXECUTE format('TRUNCATE %I', v_part);
-    END IF;
-    RETURN v_moved;
+    RETURN mh_move_down(mh_minute_part(p_slot), p_cur, p_cur);
 END $$;
 
 -- Carry forward, then empty, the minute buckets the hand has passed: every

@@ -1,5 +1,5 @@
 -- Undo revision 0001: everything it created, in dependency order.
-DROP FUNCTION IF EXISTS maintain, purge_idempotency_keys, sweep_passed, mh_carry_forward, cascade_wheel, expire_claims,
+DROP FUNCTION IF EXISTS maintain, purge_idempotency_keys, sweep_passed, mh_carry_forward, mh_move_down, cascade_wheel, expire_claims,
     cancel, fail, complete, heartbeat, start, fail_many, complete_many, heartbeat_many, start_many,
     mh_backoff, mh_job_state, mh_refusal, next_due, claim_due, mh_move_hand, mh_bucket_has_rows, mh_claim_sql, release_shard_lease, take_shard_lease,
     submit_jobs, mh_batch_items, submit_job, submit_job_detail, mh_submit_keyed, mh_write_job, mh_team_id, mh_run_at, mh_request_hash, mh_job_problem,
