@@ -86,7 +86,8 @@ def assert_no_scan_beyond(plan: dict, *small: str) -> None:
         rel = node.get("Relation Name")
         if rel is None or rel in small or node["Node Type"] == "ModifyTable":
             continue
-        assert node["Node Type"] == "Index Scan", (rel, node["Node Type"])
+        # (a Tid Scan deletes rows the same statement found through an index)
+        assert node["Node Type"] in ("Index Scan", "Index Only Scan", "Tid Scan"), (rel, node["Node Type"])
         if rel == "jobs":
             assert node["Index Name"] == "jobs_pkey", node["Index Name"]
 
@@ -439,3 +440,63 @@ def test_submit_jobs_batch_touches_only_the_partitions_of_its_items(conn):
         assert locked_due_relations(conn) - {"due_minutes", "due_hours", "due_far"} == {minute_part(conn, due)}
         # due_far is indexed and large: the batch never scanned it
         assert all(n["Node Type"] == "ModifyTable" for n in ae.nodes_on("due_far"))
+
+
+# ---------------------------------------------------------------- (d) outcomes and expiry
+
+def _claimed(conn: psycopg.Connection, layout: dict, owner: str) -> list[tuple]:
+    """Claim the chosen shard's due jobs (inside the caller's rolled-back transaction),
+    with a day's worth of other teams' idempotency keys and other claims' reminders
+    around them, analysed, so the planner sees tables of production size."""
+    conn.execute("""INSERT INTO idempotency_keys (shard, team_id, key, job_id, request_hash, created_at, expires_at)
+                    SELECT g %% 256, -1, 'k' || g, g, 'h', %(t)s, %(t)s + interval '1 day'
+                      FROM generate_series(1, 50000) g""", {"t": T0})
+    conn.execute("""INSERT INTO claim_checks (shard, check_at, job_ids)
+                    SELECT g %% 256, %(t)s + g * interval '1 second', ARRAY[g::bigint]
+                      FROM generate_series(1, 50000) g""", {"t": T0})
+    conn.execute("ANALYZE idempotency_keys, claim_checks")
+    epoch = _lease(conn, layout["shard"], owner)
+    return conn.execute("SELECT job_id, lease_token FROM claim_due(%s, 100, %s, %s, 30)",
+                        (layout["shard"], owner, epoch)).fetchall()
+
+
+@pytest.mark.parametrize("call", [
+    "SELECT count(*) FROM start_many(%s::bigint[], %s::uuid[])",
+    "SELECT count(*) FROM heartbeat_many(%s::bigint[], %s::uuid[], 60)",
+    "SELECT count(*) FROM complete_many(%s::bigint[], %s::uuid[], NULL)",
+    "SELECT count(*) FROM fail_many(%s::bigint[], %s::uuid[], NULL, NULL)",
+])
+def test_outcome_batches_reach_jobs_and_keys_only_by_primary_key(conn, layout, call):
+    """A batch of outcomes touches its own job rows (and their idempotency keys) by
+    primary key, and no part of the wheel beyond where a retry is put."""
+    with conn.transaction(force_rollback=True):
+        claimed = _claimed(conn, layout, "explain-o")
+        assert claimed
+        ids, tokens = [c[0] for c in claimed], [c[1] for c in claimed]
+        ae = AutoExplain(conn)
+        with ae:
+            assert conn.execute(call, (ids, tokens)).fetchone()[0] == len(ids)
+        assert ae.nodes_on("jobs")
+        for p in ae.plans:
+            assert_no_scan_beyond(p["Plan"])
+            for node in plan_nodes(p["Plan"]):
+                if node.get("Relation Name") == "idempotency_keys" and node["Node Type"] != "ModifyTable":
+                    assert node["Index Name"] == "idempotency_keys_pkey"
+        # a retry goes to one minute bucket: the parent is all the plans name
+        assert ae.due_relations() <= {"due_minutes"}
+
+
+def test_expire_claims_reads_reminders_not_jobs(conn, layout):
+    """expire_claims finds overdue claims through claim_checks' index and reaches
+    the jobs by primary key: no scan of the jobs or of the wheel."""
+    with conn.transaction(force_rollback=True):
+        assert _claimed(conn, layout, "explain-x")
+        pin(conn, T0 + dt.timedelta(minutes=5))
+        ae = AutoExplain(conn)
+        with ae:
+            returned = conn.execute("SELECT returned FROM expire_claims(%s)", (layout["shard"],)).fetchone()[0]
+        assert returned == layout["n_prev"] + layout["n_cur"]
+        for p in ae.plans:
+            assert_no_scan_beyond(p["Plan"])
+        assert ae.due_relations() <= {"due_minutes"}
+    pin(conn, T0)
