@@ -482,8 +482,9 @@ def test_outcome_batches_reach_jobs_and_keys_only_by_primary_key(conn, layout, c
             for node in plan_nodes(p["Plan"]):
                 if node.get("Relation Name") == "idempotency_keys" and node["Node Type"] != "ModifyTable":
                     assert node["Index Name"] == "idempotency_keys_pkey"
-        # a retry goes to one minute bucket: the parent is all the plans name
-        assert ae.due_relations() <= {"due_minutes"}
+        # a retry is placed by mh_enqueue: the wheel is only written
+        assert {n["Node Type"] for p in ae.plans for n in plan_nodes(p["Plan"])
+                if (n.get("Relation Name") or "").startswith("due_")} <= {"ModifyTable"}
 
 
 def test_expire_claims_reads_reminders_not_jobs(conn, layout):
@@ -498,5 +499,9 @@ def test_expire_claims_reads_reminders_not_jobs(conn, layout):
         assert returned == layout["n_prev"] + layout["n_cur"]
         for p in ae.plans:
             assert_no_scan_beyond(p["Plan"])
-        assert ae.due_relations() <= {"due_minutes"}
+        # the returned jobs are placed by mh_enqueue_many: the wheel is only written
+        assert {n["Node Type"] for p in ae.plans for n in plan_nodes(p["Plan"])
+                if (n.get("Relation Name") or "").startswith("due_")} <= {"ModifyTable"}
+        assert locked_due_relations(conn) - {"due_minutes", "due_hours", "due_far"} == {
+            layout["prev"], layout["cur"], minute_part(conn, T0 + dt.timedelta(minutes=5))}
     pin(conn, T0)
