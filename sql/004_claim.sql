@@ -82,8 +82,9 @@ END $$;
 -- The shard's hand is the oldest minute bucket that may still hold its due
 -- rows. Buckets are read from the hand forward to the current one, so a
 -- bucket left behind (a stopped dispatcher, the midnight spike) drains
--- before newer ones; in steady state the hand sits one minute behind and the
--- claim reads two partitions: the previous minute and the current one.
+-- before newer ones. In steady state the hand sits one minute behind: the
+-- claim probes the previous minute's partition (one index probe) and claims
+-- from the current one. Two partitions, whatever the size of the wheel.
 CREATE FUNCTION claim_due(p_shard int, p_limit int, p_owner text, p_epoch bigint,
                           p_lease_s real, p_worker text DEFAULT NULL)
 RETURNS TABLE (job_id bigint, team_id int, name text, payload jsonb, attempt int, max_attempts int,
