@@ -97,3 +97,72 @@ SELECT purge_idempotency_keys(%(shard)s::int) AS purged
 -- name: maintain
 -- Every maintenance duty once, over every shard.
 SELECT * FROM maintain()
+
+-- name: team_by_token
+-- The team whose bearer token has this hash (API authentication).
+SELECT name FROM teams WHERE token_hash = %(token_hash)s
+
+-- name: set_team_token
+-- Replace a team's token hash (rotation); no row if there is no such team.
+UPDATE teams SET token_hash = %(token_hash)s WHERE name = %(name)s RETURNING id
+
+-- name: list_jobs
+-- One page of a team's jobs, newest first: keyset on (team_id, id DESC),
+-- never OFFSET, reading at most `scan` jobs. Always at least one row: the
+-- first says how far the read went (scanned, scanned_to); the job columns
+-- are NULL when nothing matched.
+WITH scanned AS MATERIALIZED (
+    SELECT j.id, j.name, j.state, j.priority, j.due_at, j.run_at, j.attempts, j.max_attempts, j.created_at
+      FROM jobs j
+     WHERE j.team_id = (SELECT t.id FROM teams t WHERE t.name = %(team)s::text)
+       AND j.id < coalesce(%(before)s::bigint, 9223372036854775807)
+     ORDER BY j.id DESC
+     LIMIT %(scan)s::int)
+SELECT s.scanned, s.scanned_to, m.id AS job_id, %(team)s::text AS team, m.name, m.state::text AS state,
+       m.priority, m.due_at, m.run_at, m.attempts, m.max_attempts, m.created_at
+  FROM (SELECT count(*) AS scanned, min(id) AS scanned_to FROM scanned) s
+  LEFT JOIN LATERAL (
+      SELECT w.* FROM scanned w
+       WHERE (%(state)s::job_state IS NULL OR w.state = %(state)s::job_state)
+         AND (%(name)s::text IS NULL OR w.name = %(name)s::text)
+         AND (%(due_before)s::timestamptz IS NULL OR w.due_at < %(due_before)s::timestamptz)
+         AND (%(due_after)s::timestamptz IS NULL OR w.due_at >= %(due_after)s::timestamptz)
+       ORDER BY w.id DESC
+       LIMIT %(limit)s::int) m ON true
+ ORDER BY m.id DESC
+
+-- name: team_stats
+-- A team's recent activity, bounded: its jobs created in the last window_s
+-- seconds, found by id (ids embed their creation time in ms since 2025-01-01
+-- from bit 22 up, see mh_new_id), at most the newest `cap` of them, read
+-- through (team_id, id DESC). Lateness over the starts of the last hour.
+-- No row: no such team.
+WITH team AS (SELECT t.id, t.name, t.quota FROM teams t WHERE t.name = %(team)s::text),
+since AS (SELECT clock_timestamp() - make_interval(secs => %(window_s)s::int) AS t),
+recent AS MATERIALIZED (
+    SELECT j.state, j.name, j.lateness, j.started_at
+      FROM jobs j
+     WHERE j.team_id = (SELECT id FROM team)
+       AND j.id >= (floor(extract(epoch FROM (SELECT t FROM since)) * 1000)::bigint - 1735689600000) << 22
+     ORDER BY j.id DESC
+     LIMIT %(cap)s::int)
+SELECT team.name AS team, team.quota, (SELECT t FROM since) AS window_start,
+       (SELECT count(*) FROM recent)::int AS examined,
+       (SELECT count(*) FROM recent) >= %(cap)s::int AS truncated,
+       (SELECT coalesce(jsonb_object_agg(g.state, g.n), '{}')
+          FROM (SELECT r.state, count(*) AS n FROM recent r GROUP BY r.state) g) AS by_state,
+       (SELECT count(*) FROM recent r WHERE r.state IN ('claimed', 'running'))::int AS running,
+       l.p[1] AS lateness_p50_s, l.p[2] AS lateness_p99_s,
+       (SELECT coalesce(jsonb_agg(f ORDER BY f.dead + f.retrying DESC, f.name), '[]')
+          FROM (SELECT r.name, count(*) FILTER (WHERE r.state = 'dead') AS dead,
+                       count(*) FILTER (WHERE r.state = 'retrying') AS retrying
+                  FROM recent r WHERE r.state IN ('dead', 'retrying')
+                 GROUP BY r.name ORDER BY count(*) DESC, r.name LIMIT 50) f) AS failures
+  FROM team
+ CROSS JOIN LATERAL (
+      SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM r.lateness)::float8) AS p
+        FROM recent r WHERE r.started_at >= mh_now() - interval '1 hour') l
+
+-- name: schema_revision
+-- The Alembic revision the database is at (readiness).
+SELECT (SELECT version_num FROM alembic_version LIMIT 1) AS revision

@@ -102,3 +102,38 @@ class Maintenance:
     claims_returned: int
     claims_dead: int
     keys_purged: int
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """A job as a listing shows it."""
+    job_id: int
+    team: str
+    name: str
+    state: str
+    priority: int
+    due_at: dt.datetime
+    run_at: dt.datetime
+    attempts: int
+    max_attempts: int
+    created_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class JobPage:
+    jobs: list[JobSummary]
+    next_cursor: int | None  # pass as before_id for the next page; None: nothing older
+
+
+@dataclass(frozen=True)
+class TeamStats:
+    team: str
+    quota: int
+    window_start: dt.datetime  # jobs created since then were examined...
+    examined: int              # ...this many of them, newest first
+    truncated: bool            # True: the cap was reached before window_start
+    by_state: dict[str, int]
+    running: int               # claimed or running, among the examined jobs
+    lateness_p50_s: float | None   # start - due, of the jobs started in the last hour
+    lateness_p99_s: float | None
+    failures: list[dict[str, Any]]  # [{name, dead, retrying}], most first

@@ -19,8 +19,8 @@ from psycopg_pool import ConnectionPool
 
 from app.store import errors
 from app.store.queries import q
-from app.store.records import (BatchItem, ClaimedJob, ClaimResult, JobSpec, JobStatus, Maintenance,
-                               Outcome, Submitted)
+from app.store.records import (BatchItem, ClaimedJob, ClaimResult, JobPage, JobSpec, JobStatus, JobSummary,
+                               Maintenance, Outcome, Submitted, TeamStats)
 
 
 _DEFAULTS = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
@@ -33,9 +33,11 @@ def hash_token(token: str) -> str:
 
 class Store:
     def __init__(self, database_url: str, *, min_size: int = 1, max_size: int = 8,
-                 clock: dt.datetime | None = None):
+                 clock: dt.datetime | None = None, pool_options: dict[str, Any] | None = None):
+        """pool_options: more ConnectionPool arguments (timeout, reconnect_timeout, ...)."""
         self.pool = ConnectionPool(database_url, min_size=min_size, max_size=max_size, open=True,
-                                   kwargs={"autocommit": True, "row_factory": dict_row})
+                                   kwargs={"autocommit": True, "row_factory": dict_row},
+                                   **(pool_options or {}))
         # A pinned clock (tests): every checkout sets it on its session, and
         # once it has been pinned, unpinning (None) is applied the same way.
         self.clock = clock
@@ -94,6 +96,55 @@ class Store:
 
     def team_exists(self, name: str) -> bool:
         return self._one("team_exists", {"name": name})["exists"]
+
+    def team_for_token(self, token_hash: str) -> str | None:
+        """The name of the team whose token has this hash (see hash_token), or None."""
+        row = self._one("team_by_token", {"token_hash": token_hash})
+        return row["name"] if row else None
+
+    def rotate_token(self, team: str) -> str:
+        """A new token for the team (the old one stops working); raises NotFound."""
+        token = "mh_" + secrets.token_urlsafe(24)
+        if self._one("set_team_token", {"name": team, "token_hash": hash_token(token)}) is None:
+            raise errors.NotFound(f"no such team {team!r}")
+        return token
+
+    # ------------------------------------------------------------ reading
+    def list_jobs(self, team: str, *, state: str | None = None, name: str | None = None,
+                  due_before: dt.datetime | None = None, due_after: dt.datetime | None = None,
+                  before_id: int | None = None, limit: int = 50, scan: int = 2000) -> JobPage:
+        """A team's jobs with id < before_id, newest first, filtered; one page.
+
+        Keyset on the team's (team_id, id DESC) index, never OFFSET. A page
+        reads at most `scan` of the team's jobs: when the filters match
+        fewer than `limit` of them, the page is short and next_cursor says
+        where to go on, so a rare filter never walks a team's whole history
+        in one request. next_cursor None: nothing older."""
+        rows = self._all("list_jobs", {"team": team, "state": state, "name": name, "due_before": due_before,
+                                       "due_after": due_after, "before": before_id, "limit": limit,
+                                       "scan": scan})
+        jobs = [JobSummary(**{k: r[k] for k in JobSummary.__dataclass_fields__}) for r in rows
+                if r["job_id"] is not None]
+        head = rows[0]
+        if len(jobs) == limit:
+            cursor = jobs[-1].job_id
+        elif head["scanned"] == scan:
+            cursor = head["scanned_to"]
+        else:
+            cursor = None
+        return JobPage(jobs, cursor)
+
+    def team_stats(self, team: str, *, window_s: int = 86400, cap: int = 50_000) -> TeamStats | None:
+        """Counts by state, running vs quota, lateness p50/p99 of starts in the
+        last hour, failures by job name: over the team's jobs created in the
+        last window_s (found by id, which embeds its creation time), at most
+        the newest `cap` of them. None if there is no such team."""
+        row = self._one("team_stats", {"team": team, "window_s": window_s, "cap": cap})
+        return TeamStats(**row) if row else None
+
+    def schema_revision(self) -> str | None:
+        """The Alembic revision the database is at (None: not migrated)."""
+        return self._one("schema_revision", {})["revision"]
 
     # ------------------------------------------------------------ submission
     def submit(self, team: str, job: JobSpec) -> Submitted:
