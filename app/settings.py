@@ -22,6 +22,25 @@ class Settings:
     shard_lease_s: float = 10.0
     claim_lease_s: float = 30.0
     log_level: str = "INFO"
+    # HTTP API. The admin token acts on every team and manages teams; it is
+    # compared by hash, and empty means no admin access over HTTP.
+    admin_token: str = ""
+    # Largest request body for one job, and for a batch, in bytes (-> 413).
+    # The job payload itself is limited in SQL (mh_payload_max_bytes, 256 KiB).
+    api_max_body_bytes: int = 320 * 1024
+    api_max_batch_body_bytes: int = 64 * 1024 * 1024
+    api_max_batch: int = 10_000
+    # How long a token -> team lookup is remembered (a rotated token keeps
+    # working for at most this long on other server processes).
+    api_token_cache_s: float = 10.0
+    # How long a request waits for a database connection before it answers
+    # 503 (also how long a lost connection is retried before it is replaced
+    # on demand), and the Retry-After a 503 suggests, in seconds.
+    api_db_wait_s: float = 2.0
+    api_retry_after_s: int = 5
+    # Threads that send single submissions arriving together as one batch
+    # call (app/api/coalesce.py); 0: one store call per request.
+    api_submit_workers: int = 4
 
     @classmethod
     def load(cls, argv: list[str] | None = None, env: dict[str, str] | None = None) -> Settings:

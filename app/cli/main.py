@@ -45,6 +45,13 @@ def cmd_team_create(settings: Settings, args: argparse.Namespace) -> None:
     print(f"team {args.name} created; its token (shown once, only its hash is stored):\n{token}")
 
 
+def cmd_serve(settings: Settings, args: argparse.Namespace) -> None:
+    from app.api.serve import serve
+    if not settings.database_url:
+        raise SystemExit("no database: set MINUTEHAND_DATABASE_URL or pass --database-url")
+    serve(settings)
+
+
 def cmd_dev(settings: Settings, args: argparse.Namespace) -> None:
     from app.cli import dev
     dev.run(settings, args)
@@ -69,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("--quota", type=int, default=1000, help="most jobs of the team running at once")
     p.add_argument("--weight", type=int, default=1, help="share of the fleet when teams compete")
+    command("serve", cmd_serve, "the submitter HTTP API on http_host:http_port (one process)")
     p = command("dev", cmd_dev, "local embedded PostgreSQL, migrated, with a demo workload (Ctrl-C stops)")
     p.add_argument("--rate", type=int, default=200, help="demo jobs submitted per second")
     p.add_argument("--seconds", type=float, default=0, help="stop after this long (0: until Ctrl-C)")

@@ -1,0 +1,93 @@
+"""The submitter HTTP API: wiring only. create_app(settings, store) -> Litestar.
+
+Routes live in jobs.py, teams.py and health.py; authentication in auth.py;
+errors in problems.py; bodies and responses in schemas.py. The OpenAPI
+schema is served at /schema/openapi.json (and browsable at /schema).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import Litestar, get
+from litestar.di import Provide
+from litestar.params import FromPath
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import SwaggerRenderPlugin
+from litestar.openapi.spec import Components, Link, OpenAPIMediaType, RequestBody, SecurityScheme
+
+from app.api import health, jobs, problems, teams
+from app.api.auth import TokenCache, authenticator
+from app.api.coalesce import SubmitCoalescer
+from app.api.context import Context
+from app.api.schemas import BatchIn, JobIn, TeamIn
+from app.settings import Settings
+from app.store import migrate
+from app.store.store import Store
+
+VERSION = "1"
+
+# Bodies the handlers decode themselves (strictly, see schemas.py), so the
+# schema is told about them here: (path, method) -> Struct.
+REQUEST_BODIES = {("/v1/jobs", "post"): JobIn, ("/v1/jobs/batch", "post"): BatchIn,
+                  ("/v1/teams", "post"): TeamIn}
+
+
+def create_app(settings: Settings, store: Store, *, head: str | None = None) -> Litestar:
+    ctx = Context(settings=settings, store=store, tokens=TokenCache(settings.api_token_cache_s),
+                  head=head or migrate.head())
+
+    def start() -> None:
+        if settings.api_submit_workers > 0:
+            ctx.submitter = SubmitCoalescer(store, workers=settings.api_submit_workers)
+
+    def stop() -> None:
+        if ctx.submitter is not None:
+            ctx.submitter.close()
+            ctx.submitter = None
+
+    @get("/problems/{slug:str}", include_in_schema=False)
+    async def problem_type(slug: FromPath[str]) -> dict[str, Any]:
+        return problems.problem_page(slug)
+
+    app = Litestar(
+        route_handlers=[*jobs.routes(ctx), *teams.routes(ctx), *health.routes(ctx), problem_type],
+        dependencies={"principal": Provide(authenticator(settings.admin_token, ctx.tokens, ctx.lookup_token))},
+        plugins=[problems.plugin(settings.api_retry_after_s, ctx.database_unreachable)],
+        openapi_config=OpenAPIConfig(
+            title="minutehand", version=VERSION,
+            description="Submit, inspect, cancel and list jobs; every call carries a team's bearer token "
+                        "(or the admin token). Errors are RFC 9457 problem+json.",
+            components=Components(security_schemes={
+                "bearer": SecurityScheme(type="http", scheme="bearer",
+                                         description="a team's token (`minutehand team create NAME`) "
+                                                     "or the admin token")}),
+            render_plugins=[SwaggerRenderPlugin()],
+        ),
+        request_max_body_size=settings.api_max_body_bytes,
+        on_startup=[start], on_shutdown=[stop],
+        debug=False,
+    )
+    app.state.ctx = ctx
+    _document_request_bodies(app)
+    return app
+
+
+# OpenAPI links (for stateful clients and tests): a created job's id leads
+# to its status and its cancellation.
+JOB_LINKS = {"getJob": "GetCreatedJob", "cancelJob": "CancelCreatedJob"}
+
+
+def _document_request_bodies(app: Litestar) -> None:
+    schema = app.openapi_schema
+    for status in ("200", "201"):
+        response = schema.paths["/v1/jobs"].post.responses[status]
+        response.links = {name: Link(operation_id=op, parameters={"job_id": "$response.body#/job_id"})
+                          for op, name in JOB_LINKS.items()}
+    types = list(dict.fromkeys(REQUEST_BODIES.values()))
+    refs, components = msgspec.json.schema_components(types, ref_template="#/components/schemas/{name}")
+    schema.components.schemas = {**(schema.components.schemas or {}), **components}
+    for (path, method), struct in REQUEST_BODIES.items():
+        operation = getattr(schema.paths[path], method)
+        operation.request_body = RequestBody(
+            required=True, content={"application/json": OpenAPIMediaType(schema=refs[types.index(struct)])})

@@ -1,0 +1,139 @@
+"""Single submissions that arrive together reach the database together.
+
+Each POST /v1/jobs waits on a future; a few worker threads take whatever has
+queued up (at most max_batch, without waiting for more) and send it as one
+Store.submit_many per team: one procedure call and one commit for many
+requests, instead of one each. Nothing waits to fill a batch, so a lone
+request goes out at once; under load, batches grow by themselves.
+
+submit_jobs and submit_job validate alike (one implementation, in SQL), but
+submit_jobs reports a refusal as text, without its kind (400/409/413). An
+item it refused was written nowhere, so that item alone is sent again
+through Store.submit, whose refusal carries its SQLSTATE: the caller gets
+the same status and reason as if it had come alone. A batch call that fails
+as a whole for a reason other than the database being away (one item's
+value PostgreSQL cannot hold) is likewise retried item by item. Items with the same
+idempotency key in one batch are matched by the procedure itself (the
+second names the first's job).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from app.store.records import JobSpec, Submitted
+from app.store.store import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    team: str
+    spec: JobSpec
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+
+
+class SubmitCoalescer:
+    def __init__(self, store: Store, workers: int = 4, max_batch: int = 1000):
+        self.store = store
+        self.max_batch = max_batch
+        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._work, name=f"submit-{i}", daemon=True)
+                         for i in range(workers)]
+        for t in self._threads:
+            t.start()
+
+    async def submit(self, team: str, spec: JobSpec) -> Submitted:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._queue.put(_Pending(team, spec, future, loop))
+        return await future
+
+    def close(self) -> None:
+        for _ in self._threads:
+            self._queue.put(None)
+        for t in self._threads:
+            t.join(timeout=10)
+
+    # ------------------------------------------------------------ workers
+    def _work(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            while len(batch) < self.max_batch:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:                  # closing: finish this batch, then stop
+                    self._queue.put(None)
+                    break
+                batch.append(item)
+            by_team: dict[str, list[_Pending]] = {}
+            for p in batch:
+                by_team.setdefault(p.team, []).append(p)
+            for team, group in by_team.items():
+                self._settle(group, self._submit(team, group))
+
+    def _submit(self, team: str, group: list[_Pending]) -> list[tuple[Any, BaseException | None]]:
+        """(result, exception) per item of the group, in order."""
+        try:
+            items = self.store.submit_many(team, [p.spec for p in group])
+        except psycopg.OperationalError as exc:   # the database is away: every item shares that fate
+            return [(None, exc)] * len(group)
+        except Exception as exc:
+            if len(group) == 1:
+                return [(None, exc)]
+            # One item's value the database cannot hold (a number out of range,
+            # a NUL character) fails the whole call: it must not fail the
+            # other requests, so each goes alone.
+            items = [None] * len(group)
+        outcomes: list[tuple[Any, BaseException | None]] = []
+        for p, item in zip(group, items):
+            if item is not None and item.error is None:
+                outcomes.append((Submitted(item.job_id, item.run_at, item.created), None))
+                continue
+            try:                                  # refused, written nowhere: again alone, for its kind
+                outcomes.append((self.store.submit(team, p.spec), None))
+            except Exception as exc:
+                outcomes.append((None, exc))
+        return outcomes
+
+    @staticmethod
+    def _settle(group: list[_Pending], outcomes: list[tuple[Any, BaseException | None]]) -> None:
+        """Resolve the futures, one wake-up per event loop."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[Callable[[], None]]] = {}
+        for p, (result, exc) in zip(group, outcomes):
+            by_loop.setdefault(p.loop, []).append(_resolver(p.future, result, exc))
+        for loop, resolvers in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_run_all, resolvers)
+            except RuntimeError:                  # that loop is closed: its requests are gone
+                log.debug("event loop closed before a submission was answered")
+
+
+def _resolver(future: asyncio.Future, result: Any, exc: BaseException | None) -> Callable[[], None]:
+    def resolve() -> None:
+        if future.done():                         # the request went away (cancelled)
+            return
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+    return resolve
+
+
+def _run_all(resolvers: list[Callable[[], None]]) -> None:
+    for r in resolvers:
+        r()

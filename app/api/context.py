@@ -1,0 +1,61 @@
+"""What every route needs: settings, the store, the token cache, and a way to
+call the (synchronous) store from async handlers without blocking the event
+loop, recovering the pool when the database went away."""
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import anyio.to_thread
+
+from app.api.auth import TokenCache
+from app.api.coalesce import SubmitCoalescer
+from app.settings import Settings
+from app.store.records import JobSpec, Submitted
+from app.store.store import Store
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass
+class Context:
+    settings: Settings
+    store: Store
+    tokens: TokenCache
+    head: str                                   # the migrations' head revision
+    submitter: SubmitCoalescer | None = None     # single submissions, coalesced
+    _checking: threading.Lock = field(default_factory=threading.Lock)
+
+    async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """fn(*args, **kwargs) in a worker thread (the store is synchronous)."""
+        return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+
+    def database_unreachable(self) -> None:
+        """After a request failed to reach the database: test the idle pooled
+        connections in the background, so those a restart broke are replaced
+        rather than handed to the next requests (one check at a time)."""
+        if not self._checking.acquire(blocking=False):
+            return
+
+        def check() -> None:
+            try:
+                self.store.pool.check()
+            except Exception:                   # the pool logs what it discards
+                log.debug("pool check failed", exc_info=True)
+            finally:
+                self._checking.release()
+
+        threading.Thread(target=check, name="pool-check", daemon=True).start()
+
+    async def submit(self, team: str, spec: JobSpec) -> Submitted:
+        if self.submitter is not None:
+            return await self.submitter.submit(team, spec)
+        return await self.db(self.store.submit, team, spec)
+
+    async def lookup_token(self, token_hash: str) -> str | None:
+        return await self.db(self.store.team_for_token, token_hash)

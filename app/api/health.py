@@ -1,0 +1,39 @@
+"""Liveness and readiness: /healthz answers while the process runs; /readyz
+only when the database answers and its schema is at the migrations' head."""
+from __future__ import annotations
+
+import psycopg
+from litestar import get
+from litestar.handlers import HTTPRouteHandler
+
+from app.api import problems
+from app.api.context import Context
+from app.api.problems import INTERNAL, UNAVAILABLE, ApiProblem
+from app.api.schemas import HealthOut, ReadyOut
+
+
+def routes(ctx: Context) -> list[HTTPRouteHandler]:
+
+    @get("/healthz", operation_id="healthz", tags=["health"], summary="The process is alive")
+    async def healthz() -> HealthOut:
+        return HealthOut("ok")
+
+    @get("/readyz", operation_id="readyz", tags=["health"], summary="The database is reachable and migrated to the head revision",
+         responses=problems.responses(UNAVAILABLE, INTERNAL))
+    async def readyz() -> ReadyOut:
+        try:
+            revision = await ctx.db(ctx.store.schema_revision)
+        except psycopg.OperationalError as exc:
+            ctx.database_unreachable()
+            raise ApiProblem(UNAVAILABLE, f"database unreachable: {exc}".strip(),
+                             headers={"Retry-After": str(ctx.settings.api_retry_after_s)}) from None
+        except psycopg.Error as exc:   # reachable, but not migrated at all (no alembic_version)
+            raise ApiProblem(UNAVAILABLE, f"database not ready: {type(exc).__name__}: {exc}".strip(),
+                             headers={"Retry-After": str(ctx.settings.api_retry_after_s)}) from None
+        if revision != ctx.head:
+            raise ApiProblem(UNAVAILABLE, f"schema at revision {revision}, the code expects {ctx.head}: "
+                                          "run `minutehand migrate`",
+                             headers={"Retry-After": str(ctx.settings.api_retry_after_s)})
+        return ReadyOut("ready", revision, ctx.head)
+
+    return [healthz, readyz]

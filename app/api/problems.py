@@ -1,0 +1,177 @@
+"""Every error as RFC 9457 problem+json: a `type` naming the kind of problem,
+a `title` per kind, and a `detail` a person can act on.
+
+Exceptions become problems in one place (exception_handlers): the store's
+refusals (StoreError, whose status each carries), Litestar's own HTTP errors
+(unknown route, wrong method, body over the size limit, bad parameters), a
+database that cannot be reached (503 with Retry-After), data PostgreSQL
+refuses to store (422), and anything unexpected (500, logged, no internals
+shown). Handlers raise ApiProblem for refusals of their own.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import psycopg
+from litestar.exceptions import HTTPException, SerializationException, ValidationException
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.plugins.problem_details import ProblemDetailsConfig, ProblemDetailsException, ProblemDetailsPlugin
+
+from app.api.schemas import Problem
+from app.store import errors
+
+log = logging.getLogger(__name__)
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+
+
+@dataclass(frozen=True)
+class Kind:
+    slug: str
+    status: int
+    title: str
+
+    @property
+    def type(self) -> str:
+        # A relative URI reference, resolved against the API's own base URL.
+        return f"/problems/{self.slug}"
+
+
+MALFORMED = Kind("malformed-request", 400, "Malformed request")
+UNAUTHORIZED = Kind("unauthorized", 401, "Missing or bad token")
+FORBIDDEN = Kind("forbidden", 403, "Admin token required")
+NOT_FOUND = Kind("not-found", 404, "Not found")
+METHOD = Kind("method-not-allowed", 405, "Method not allowed")
+CONFLICT = Kind("conflict", 409, "Conflict")
+NOT_CANCELLABLE = Kind("not-cancellable", 409, "Job cannot be cancelled")
+TOO_LARGE = Kind("too-large", 413, "Request too large")
+INVALID = Kind("invalid-input", 422, "Invalid input")
+UNAVAILABLE = Kind("unavailable", 503, "Database unavailable")
+INTERNAL = Kind("internal-error", 500, "Internal error")
+
+KINDS = {k.slug: k for k in (MALFORMED, UNAUTHORIZED, FORBIDDEN, NOT_FOUND, METHOD, CONFLICT,
+                             NOT_CANCELLABLE, TOO_LARGE, INVALID, UNAVAILABLE, INTERNAL)}
+
+# The store's refusals by class. Invalid input is 422 here (the request was
+# well-formed JSON of the right types, but its values are refused), as are
+# unknown fields and a due time beyond the horizon.
+_BY_STORE_ERROR: list[tuple[type[errors.StoreError], Kind]] = [
+    (errors.InvalidInput, INVALID), (errors.NotFound, NOT_FOUND), (errors.Conflict, CONFLICT),
+    (errors.PayloadTooLarge, TOO_LARGE), (errors.StaleLease, FORBIDDEN),
+]
+
+
+class ApiProblem(ProblemDetailsException):
+    """A refusal with its kind and a detail; extra members go into the body."""
+
+    def __init__(self, kind: Kind, detail: str, *, headers: dict[str, str] | None = None, **extra: Any):
+        super().__init__(detail=detail, status_code=kind.status, type_=kind.type, title=kind.title,
+                         headers=headers, extra={k: v for k, v in extra.items() if v is not None} or None)
+        self.kind = kind
+
+
+def _store_error(exc: errors.StoreError) -> ApiProblem:
+    kind = next((k for cls, k in _BY_STORE_ERROR if isinstance(exc, cls)), INTERNAL)
+    return ApiProblem(kind, exc.message)
+
+
+def _http_exception(exc: HTTPException) -> ApiProblem:
+    if isinstance(exc, ApiProblem):
+        return exc
+    status = exc.status_code
+    if isinstance(exc, ValidationException):
+        # Path, query and header parameters Litestar parsed against their types.
+        reasons = exc.extra if isinstance(exc.extra, list) else None
+        detail = "; ".join(f"{r.get('key', '?')}: {r.get('message', '')}" for r in reasons or []
+                           if isinstance(r, dict)) or exc.detail
+        return ApiProblem(MALFORMED, detail, errors=reasons)
+    if status == 401:
+        return ApiProblem(UNAUTHORIZED, exc.detail, headers={"WWW-Authenticate": "Bearer"})
+    if status == 404:
+        return ApiProblem(NOT_FOUND, "no such resource: see the OpenAPI schema at /schema")
+    if status == 405:
+        return ApiProblem(METHOD, exc.detail, headers=exc.headers)
+    if status == 413:
+        return ApiProblem(TOO_LARGE, "request body is larger than this endpoint accepts: "
+                                     "send less per request (split a batch)")
+    if status >= 500:
+        return ApiProblem(INTERNAL, "the server failed; the error is logged")
+    kind = next((k for k in KINDS.values() if k.status == status), None)
+    if kind is None:
+        return ApiProblem(Kind("http-error", status, exc.detail or "HTTP error"), exc.detail)
+    return ApiProblem(kind, exc.detail)
+
+
+def _serialization(exc: SerializationException) -> ApiProblem:
+    return ApiProblem(MALFORMED, f"request body is not valid JSON: {exc}")
+
+
+def _data_error(exc: psycopg.DataError) -> ApiProblem:
+    # Values of the right JSON type that PostgreSQL cannot hold (a number out
+    # of range for its column, a NUL character, ...). Nothing was written.
+    reason = getattr(getattr(exc, "diag", None), "message_primary", None) or str(exc)
+    return ApiProblem(INVALID, f"a value cannot be stored: {reason}")
+
+
+def unavailable(retry_after_s: int) -> ApiProblem:
+    return ApiProblem(UNAVAILABLE, "the database cannot be reached; retry later (with the same "
+                                   "Idempotency-Key, a retried submission cannot create a second job)",
+                      headers={"Retry-After": str(retry_after_s)})
+
+
+def decode(decoder: msgspec.json.Decoder, body: bytes) -> Any:
+    """A request body as its Struct: malformed JSON 400, wrong shape 422."""
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise ApiProblem(INVALID, f"request body: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise ApiProblem(MALFORMED, f"request body is not valid JSON: {exc}") from None
+
+
+def plugin(retry_after_s: int, on_db_unreachable: Callable[[], None]) -> ProblemDetailsPlugin:
+    """The plugin that turns every exception into a problem response."""
+
+    def db_unreachable(exc: psycopg.OperationalError) -> ApiProblem:
+        log.warning("database unreachable: %s", exc)
+        on_db_unreachable()
+        return unavailable(retry_after_s)
+
+    def internal(exc: Exception) -> ApiProblem:
+        log.error("unexpected error", exc_info=exc)
+        return ApiProblem(INTERNAL, "the server failed; the error is logged")
+
+    return ProblemDetailsPlugin(ProblemDetailsConfig(exception_to_problem_detail_map={
+        errors.StoreError: _store_error,
+        HTTPException: _http_exception,
+        SerializationException: _serialization,
+        psycopg.OperationalError: db_unreachable,
+        psycopg.DataError: _data_error,
+        Exception: internal,
+    }))
+
+
+def problem_page(slug: str) -> dict[str, Any]:
+    """What a problem type means (its URI resolves to this)."""
+    kind = KINDS.get(slug)
+    if kind is None:
+        raise ApiProblem(NOT_FOUND, f"no problem type {slug!r}")
+    return {"type": kind.type, "title": kind.title, "status": kind.status}
+
+
+def responses(*kinds: Kind) -> dict[int, ResponseSpec]:
+    """OpenAPI entries for the problems an endpoint may answer with."""
+    by_status: dict[int, list[Kind]] = {}
+    for k in kinds:
+        by_status.setdefault(k.status, []).append(k)
+    return {status: ResponseSpec(data_container=Problem, media_type=PROBLEM_MEDIA_TYPE, generate_examples=False,
+                                 description=" or ".join(k.title for k in ks))
+            for status, ks in by_status.items()}
+
+
+# Every authenticated endpoint may answer these.
+COMMON = (MALFORMED, UNAUTHORIZED, UNAVAILABLE, INTERNAL)

@@ -1,0 +1,189 @@
+"""Bodies and responses of the HTTP API, as msgspec Structs.
+
+Request bodies are decoded strictly (app/api/jobs.py, teams.py): unknown
+fields, wrong JSON types, and a due time without a UTC offset are refused
+with 422 before anything reaches the database. Everything else about a job
+(name pattern, ranges, the due-time horizon, payload size) is validated once,
+in SQL, by the procedures the store calls.
+
+Job ids are 64-bit and exceed what a JSON number holds exactly in many
+clients (2^53), so they travel as decimal strings.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+# RFC 3339 with an offset: a naive time is refused, not guessed.
+AwareTime = Annotated[dt.datetime, Meta(tz=True, description="RFC 3339 date-time with a UTC offset")]
+JobId = Annotated[str, Meta(pattern=r"^-?[0-9]{1,19}$", description="64-bit job id, as a decimal string")]
+State = Literal["scheduled", "claimed", "running", "retrying", "succeeded", "dead", "cancelled"]
+
+
+def _doc(description: str, **limits: Any) -> Meta:
+    """Documentation for the schema only: the limits are what the procedures
+    enforce (sql/003_submit.sql), shown to clients, not checked here."""
+    return Meta(description=description, extra_json_schema=limits or None)
+
+
+# ---------------------------------------------------------------- requests
+class Repeat(Struct, forbid_unknown_fields=True):
+    """A repeating job: every_s seconds, or a crontab expression (5 fields)
+    in a time zone (IANA name, default UTC)."""
+    every_s: int | None = None
+    cron: str | None = None
+    timezone: str | None = None
+
+
+class JobIn(Struct, forbid_unknown_fields=True):
+    """One job to submit. Omitted fields take the defaults of submit_job."""
+    name: Annotated[str, _doc("1 to 200 characters from letters, digits and _ . : / -",
+                              pattern=r"^[A-Za-z0-9_.:/-]{1,200}$")]
+    due_at: Annotated[AwareTime | None, _doc("when to run; omitted or null: now. At most a year ahead")] = None
+    payload: Annotated[Any, _doc("any JSON, up to 256 KiB as JSON text; handed to the worker")] = \
+        msgspec.field(default_factory=dict)
+    priority: Annotated[int, _doc("higher runs first", minimum=-100, maximum=100)] = 0
+    max_attempts: Annotated[int, _doc("runs before the job is set aside as dead", minimum=1, maximum=100)] = 3
+    flex_s: Annotated[int, _doc("the job may run anywhere in [due, due + flex_s], spread by the scheduler",
+                                minimum=0, maximum=86400)] = 0
+    strict: Annotated[bool, _doc("run at the due time exactly (then flex_s must be 0)")] = False
+    backoff_base_s: Annotated[float, _doc("retry delay after the first failure, doubling after each",
+                                          minimum=0.01, maximum=86400)] = 1.0
+    backoff_cap_s: Annotated[float, _doc("longest retry delay; at least backoff_base_s",
+                                         minimum=0.01, maximum=604800)] = 3600.0
+    repeat: Repeat | None = None
+
+
+class BatchJobIn(JobIn, forbid_unknown_fields=True):
+    """A job of a batch: as JobIn, with its own idempotency key."""
+    idempotency_key: str | None = None
+
+
+class BatchIn(Struct, forbid_unknown_fields=True):
+    jobs: list[BatchJobIn]
+
+
+class TeamIn(Struct, forbid_unknown_fields=True):
+    name: Annotated[str, _doc("1 to 63 characters: lowercase letters, digits, _ . -",
+                              pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")]
+    quota: Annotated[int, _doc("most jobs of the team running at once", minimum=1, maximum=2**31 - 1)] = 1000
+    weight: Annotated[int, _doc("share of the fleet when teams compete", minimum=1, maximum=2**31 - 1)] = 1
+
+
+# ---------------------------------------------------------------- responses
+class JobCreated(Struct):
+    job_id: JobId
+    run_at: dt.datetime
+    created: bool  # False: the Idempotency-Key named an earlier job (status 200)
+
+
+class BatchItemOut(Struct):
+    idx: int                      # position in the request's jobs
+    job_id: JobId | None          # None: refused, see error
+    run_at: dt.datetime | None
+    created: bool
+    error: str | None
+
+
+class BatchOut(Struct):
+    created: int
+    existing: int                 # idempotency keys that named earlier jobs
+    rejected: int
+    items: list[BatchItemOut]
+
+
+class JobOut(Struct):
+    """The status record of one job."""
+    job_id: JobId
+    team: str
+    name: str
+    state: State
+    priority: int
+    due_at: dt.datetime
+    run_at: dt.datetime
+    strict: bool
+    flex_s: int
+    attempts: int
+    max_attempts: int
+    claimed_by: str | None
+    claim_expires_at: dt.datetime | None
+    lateness_s: float | None
+    last_error: str | None
+    result: Any
+    idempotency_key: str | None
+    created_at: dt.datetime
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+
+
+class JobSummaryOut(Struct):
+    job_id: JobId
+    team: str
+    name: str
+    state: State
+    priority: int
+    due_at: dt.datetime
+    run_at: dt.datetime
+    attempts: int
+    max_attempts: int
+    created_at: dt.datetime
+
+
+class JobPageOut(Struct):
+    jobs: list[JobSummaryOut]
+    next_cursor: str | None  # pass as ?cursor= for older jobs; None: no older jobs
+
+
+class CancelledOut(Struct):
+    job_id: JobId
+    state: State
+
+
+class TeamTokenOut(Struct):
+    name: str
+    token: str  # shown once; only its hash is stored
+
+
+class FailuresOut(Struct):
+    name: str
+    dead: int
+    retrying: int
+
+
+class StatsOut(Struct):
+    team: str
+    window_start: dt.datetime  # the jobs created since then were examined (by id)...
+    examined: int              # ...this many, newest first
+    truncated: bool            # the cap was reached: older jobs of the window are not counted
+    by_state: dict[str, int]
+    running: int
+    quota: int
+    lateness_p50_s: float | None  # start - due, over starts in the last hour
+    lateness_p99_s: float | None
+    failures: list[FailuresOut]
+
+
+class HealthOut(Struct):
+    status: str
+
+
+class ReadyOut(Struct):
+    status: str
+    revision: str | None
+    head: str
+
+
+class Problem(Struct, omit_defaults=True):
+    """RFC 9457 problem details. type names the kind of problem (a URI
+    reference, listed in the README); detail says what to do about it."""
+    type: str
+    title: str
+    status: int
+    detail: str
+    instance: str | None = None
+    errors: list[dict[str, Any]] | None = None   # field-level reasons, for 422
+    job_id: JobId | None = None                  # cancel refused: the job...
+    state: State | None = None                   # ...and its state

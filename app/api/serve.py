@@ -1,0 +1,37 @@
+"""`minutehand serve`: the API in one uvicorn process, with a store whose pool
+fails fast when the database is away and reconnects when it is back."""
+from __future__ import annotations
+
+import logging
+
+from psycopg.conninfo import make_conninfo
+
+from app.settings import Settings
+from app.store.store import Store
+
+
+def api_store(settings: Settings) -> Store:
+    """A store for the API: a request waits at most api_db_wait_s for a
+    connection (then 503); one connection attempt gives up after 5 s (an
+    unreachable host must not hold a thread for long); a lost connection is
+    retried (with backoff) for api_db_wait_s, then replaced on demand, so
+    the pool reconnects within seconds of the database coming back."""
+    url = make_conninfo(settings.database_url, connect_timeout=5)
+    return Store(url, min_size=min(2, settings.pool_size), max_size=settings.pool_size,
+                 pool_options={"timeout": settings.api_db_wait_s,
+                               "reconnect_timeout": settings.api_db_wait_s})
+
+
+def serve(settings: Settings) -> None:
+    import uvicorn
+
+    from app.api.app import create_app
+    store = api_store(settings)
+    try:
+        app = create_app(settings, store)
+        uvicorn.run(app, host=settings.http_host, port=settings.http_port,
+                    log_level=settings.log_level.lower(), access_log=False,
+                    timeout_graceful_shutdown=10)
+    finally:
+        store.close()
+        logging.getLogger(__name__).info("stopped")
