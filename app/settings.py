@@ -39,8 +39,10 @@ class Settings:
     api_db_wait_s: float = 2.0
     api_retry_after_s: int = 5
     # Threads that send single submissions arriving together as one batch
-    # call (app/api/coalesce.py); 0: one store call per request.
-    api_submit_workers: int = 4
+    # call (app/api/coalesce.py); 0: one store call per request. Measured on
+    # 2 cores: 1 and 2 are fastest; 2 keeps one slow batch (a key waiting on
+    # another transaction) from holding every submission up.
+    api_submit_workers: int = 2
 
     @classmethod
     def load(cls, argv: list[str] | None = None, env: dict[str, str] | None = None) -> Settings:

@@ -86,6 +86,7 @@ def _document_request_bodies(app: Litestar) -> None:
                           for op, name in JOB_LINKS.items()}
     types = list(dict.fromkeys(REQUEST_BODIES.values()))
     refs, components = msgspec.json.schema_components(types, ref_template="#/components/schemas/{name}")
+    components = msgspec.json.decode(msgspec.json.encode(components))    # defaults as plain JSON (Raw payload)
     schema.components.schemas = {**(schema.components.schemas or {}), **components}
     for (path, method), struct in REQUEST_BODIES.items():
         operation = getattr(schema.paths[path], method)

@@ -66,7 +66,8 @@ def check_repeat(repeat: Repeat | None) -> str | None:
 
 
 def to_spec(job: JobIn, key: str | None) -> JobSpec:
-    return JobSpec(name=job.name, due_at=job.due_at, payload=job.payload, priority=job.priority,
+    payload = {} if job.payload is msgspec.UNSET else bytes(job.payload)    # JSON text, passed through
+    return JobSpec(name=job.name, due_at=job.due_at, payload=payload, priority=job.priority,
                    max_attempts=job.max_attempts, flex_s=job.flex_s, strict=job.strict,
                    idempotency_key=key, backoff_base_s=job.backoff_base_s, backoff_cap_s=job.backoff_cap_s)
 

@@ -43,8 +43,11 @@ class JobIn(Struct, forbid_unknown_fields=True):
     name: Annotated[str, _doc("1 to 200 characters from letters, digits and _ . : / -",
                               pattern=r"^[A-Za-z0-9_.:/-]{1,200}$")]
     due_at: Annotated[AwareTime | None, _doc("when to run; omitted or null: now. At most a year ahead")] = None
-    payload: Annotated[Any, _doc("any JSON, up to 256 KiB as JSON text; handed to the worker")] = \
-        msgspec.field(default_factory=dict)
+    # Kept as the request's JSON text (checked to be JSON, not decoded): it
+    # goes to the database as it came, where its size is checked.
+    payload: Annotated[msgspec.Raw | msgspec.UnsetType,
+                       _doc("any JSON (default {}), up to 256 KiB as JSON text; handed to the worker")] = \
+        msgspec.UNSET
     priority: Annotated[int, _doc("higher runs first", minimum=-100, maximum=100)] = 0
     max_attempts: Annotated[int, _doc("runs before the job is set aside as dead", minimum=1, maximum=100)] = 3
     flex_s: Annotated[int, _doc("the job may run anywhere in [due, due + flex_s], spread by the scheduler",

@@ -9,7 +9,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class JobSpec:
-    """One job to submit (defaults as in submit_job)."""
+    """One job to submit (defaults as in submit_job). payload: any JSON value,
+    or its JSON text already encoded, as bytes."""
     name: str
     due_at: dt.datetime | None = None
     payload: Any = field(default_factory=dict)

@@ -27,6 +27,18 @@ _DEFAULTS = {f.name: (f.default_factory() if f.default_factory is not dataclasse
              for f in dataclasses.fields(JobSpec)}
 
 
+def _jsonb(value: Any) -> Jsonb:
+    """A jsonb parameter. JSON text already encoded (bytes: the API hands a
+    request's payload through without decoding it) is sent as it is."""
+    if isinstance(value, bytes):
+        return Jsonb(value, dumps=_as_is)
+    return Jsonb(value)
+
+
+def _as_is(value: bytes) -> bytes:
+    return value
+
+
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
@@ -149,7 +161,7 @@ class Store:
     # ------------------------------------------------------------ submission
     def submit(self, team: str, job: JobSpec) -> Submitted:
         row = self._one("submit_job", {"team": team, "name": job.name, "due_at": job.due_at,
-                                       "payload": Jsonb(job.payload), "priority": job.priority,
+                                       "payload": _jsonb(job.payload), "priority": job.priority,
                                        "max_attempts": job.max_attempts, "flex_s": job.flex_s,
                                        "strict": job.strict, "idempotency_key": job.idempotency_key,
                                        "backoff_base_s": job.backoff_base_s,
@@ -167,7 +179,7 @@ class Store:
 
         rows = self._all("submit_jobs", {
             "team": team, "names": [j.name for j in jobs],
-            "due_ats": column("due_at"), "payloads": column("payload", Jsonb),
+            "due_ats": column("due_at"), "payloads": column("payload", _jsonb),
             "priorities": column("priority"), "max_attempts": column("max_attempts"),
             "flex_s": column("flex_s"), "stricts": column("strict"), "keys": column("idempotency_key"),
             "backoff_base_s": column("backoff_base_s"), "backoff_cap_s": column("backoff_cap_s"),
