@@ -62,11 +62,16 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT date_bin('1 hour', t, timestam
 -- cache: a cached block could outlive a whole cycle and repeat a value.
 CREATE SEQUENCE job_id_seq CYCLE MINVALUE 0 MAXVALUE 8191;
 
+-- The smallest id made at time t: ids are ordered by creation time, so a
+-- range of ids is a range of creation times (bounded scans of recent jobs).
+CREATE FUNCTION mh_id_at(t timestamptz) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT (floor(extract(epoch FROM t) * 1000)::bigint - 1735689600000) << 23
+$$;
+
 CREATE FUNCTION mh_new_id(p_shard int) RETURNS bigint
 LANGUAGE sql VOLATILE PARALLEL UNSAFE AS $$
-    SELECT ((floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint - 1735689600000) << 22)
-         | (nextval('job_id_seq') << 10)
-         | p_shard
+    SELECT mh_id_at(clock_timestamp()) | (nextval('job_id_seq') << 10) | p_shard
 $$;
 
 CREATE FUNCTION mh_shard_of(p_id bigint) RETURNS smallint

@@ -133,17 +133,17 @@ SELECT s.scanned, s.scanned_to, m.id AS job_id, %(team)s::text AS team, m.name, 
 
 -- name: team_stats
 -- A team's recent activity, bounded: its jobs created in the last window_s
--- seconds, found by id (ids embed their creation time in ms since 2025-01-01
--- from bit 22 up, see mh_new_id), at most the newest `cap` of them, read
+-- seconds, found by id (ids are ordered by creation time: mh_id_at), at
+-- most the newest `cap` of them, read
 -- through (team_id, id DESC). Lateness over the starts of the last hour.
 -- No row: no such team.
 WITH team AS (SELECT t.id, t.name, t.quota FROM teams t WHERE t.name = %(team)s::text),
-since AS (SELECT clock_timestamp() - make_interval(secs => %(window_s)s::int) AS t),
+since AS (SELECT mh_now() - make_interval(secs => %(window_s)s::int) AS t),
 recent AS MATERIALIZED (
     SELECT j.state, j.name, j.lateness, j.started_at
       FROM jobs j
      WHERE j.team_id = (SELECT id FROM team)
-       AND j.id >= (floor(extract(epoch FROM (SELECT t FROM since)) * 1000)::bigint - 1735689600000) << 22
+       AND j.id >= mh_id_at((SELECT t FROM since))
      ORDER BY j.id DESC
      LIMIT %(cap)s::int)
 SELECT team.name AS team, team.quota, (SELECT t FROM since) AS window_start,
