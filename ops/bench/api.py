@@ -26,12 +26,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import psycopg
 
-from app.localpg import LocalCluster
 from app.store import migrate
+from ops.bench.server import bench_server
 from app.store.store import Store
 from ops.bench.store import floor, recreate
 
@@ -163,19 +162,8 @@ def main() -> None:
     if shutil.which("wrk") is None:
         raise SystemExit(WRK_HINT)
 
-    tmp = None
-    if args.dsn is None:
-        tmp = Path(tempfile.mkdtemp(prefix="mh-bench-api-"))
-        tmp.chmod(0o755)
-        cluster = LocalCluster(tmp / "pgdata")          # durable: fsync and synchronous_commit on
-        cluster.ensure_started()
-        args.dsn = cluster.dsn()
-    try:
+    with bench_server(args.dsn, "mh-bench-api-") as args.dsn:
         run(args)
-    finally:
-        if tmp is not None:
-            cluster.stop()
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def run(args) -> None:

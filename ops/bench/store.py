@@ -19,15 +19,14 @@ import multiprocessing as mp
 import shutil
 import statistics
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import psycopg
 
-from app.localpg import LocalCluster
 from app.store import migrate
+from ops.bench.server import bench_server
 from app.store.records import JobSpec
 from app.store.store import Store
 
@@ -236,19 +235,8 @@ def main() -> None:
     if args.quick:
         args.jobs, args.far, args.seconds, args.repeat, args.pgbench_jobs = 40_000, "100000", 3, 1, 400_000
 
-    tmp = None
-    if args.dsn is None:
-        tmp = Path(tempfile.mkdtemp(prefix="mh-bench-"))
-        tmp.chmod(0o755)
-        cluster = LocalCluster(tmp / "pgdata")          # durable: fsync and synchronous_commit on
-        cluster.ensure_started()
-        args.dsn = cluster.dsn()
-    try:
+    with bench_server(args.dsn, "mh-bench-") as args.dsn:
         run(args)
-    finally:
-        if tmp is not None:
-            cluster.stop()
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def run(args) -> None:
