@@ -1,7 +1,10 @@
 """`minutehand dev`: the embedded PostgreSQL (started if needed, reused if
-running), migrated, and a demo workload through the store, with a status
-line every few seconds. Ctrl-C stops it cleanly, and the database too if
-this command started it."""
+running), migrated; the HTTP API (`minutehand serve`, as a child process)
+with the demo team's token printed; and a demo workload through the store,
+with a status line every few seconds (the dispatcher and workers are the
+next issue: until then the demo claims and completes through the store
+itself). Ctrl-C stops it all cleanly, and the database too if this
+command started it."""
 from __future__ import annotations
 
 import datetime as dt
@@ -9,6 +12,8 @@ import os
 import random
 import signal
 import statistics
+import subprocess
+import sys
 import time
 
 import psycopg
@@ -56,6 +61,13 @@ class Stop(Exception):
     pass
 
 
+def start_api(settings: Settings, url: str) -> subprocess.Popen:
+    """`minutehand serve` on the dev database, as a child process."""
+    env = {**os.environ, "MINUTEHAND_DATABASE_URL": url, "MINUTEHAND_HTTP_HOST": settings.http_host,
+           "MINUTEHAND_HTTP_PORT": str(settings.http_port), "MINUTEHAND_LOG_LEVEL": "WARNING"}
+    return subprocess.Popen([sys.executable, "-m", "app.cli.main", "serve"], env=env)
+
+
 def run(settings: Settings, args) -> None:
     cluster, started_here = None, False
     url = settings.database_url
@@ -73,9 +85,14 @@ def run(settings: Settings, args) -> None:
     lateness: list[float] = []
     store = Store(url)
     leases: dict[int, int] = {}
+    api = start_api(settings, url)
     try:
-        if not store.team_exists(TEAM):
-            store.create_team(TEAM)
+        # A token is shown once: a second run rotates it to show a fresh one.
+        token = store.rotate_token(TEAM) if store.team_exists(TEAM) else store.create_team(TEAM)
+        base = f"http://{settings.http_host}:{settings.http_port}"
+        print(f"HTTP API at {base} (OpenAPI: {base}/schema/swagger); team {TEAM!r} token: {token}")
+        print(f"  curl -H 'Authorization: Bearer {token}' -H 'Content-Type: application/json' "
+              f"-d '{{\"name\": \"hello\"}}' {base}/v1/jobs")
         print(f"demo: team {TEAM!r}, {args.rate} jobs/s; Ctrl-C stops")
         end = time.monotonic() + args.seconds if args.seconds else None
         next_lease, next_maint, next_report = 0.0, 0.0, time.monotonic() + 5
@@ -114,6 +131,8 @@ def run(settings: Settings, args) -> None:
     except (KeyboardInterrupt, Stop):
         print("\nstopping")
     finally:
+        api.terminate()
+        api.wait(timeout=15)
         store.release_leases(leases, owner)
         store.close()
         if started_here:
