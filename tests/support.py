@@ -5,7 +5,9 @@ from __future__ import annotations
 import datetime as dt
 
 import psycopg
+from psycopg.types.json import Jsonb
 
+from app.store.records import JobSpec
 from app.store.store import Store
 
 UTC = dt.timezone.utc
@@ -42,3 +44,40 @@ def claim_all(store: Store, leases: dict[int, int], owner: str = "d1", limit: in
         if not batch:
             return got
         got.extend(batch)
+
+
+# ---------------------------------------------------------------- what a test writes and where it lands
+# Every table a submission writes: refusal tests compare their counts before and after.
+TABLES = ("jobs", "due_minutes", "due_hours", "due_far", "idempotency_keys")
+COUNTS = "SELECT " + ", ".join(f"(SELECT count(*) FROM {t})" for t in TABLES)
+
+
+def counts(conn: psycopg.Connection) -> dict[str, int]:
+    return dict(zip(TABLES, conn.execute(COUNTS, prepare=True).fetchone()))
+
+
+def submit_sql(conn, team="t", name="job", due_at=None, payload=None, **kw):
+    """submit_job_detail with named arguments; (job_id, run_at, created)."""
+    args = {"p_team": team, "p_name": name, "p_due_at": due_at,
+            "p_payload": Jsonb(payload if payload is not None else {})}
+    args.update({f"p_{k}": v for k, v in kw.items()})
+    named = ", ".join(f"{k} => %({k})s" for k in args)
+    return conn.execute(f"SELECT job_id, run_at, created FROM submit_job_detail({named})", args).fetchone()
+
+
+def submit_store(store, team="t", name="job", due_at=None, payload=None, **kw):
+    r = store.submit(team, JobSpec(name=name, due_at=due_at, payload=payload if payload is not None else {}, **kw))
+    return r.job_id, r.run_at, r.created
+
+
+def due_rows(conn: psycopg.Connection, job_id: int) -> list[tuple[str, dt.datetime]]:
+    """(partition or table, run_at) of every wheel row of the job."""
+    return conn.execute(
+        """SELECT tableoid::regclass::text, run_at FROM due_minutes WHERE job_id = %(id)s
+           UNION ALL SELECT tableoid::regclass::text, run_at FROM due_hours WHERE job_id = %(id)s
+           UNION ALL SELECT 'due_far', run_at FROM due_far WHERE job_id = %(id)s""",
+        {"id": job_id}).fetchall()
+
+
+def minute_part(conn: psycopg.Connection, t: dt.datetime) -> str:
+    return conn.execute("SELECT mh_minute_part(mh_minute_slot(%s))", (t,)).fetchone()[0]

@@ -16,18 +16,14 @@ from psycopg.types.json import Jsonb
 
 from app.store.errors import Conflict
 from app.store.records import JobSpec
-from support import T0, pin
+from support import T0, counts, pin, submit_sql, submit_store
 
-TABLES = ("jobs", "due_minutes", "due_hours", "due_far", "idempotency_keys")
 S = dt.timedelta(seconds=1)
 H = dt.timedelta(hours=1)
 TTL = dt.timedelta(hours=24)
 
-COUNTS = "SELECT " + ", ".join(f"(SELECT count(*) FROM {t})" for t in TABLES)
 
 
-def counts(conn: psycopg.Connection) -> dict[str, int]:
-    return dict(zip(TABLES, conn.execute(COUNTS, prepare=True).fetchone()))
 
 
 def key_row(conn: psycopg.Connection, team: str, key: str) -> dict | None:
@@ -54,18 +50,8 @@ def claim_job(store, job_id: int, lease_s: float = 30):
 from reused_db import conn, db_dsn, module_conn, module_dsn, module_store, store  # noqa: F401 (fixtures)
 
 
-def submit_sql(conn, team="t", name="job", due_at=None, payload=None, **kw):
-    """submit_job_detail with named arguments; (job_id, run_at, created)."""
-    args = {"p_team": team, "p_name": name, "p_due_at": due_at,
-            "p_payload": Jsonb(payload if payload is not None else {})}
-    args.update({f"p_{k}": v for k, v in kw.items()})
-    named = ", ".join(f"{k} => %({k})s" for k in args)
-    return conn.execute(f"SELECT job_id, run_at, created FROM submit_job_detail({named})", args).fetchone()
 
 
-def submit_store(store, team="t", name="job", due_at=None, payload=None, **kw):
-    r = store.submit(team, JobSpec(name=name, due_at=due_at, payload=payload if payload is not None else {}, **kw))
-    return r.job_id, r.run_at, r.created
 
 
 @pytest.fixture(params=["sql", "store"])

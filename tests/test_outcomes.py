@@ -18,18 +18,14 @@ from psycopg.types.json import Jsonb
 
 from app.store.errors import InvalidInput
 from app.store.records import JobSpec, Outcome
-from support import T0, pin
+from support import T0, counts, pin
 
-TABLES = ("jobs", "due_minutes", "due_hours", "due_far", "idempotency_keys")
 S = dt.timedelta(seconds=1)
 H = dt.timedelta(hours=1)
 MISMATCH = "lease token does not match"
 
-COUNTS = "SELECT " + ", ".join(f"(SELECT count(*) FROM {t})" for t in TABLES)
 
 
-def counts(conn: psycopg.Connection) -> dict[str, int]:
-    return dict(zip(TABLES, conn.execute(COUNTS, prepare=True).fetchone()))
 
 
 def row(conn: psycopg.Connection, job_id: int) -> dict | None:

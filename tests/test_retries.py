@@ -8,25 +8,16 @@ from __future__ import annotations
 
 import datetime as dt
 
-import psycopg
 
 from app.store.records import JobSpec
-from support import T0, make_store, pin
+from support import T0, due_rows, make_store, minute_part, pin
 
 S = dt.timedelta(seconds=1)
 US = dt.timedelta(microseconds=1)
 
 
-def due_rows(conn: psycopg.Connection, job_id: int) -> list[tuple[str, dt.datetime]]:
-    return conn.execute(
-        """SELECT tableoid::regclass::text, run_at FROM due_minutes WHERE job_id = %(id)s
-           UNION ALL SELECT tableoid::regclass::text, run_at FROM due_hours WHERE job_id = %(id)s
-           UNION ALL SELECT 'due_far', run_at FROM due_far WHERE job_id = %(id)s""",
-        {"id": job_id}).fetchall()
 
 
-def minute_part(conn: psycopg.Connection, t: dt.datetime) -> str:
-    return conn.execute("SELECT mh_minute_part(mh_minute_slot(%s))", (t,)).fetchone()[0]
 
 
 def claim(store, job_ids, lease_s: float = 30):

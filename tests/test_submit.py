@@ -15,13 +15,11 @@ import datetime as dt
 
 import psycopg
 import pytest
-from psycopg.types.json import Jsonb
 
 from app.store.errors import InvalidInput, NotFound, PayloadTooLarge, StoreError
 from app.store.records import JobSpec
-from support import T0, pin
+from support import T0, counts, due_rows, minute_part, pin, submit_sql, submit_store
 
-TABLES = ("jobs", "due_minutes", "due_hours", "due_far", "idempotency_keys")
 S = dt.timedelta(seconds=1)
 H = dt.timedelta(hours=1)
 DAY = dt.timedelta(days=1)
@@ -29,24 +27,12 @@ BIG_PAYLOAD = {"blob": "x" * 300_000}          # > 262144 bytes once encoded
 
 
 # ---------------------------------------------------------------- helpers
-COUNTS = "SELECT " + ", ".join(f"(SELECT count(*) FROM {t})" for t in TABLES)
 
 
-def counts(conn: psycopg.Connection) -> dict[str, int]:
-    return dict(zip(TABLES, conn.execute(COUNTS, prepare=True).fetchone()))
 
 
-def due_rows(conn: psycopg.Connection, job_id: int) -> list[tuple[str, dt.datetime]]:
-    """(partition or table, run_at) of every wheel row of the job."""
-    return conn.execute(
-        """SELECT tableoid::regclass::text, run_at FROM due_minutes WHERE job_id = %(id)s
-           UNION ALL SELECT tableoid::regclass::text, run_at FROM due_hours WHERE job_id = %(id)s
-           UNION ALL SELECT 'due_far', run_at FROM due_far WHERE job_id = %(id)s""",
-        {"id": job_id}).fetchall()
 
 
-def minute_part(conn: psycopg.Connection, t: dt.datetime) -> str:
-    return conn.execute("SELECT mh_minute_part(mh_minute_slot(%s))", (t,)).fetchone()[0]
 
 
 def hour_part(conn: psycopg.Connection, t: dt.datetime) -> str:
@@ -67,18 +53,8 @@ def job_row(conn: psycopg.Connection, job_id: int) -> tuple:
 from reused_db import conn, db_dsn, module_conn, module_dsn, module_store, store  # noqa: F401 (fixtures)
 
 
-def submit_sql(conn, team="t", name="job", due_at=None, payload=None, **kw):
-    """submit_job_detail with named arguments; (job_id, run_at, created)."""
-    args = {"p_team": team, "p_name": name, "p_due_at": due_at,
-            "p_payload": Jsonb(payload if payload is not None else {})}
-    args.update({f"p_{k}": v for k, v in kw.items()})
-    named = ", ".join(f"{k} => %({k})s" for k in args)
-    return conn.execute(f"SELECT job_id, run_at, created FROM submit_job_detail({named})", args).fetchone()
 
 
-def submit_store(store, team="t", name="job", due_at=None, payload=None, **kw):
-    r = store.submit(team, JobSpec(name=name, due_at=due_at, payload=payload if payload is not None else {}, **kw))
-    return r.job_id, r.run_at, r.created
 
 
 @pytest.fixture(params=["sql", "store"])
