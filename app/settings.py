@@ -21,6 +21,17 @@ class Settings:
     # Dispatcher: shard lease and worker claim periods, in seconds.
     shard_lease_s: float = 10.0
     claim_lease_s: float = 30.0
+    # This dispatcher's name in shard leases (empty: host:pid).
+    dispatcher_name: str = ""
+    # Most jobs claimed for workers in one round, and outcomes written per transaction.
+    dispatch_batch: int = 500
+    # Worker (`minutehand worker`): the dispatchers' base URLs (comma-separated),
+    # the fleet token (`minutehand worker-token create NAME`), how many jobs run at
+    # once, and how long SIGTERM waits for running jobs before giving up.
+    worker_urls: str = "http://127.0.0.1:8080"
+    worker_token: str = ""
+    worker_concurrency: int = 10
+    worker_grace_s: float = 30.0
     log_level: str = "INFO"
     # HTTP API. The admin token acts on every team and manages teams; it is
     # compared by hash, and empty means no admin access over HTTP.

@@ -1,0 +1,133 @@
+"""The worker pull protocol over HTTP: bodies and responses, as msgspec
+Structs shared by the dispatcher's routes (app/dispatch/routes.py) and the
+worker library (app/worker/).
+
+    POST /v1/worker/lease      long-poll for up to `capacity` jobs
+    POST /v1/worker/outcomes   heartbeats, completions, failures and give-backs, batched
+    POST /v1/worker/jobs/{id}/{heartbeat|complete|fail|release}
+                               one job: a refusal is a 4xx (404 no such job,
+                               409 stale lease token), not a per-item answer
+
+Every call carries `Authorization: Bearer <worker token>` (a fleet token,
+`minutehand worker-token create NAME`; only its hash is stored). Job ids
+are decimal strings (64-bit ids exceed what many JSON readers hold exactly).
+"""
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta, Struct
+
+JobId = Annotated[str, Meta(pattern=r"^-?[0-9]{1,19}$", description="64-bit job id, as a decimal string")]
+Token = Annotated[str, Meta(min_length=1, max_length=64, description="the lease token of the job's current claim")]
+Worker = Annotated[str, Meta(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@/-]+$",
+                             description="the worker's id, recorded as the job's claimer")]
+JobName = Annotated[str, Meta(min_length=1, max_length=200)]
+
+MAX_CAPACITY = 1000
+MAX_WAIT_S = 60.0
+MAX_ITEMS = 10_000
+
+
+# ---------------------------------------------------------------- lease
+class LeaseIn(Struct, forbid_unknown_fields=True):
+    """Ask for jobs: at most `capacity`, of the given names (null: any), waiting
+    up to wait_s seconds for the first one."""
+    worker: Worker
+    capacity: Annotated[int, Meta(ge=1, le=MAX_CAPACITY, description="how many jobs the worker has room for")]
+    names: Annotated[list[JobName], Meta(max_length=100)] | None = None
+    wait_s: Annotated[float, Meta(ge=0, le=MAX_WAIT_S, description="long-poll limit")] = 20.0
+
+
+class Replay(Struct):
+    """A result stored under the job's idempotency key within 24 h: the
+    worker reports it as the job's result without running the handler."""
+    result: Any
+
+
+class LeasedJob(Struct):
+    job_id: JobId
+    name: str
+    payload: msgspec.Raw
+    attempt: int
+    max_attempts: int
+    idempotency_key: str | None
+    lease_token: str
+    claim_expires_at: dt.datetime
+    claim_s: float                     # the claim period: heartbeat well within it
+    due_at: dt.datetime
+    run_at: dt.datetime
+    replay: Replay | None = None
+
+
+class LeaseOut(Struct):
+    jobs: list[LeasedJob]
+
+
+# ---------------------------------------------------------------- outcomes
+class Held(Struct, forbid_unknown_fields=True):
+    job_id: JobId
+    lease_token: Token
+
+
+class Completed(Struct, forbid_unknown_fields=True):
+    job_id: JobId
+    lease_token: Token
+    result: Any = None
+
+
+class Failed(Struct, forbid_unknown_fields=True):
+    job_id: JobId
+    lease_token: Token
+    error: Annotated[str, Meta(max_length=10_000)] = "failed"
+    retryable: bool = True
+
+
+ExtendS = Annotated[float, Meta(ge=1, le=86400, description="a heartbeat extends the claim to now + extend_s")]
+
+
+class OutcomesIn(Struct, forbid_unknown_fields=True):
+    """Many outcomes in one request (each list may be empty); the dispatcher
+    writes them in batches, one transaction for many jobs. heartbeat
+    extends claims; release gives back claimed jobs that were not started
+    (they are due again at once, the attempt not counted)."""
+    heartbeat: Annotated[list[Held], Meta(max_length=MAX_ITEMS)] = []
+    complete: Annotated[list[Completed], Meta(max_length=MAX_ITEMS)] = []
+    fail: Annotated[list[Failed], Meta(max_length=MAX_ITEMS)] = []
+    release: Annotated[list[Held], Meta(max_length=MAX_ITEMS)] = []
+    extend_s: ExtendS | None = None
+
+
+class OutcomeOut(Struct):
+    """ok false: the outcome was refused and changed nothing; reason says why
+    (no such job, or the lease token is not the current claim's)."""
+    job_id: JobId
+    ok: bool
+    state: str | None
+    reason: str | None = None
+
+
+class OutcomesOut(Struct):
+    heartbeat: list[OutcomeOut]
+    complete: list[OutcomeOut]
+    fail: list[OutcomeOut]
+    release: list[OutcomeOut]
+
+
+# ---------------------------------------------------------------- one job
+class HeldIn(Struct, forbid_unknown_fields=True):
+    lease_token: Token
+    extend_s: ExtendS | None = None
+
+
+class CompleteIn(Struct, forbid_unknown_fields=True):
+    lease_token: Token
+    result: Any = None
+
+
+class FailIn(Struct, forbid_unknown_fields=True):
+    lease_token: Token
+    error: Annotated[str, Meta(max_length=10_000)] = "failed"
+    retryable: bool = True
