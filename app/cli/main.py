@@ -52,6 +52,20 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> None:
     serve(settings)
 
 
+def cmd_worker(settings: Settings, args: argparse.Namespace) -> None:
+    """Import module:attribute (a Worker with its handlers) and run it until SIGTERM/SIGINT."""
+    import importlib
+    import os
+    from app.worker import Worker, logs
+    logs.setup(settings.log_level)
+    module, _, attr = args.target.partition(":")
+    sys.path.insert(0, os.getcwd())
+    worker = getattr(importlib.import_module(module), attr or "worker", None)
+    if not isinstance(worker, Worker):
+        raise SystemExit(f"{args.target}: not a minutehand Worker (expected module.path:attribute)")
+    worker.run(settings)
+
+
 def cmd_dev(settings: Settings, args: argparse.Namespace) -> None:
     from app.cli import dev
     dev.run(settings, args)
@@ -76,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("--quota", type=int, default=1000, help="most jobs of the team running at once")
     p.add_argument("--weight", type=int, default=1, help="share of the fleet when teams compete")
+    command("worker", cmd_worker, "run a worker: minutehand worker module.path:worker").add_argument("target")
     command("serve", cmd_serve, "the submitter HTTP API on http_host:http_port (one process)")
     p = command("dev", cmd_dev, "local embedded PostgreSQL, migrated, with a demo workload (Ctrl-C stops)")
     p.add_argument("--rate", type=int, default=200, help="demo jobs submitted per second")

@@ -1,0 +1,49 @@
+"""What a handler receives (`Job`) and how it says "do not retry" (`NonRetryable`)."""
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from app.worker import effects
+
+T = TypeVar("T")
+
+
+class NonRetryable(Exception):
+    """Raise from a handler when another attempt cannot succeed (bad payload,
+    a refusal that will not change): the job is marked dead at once instead
+    of being retried."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run of one job. `attempt` counts from 1; `payload` is the decoded
+    JSON the submitter sent. `idempotency_key` is the submitter's key, if any."""
+    id: int
+    name: str
+    payload: Any
+    attempt: int
+    max_attempts: int
+    idempotency_key: str | None
+    due_at: dt.datetime
+    run_at: dt.datetime
+    claim_expires_at: dt.datetime
+    # the claim's token and period: the worker's business, not the handler's
+    lease_token: str = field(default="", repr=False, compare=False)
+    claim_s: float = field(default=30.0, repr=False, compare=False)
+
+    def effect_key(self, effect: str) -> str:
+        """The key a side effect of this job is recorded under: the same on
+        every run of the job (and of any job submitted with the same key)."""
+        return f"{self.idempotency_key or self.id}:{effect}"
+
+    def once(self, conn, effect: str, fn: Callable[[Any], T]) -> T | Any:
+        """Do fn(conn) exactly once for this job, atomically with recording it
+        (see app/worker/effects.py); the stored result on later runs."""
+        return effects.once(conn, self.effect_key(effect), fn)
+
+    async def once_async(self, conn, effect: str, fn: Callable[[Any], Awaitable[T]]) -> T | Any:
+        """`once` for a psycopg AsyncConnection and an async fn."""
+        return await effects.once_async(conn, self.effect_key(effect), fn)
