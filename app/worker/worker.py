@@ -408,8 +408,12 @@ class _Run:
                                                           reason=run.lost))
                 return
             sent = time.monotonic()
-            answer = await run.outbox.send("heartbeat", Held(job_id=str(job.id), lease_token=job.lease_token),
-                                           extend_s=max(1.0, job.claim_s))
+            beat = run.outbox.send("heartbeat", Held(job_id=str(job.id), lease_token=job.lease_token),
+                                   extend_s=max(1.0, job.claim_s))
+            try:                                        # an answer after the deadline comes too late
+                answer = await asyncio.wait_for(asyncio.shield(beat), max(0.0, run.deadline - sent))
+            except TimeoutError:
+                continue                                # the deadline check above drops the job
             if answer is None:                          # not delivered: try again soon
                 next_beat = time.monotonic() + min(period, 2.0)
             elif answer.ok:
