@@ -60,11 +60,14 @@ SELECT job_id, ok, state, reason FROM fail_many(%(ids)s::bigint[], %(tokens)s::u
 SELECT job_id, ok, state, reason FROM cancel(%(job_id)s::bigint, %(team)s::text)
 
 -- name: job_status
--- The status record of one job: one primary-key lookup (shard from the id).
+-- The status record of one job: one primary-key lookup (shard from the id),
+-- and for a run of a repeating job one more, of its series (same shard).
 SELECT j.id AS job_id, t.name AS team, j.name, j.state, j.priority, j.due_at, j.run_at, j.strict, j.flex_s,
        j.attempts, j.max_attempts, j.claimed_by, j.claim_expires_at, j.lateness, j.last_error, j.result,
-       j.idempotency_key, j.created_at, j.started_at, j.finished_at
+       j.idempotency_key, j.created_at, j.started_at, j.finished_at,
+       j.series_id, s.every_s, s.cron, s.timezone
   FROM jobs j JOIN teams t ON t.id = j.team_id
+  LEFT JOIN series s ON s.shard = j.shard AND s.id = j.series_id
  WHERE j.shard = mh_shard_of(%(job_id)s::bigint) AND j.id = %(job_id)s::bigint
    AND (%(team)s::text IS NULL OR t.name = %(team)s)
 
@@ -166,3 +169,59 @@ SELECT team.name AS team, team.quota, (SELECT t FROM since) AS window_start,
 -- name: schema_revision
 -- The Alembic revision the database is at (readiness).
 SELECT (SELECT version_num FROM alembic_version LIMIT 1) AS revision
+
+-- ---------------------------------------------------------------- dispatch (revision 0003)
+
+-- name: claim_for_worker
+-- Claim up to limit due jobs of one shard for one worker, of the given names
+-- (NULL: any). The payload and a replayed result come as JSON text: the
+-- dispatcher hands them on without decoding them.
+SELECT job_id, name, payload::text AS payload, attempt, max_attempts, idempotency_key, lease_token,
+       claim_expires_at, due_at, run_at, replay::text AS replay
+  FROM claim_due(%(shard)s::int, %(limit)s::int, %(owner)s::text, %(epoch)s::bigint, %(lease_s)s::real,
+                 %(worker)s::text, %(names)s::text[])
+
+-- name: release_many
+-- Give back claimed jobs that were not started (due again at once, the attempt not counted).
+SELECT job_id, ok, state, reason FROM release_many(%(ids)s::bigint[], %(tokens)s::uuid[])
+
+-- name: dispatcher_members
+-- Renew this dispatcher's membership; the names of the live ones, sorted.
+SELECT name FROM dispatcher_members(%(name)s::text, %(ttl_s)s::real) AS name
+
+-- name: leave_dispatchers
+-- A dispatcher stopping cleanly leaves at once.
+SELECT leave_dispatchers(%(name)s::text)
+
+-- name: take_duty_lease
+-- Take or renew the lease on a global duty; whether this owner holds it.
+SELECT take_duty_lease(%(duty)s::text, %(owner)s::text, %(ttl_s)s::real) AS held
+
+-- name: shard_owners
+-- Every shard's lease holder (NULL when free or expired) and epoch.
+SELECT shard, CASE WHEN lease_expires_at > mh_now() THEN owner END AS owner, epoch FROM shards ORDER BY shard
+
+-- name: set_worker_token
+-- Create a worker credential, or replace its token's hash (rotation).
+INSERT INTO worker_tokens (name, token_hash) VALUES (%(name)s, %(token_hash)s)
+ON CONFLICT (name) DO UPDATE SET token_hash = excluded.token_hash, created_at = now()
+RETURNING name
+
+-- name: worker_by_token
+-- The worker credential whose token has this hash.
+SELECT name FROM worker_tokens WHERE token_hash = %(token_hash)s
+
+-- ---------------------------------------------------------------- series
+-- Repeating jobs (sql/007_series.sql, revision 0002).
+
+-- name: db_now
+-- The database's clock (mh_now(): pinned in tests), from which fire times are computed.
+SELECT mh_now() AS now
+
+-- name: submit_series
+-- A repeating job: its series and first run; the series id, the run's id and run time, whether created.
+SELECT series_id, job_id, run_at, created
+  FROM submit_series(%(team)s::text, %(name)s::text, %(due_at)s::timestamptz, %(payload)s::jsonb,
+                     %(priority)s::int, %(max_attempts)s::int, %(flex_s)s::int, %(strict)s::boolean,
+                     %(idempotency_key)s::text, %(backoff_base_s)s::real, %(backoff_cap_s)s::real,
+                     %(every_s)s::int, %(cron)s::text, %(timezone)s::text, %(first_due_at)s::timestamptz)

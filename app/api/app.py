@@ -21,6 +21,8 @@ from app.api.auth import TokenCache, authenticator
 from app.api.coalesce import SubmitCoalescer
 from app.api.context import Context
 from app.api.schemas import BatchIn, JobIn, TeamIn
+from app.dispatch import routes as worker_routes
+from app.dispatch.dispatcher import Dispatcher
 from app.settings import Settings
 from app.store import migrate
 from app.store.store import Store
@@ -33,15 +35,22 @@ REQUEST_BODIES = {("/v1/jobs", "post"): JobIn, ("/v1/jobs/batch", "post"): Batch
                   ("/v1/teams", "post"): TeamIn}
 
 
-def create_app(settings: Settings, store: Store, *, head: str | None = None) -> Litestar:
+def create_app(settings: Settings, store: Store, *, head: str | None = None, submit_api: bool = True,
+               dispatcher: Dispatcher | None = None) -> Litestar:
+    """submit_api: the teams' routes (jobs, teams); dispatcher: run it with
+    the process, and serve the worker protocol (app/dispatch/routes.py)."""
     ctx = Context(settings=settings, store=store, tokens=TokenCache(settings.api_token_cache_s),
                   head=head or migrate.head())
 
     def start() -> None:
-        if settings.api_submit_workers > 0:
+        if submit_api and settings.api_submit_workers > 0:
             ctx.submitter = SubmitCoalescer(store, workers=settings.api_submit_workers)
+        if dispatcher is not None:
+            dispatcher.start()
 
     def stop() -> None:
+        if dispatcher is not None:
+            dispatcher.stop()
         if ctx.submitter is not None:
             ctx.submitter.close()
             ctx.submitter = None
@@ -50,8 +59,14 @@ def create_app(settings: Settings, store: Store, *, head: str | None = None) -> 
     async def problem_type(slug: FromPath[str]) -> dict[str, Any]:
         return problems.problem_page(slug)
 
+    handlers: list = [*health.routes(ctx), problem_type]
+    if submit_api:
+        handlers += [*jobs.routes(ctx), *teams.routes(ctx)]
+    if dispatcher is not None:
+        handlers.append(worker_routes.router(ctx, dispatcher))
+
     app = Litestar(
-        route_handlers=[*jobs.routes(ctx), *teams.routes(ctx), *health.routes(ctx), problem_type],
+        route_handlers=handlers,
         dependencies={"principal": Provide(authenticator(settings.admin_token, ctx.tokens, ctx.lookup_token))},
         plugins=[problems.plugin(settings.api_retry_after_s, ctx.database_unreachable)],
         openapi_config=OpenAPIConfig(
@@ -61,7 +76,10 @@ def create_app(settings: Settings, store: Store, *, head: str | None = None) -> 
             components=Components(security_schemes={
                 "bearer": SecurityScheme(type="http", scheme="bearer",
                                          description="a team's token (`minutehand team create NAME`) "
-                                                     "or the admin token")}),
+                                                     "or the admin token"),
+                "worker": SecurityScheme(type="http", scheme="bearer",
+                                         description="a worker (fleet) token (`minutehand worker-token "
+                                                     "create NAME`)")}),
             render_plugins=[SwaggerRenderPlugin()],
         ),
         request_max_body_size=settings.api_max_body_bytes,
@@ -69,7 +87,10 @@ def create_app(settings: Settings, store: Store, *, head: str | None = None) -> 
         debug=False,
     )
     app.state.ctx = ctx
-    _document_request_bodies(app)
+    app.state.dispatcher = dispatcher
+    bodies = {**(REQUEST_BODIES if submit_api else {}),
+              **(worker_routes.REQUEST_BODIES if dispatcher is not None else {})}
+    _document_request_bodies(app, bodies, links=submit_api)
     return app
 
 
@@ -78,17 +99,17 @@ def create_app(settings: Settings, store: Store, *, head: str | None = None) -> 
 JOB_LINKS = {"getJob": "GetCreatedJob", "cancelJob": "CancelCreatedJob"}
 
 
-def _document_request_bodies(app: Litestar) -> None:
+def _document_request_bodies(app: Litestar, bodies: dict, *, links: bool) -> None:
     schema = app.openapi_schema
-    for status in ("200", "201"):
+    for status in ("200", "201") if links else ():
         response = schema.paths["/v1/jobs"].post.responses[status]
         response.links = {name: Link(operation_id=op, parameters={"job_id": "$response.body#/job_id"})
                           for op, name in JOB_LINKS.items()}
-    types = list(dict.fromkeys(REQUEST_BODIES.values()))
+    types = list(dict.fromkeys(bodies.values()))
     refs, components = msgspec.json.schema_components(types, ref_template="#/components/schemas/{name}")
     components = msgspec.json.decode(msgspec.json.encode(components))    # defaults as plain JSON (Raw payload)
     schema.components.schemas = {**(schema.components.schemas or {}), **components}
-    for (path, method), struct in REQUEST_BODIES.items():
+    for (path, method), struct in bodies.items():
         operation = getattr(schema.paths[path], method)
         operation.request_body = RequestBody(
             required=True, content={"application/json": OpenAPIMediaType(schema=refs[types.index(struct)])})

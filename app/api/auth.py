@@ -99,14 +99,7 @@ def authenticator(admin_token: str, cache: TokenCache,
     admin_hash = hash_token(admin_token) if admin_token else None
 
     async def principal(request: Request) -> Principal:
-        header = request.headers.get("authorization")
-        if not header:
-            raise _unauthorized("no token: send `Authorization: Bearer <token>`")
-        scheme, _, token = header.strip().partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
-            raise _unauthorized("the Authorization header must be `Bearer <token>`")
-        token_hash = hash_token(token)
+        token_hash = bearer_hash(request)
         if admin_hash is not None and hmac.compare_digest(token_hash, admin_hash):
             return ADMIN
         team = cache.get(token_hash)
@@ -114,12 +107,24 @@ def authenticator(admin_token: str, cache: TokenCache,
             team = await lookup(token_hash)
             cache.put(token_hash, team)
         if team is None:
-            raise _unauthorized("unknown token: use the token printed when the team was created "
+            raise unauthorized("unknown token: use the token printed when the team was created "
                                 "(or last rotated)")
         return Principal(team)
 
     return principal
 
 
-def _unauthorized(detail: str) -> ApiProblem:
+def bearer_hash(request: Request) -> str:
+    """The hash of the request's bearer token (401 without one)."""
+    header = request.headers.get("authorization")
+    if not header:
+        raise unauthorized("no token: send `Authorization: Bearer <token>`")
+    scheme, _, token = header.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise unauthorized("the Authorization header must be `Bearer <token>`")
+    return hash_token(token)
+
+
+def unauthorized(detail: str) -> ApiProblem:
     return ApiProblem(UNAUTHORIZED, detail, headers={"WWW-Authenticate": 'Bearer realm="minutehand"'})

@@ -19,19 +19,16 @@ second names the first's job).
 from __future__ import annotations
 
 import asyncio
-import logging
 import queue
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
+from app.futures import settle
 from app.store.records import JobSpec, Submitted
 from app.store.store import Store
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -112,28 +109,4 @@ class SubmitCoalescer:
 
     @staticmethod
     def _settle(group: list[_Pending], outcomes: list[tuple[Any, BaseException | None]]) -> None:
-        """Resolve the futures, one wake-up per event loop."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[Callable[[], None]]] = {}
-        for p, (result, exc) in zip(group, outcomes):
-            by_loop.setdefault(p.loop, []).append(_resolver(p.future, result, exc))
-        for loop, resolvers in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_run_all, resolvers)
-            except RuntimeError:                  # that loop is closed: its requests are gone
-                log.debug("event loop closed before a submission was answered")
-
-
-def _resolver(future: asyncio.Future, result: Any, exc: BaseException | None) -> Callable[[], None]:
-    def resolve() -> None:
-        if future.done():                         # the request went away (cancelled)
-            return
-        if exc is not None:
-            future.set_exception(exc)
-        else:
-            future.set_result(result)
-    return resolve
-
-
-def _run_all(resolvers: list[Callable[[], None]]) -> None:
-    for r in resolvers:
-        r()
+        settle((p.future, p.loop, result, exc) for p, (result, exc) in zip(group, outcomes))

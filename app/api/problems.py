@@ -48,13 +48,14 @@ NOT_FOUND = Kind("not-found", 404, "Not found")
 METHOD = Kind("method-not-allowed", 405, "Method not allowed")
 CONFLICT = Kind("conflict", 409, "Conflict")
 NOT_CANCELLABLE = Kind("not-cancellable", 409, "Job cannot be cancelled")
+STALE_CLAIM = Kind("stale-claim", 409, "Lease token is not the job's current claim")
 TOO_LARGE = Kind("too-large", 413, "Request too large")
 INVALID = Kind("invalid-input", 422, "Invalid input")
 UNAVAILABLE = Kind("unavailable", 503, "Database unavailable")
 INTERNAL = Kind("internal-error", 500, "Internal error")
 
 KINDS = {k.slug: k for k in (MALFORMED, UNAUTHORIZED, FORBIDDEN, NOT_FOUND, METHOD, CONFLICT,
-                             NOT_CANCELLABLE, TOO_LARGE, INVALID, UNAVAILABLE, INTERNAL)}
+                             NOT_CANCELLABLE, STALE_CLAIM, TOO_LARGE, INVALID, UNAVAILABLE, INTERNAL)}
 
 # The store's refusals by class. Invalid input is 422 here (the request was
 # well-formed JSON of the right types, but its values are refused), as are

@@ -1,4 +1,4 @@
-"""`minutehand serve`: the API in one uvicorn process, with a store whose pool
+"""`minutehand serve` and `minutehand dispatcher`: one uvicorn process, with a store whose pool
 fails fast when the database is away and reconnects when it is back."""
 from __future__ import annotations
 
@@ -35,13 +35,18 @@ def quiet_gc() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
-def serve(settings: Settings) -> None:
+def serve(settings: Settings, *, submit_api: bool = True, dispatch: bool = True) -> None:
+    """One process: the submitter API (submit_api), and a dispatcher with the
+    worker protocol (dispatch); `minutehand serve` runs both, `minutehand
+    dispatcher` only the second."""
     import uvicorn
 
     from app.api.app import create_app
+    from app.dispatch.dispatcher import Dispatcher
     store = api_store(settings)
     try:
-        app = create_app(settings, store)
+        dispatcher = Dispatcher(settings, store) if dispatch else None
+        app = create_app(settings, store, submit_api=submit_api, dispatcher=dispatcher)
         quiet_gc()
         uvicorn.run(app, host=settings.http_host, port=settings.http_port,
                     log_level=settings.log_level.lower(), access_log=False,

@@ -45,11 +45,29 @@ def cmd_team_create(settings: Settings, args: argparse.Namespace) -> None:
     print(f"team {args.name} created; its token (shown once, only its hash is stored):\n{token}")
 
 
+def cmd_worker_token(settings: Settings, args: argparse.Namespace) -> None:
+    import psycopg.errors
+    with _store(settings) as store:
+        try:
+            token = store.create_worker_token(args.name)
+        except psycopg.errors.CheckViolation:
+            raise SystemExit(f"worker token {args.name!r} not created: a name is 1 to 63 characters: "
+                             "lowercase letters, digits, _ . -") from None
+    print(f"worker token {args.name} created (or rotated); the token (shown once, only its hash is stored):\n{token}")
+
+
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> None:
     from app.api.serve import serve
     if not settings.database_url:
         raise SystemExit("no database: set MINUTEHAND_DATABASE_URL or pass --database-url")
     serve(settings)
+
+
+def cmd_dispatcher(settings: Settings, args: argparse.Namespace) -> None:
+    from app.api.serve import serve
+    if not settings.database_url:
+        raise SystemExit("no database: set MINUTEHAND_DATABASE_URL or pass --database-url")
+    serve(settings, submit_api=False)
 
 
 def cmd_worker(settings: Settings, args: argparse.Namespace) -> None:
@@ -91,7 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quota", type=int, default=1000, help="most jobs of the team running at once")
     p.add_argument("--weight", type=int, default=1, help="share of the fleet when teams compete")
     command("worker", cmd_worker, "run a worker: minutehand worker module.path:worker").add_argument("target")
-    command("serve", cmd_serve, "the submitter HTTP API on http_host:http_port (one process)")
+    p = command("worker-token", cmd_worker_token, "create (or rotate) a worker credential and print its token")
+    p.add_argument("action", choices=["create"])
+    p.add_argument("name")
+    command("serve", cmd_serve, "the submitter HTTP API and a dispatcher (worker protocol) on "
+                                "http_host:http_port, in one process")
+    command("dispatcher", cmd_dispatcher, "a dispatcher alone: the worker protocol on http_host:http_port")
     p = command("dev", cmd_dev, "local embedded PostgreSQL, migrated, with a demo workload (Ctrl-C stops)")
     p.add_argument("--rate", type=int, default=200, help="demo jobs submitted per second")
     p.add_argument("--seconds", type=float, default=0, help="stop after this long (0: until Ctrl-C)")

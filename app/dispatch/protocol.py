@@ -15,13 +15,14 @@ are decimal strings (64-bit ids exceed what many JSON readers hold exactly).
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from typing import Annotated, Any
 
 import msgspec
 from msgspec import Meta, Struct
 
 JobId = Annotated[str, Meta(pattern=r"^-?[0-9]{1,19}$", description="64-bit job id, as a decimal string")]
-Token = Annotated[str, Meta(min_length=1, max_length=64, description="the lease token of the job's current claim")]
+Token = Annotated[uuid.UUID, Meta(description="the lease token of the job's current claim")]
 Worker = Annotated[str, Meta(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@/-]+$",
                              description="the worker's id, recorded as the job's claimer")]
 JobName = Annotated[str, Meta(min_length=1, max_length=200)]

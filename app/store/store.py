@@ -17,7 +17,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from app.store import errors
+from app.store import errors, repeat
 from app.store.queries import q
 from app.store.records import (BatchItem, ClaimedJob, ClaimResult, JobPage, JobSpec, JobStatus, JobSummary,
                                Maintenance, Outcome, Submitted, TeamStats)
@@ -41,6 +41,23 @@ def _as_is(value: bytes) -> bytes:
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _batch_params(team: str, jobs: Sequence[JobSpec]) -> dict[str, Any]:
+    """submit_jobs' parameters: one array per field, NULL where every item has the default."""
+    def column(field: str, adapt=None) -> list | None:
+        values = [getattr(j, field) for j in jobs]
+        if all(v == _DEFAULTS[field] for v in values):
+            return None                      # NULL array: the procedure's defaults, nothing to send
+        return [adapt(v) for v in values] if adapt else values
+
+    return {
+        "team": team, "names": [j.name for j in jobs],
+        "due_ats": column("due_at"), "payloads": column("payload", _jsonb),
+        "priorities": column("priority"), "max_attempts": column("max_attempts"),
+        "flex_s": column("flex_s"), "stricts": column("strict"), "keys": column("idempotency_key"),
+        "backoff_base_s": column("backoff_base_s"), "backoff_cap_s": column("backoff_cap_s"),
+    }
 
 
 class Store:
@@ -160,6 +177,8 @@ class Store:
 
     # ------------------------------------------------------------ submission
     def submit(self, team: str, job: JobSpec) -> Submitted:
+        if job.repeat is not None:
+            return self.submit_series(team, job)
         row = self._one("submit_job", {"team": team, "name": job.name, "due_at": job.due_at,
                                        "payload": _jsonb(job.payload), "priority": job.priority,
                                        "max_attempts": job.max_attempts, "flex_s": job.flex_s,
@@ -170,21 +189,67 @@ class Store:
 
     def submit_many(self, team: str, jobs: Sequence[JobSpec]) -> list[BatchItem]:
         """One call for the whole batch: valid items are written together, invalid
-        ones reported. Items in input order (idx = position)."""
-        def column(field: str, adapt=None) -> list | None:
-            values = [getattr(j, field) for j in jobs]
-            if all(v == _DEFAULTS[field] for v in values):
-                return None                  # NULL array: the procedure's defaults, nothing to send
-            return [adapt(v) for v in values] if adapt else values
+        ones reported. Items in input order (idx = position).
 
-        rows = self._all("submit_jobs", {
-            "team": team, "names": [j.name for j in jobs],
-            "due_ats": column("due_at"), "payloads": column("payload", _jsonb),
-            "priorities": column("priority"), "max_attempts": column("max_attempts"),
-            "flex_s": column("flex_s"), "stricts": column("strict"), "keys": column("idempotency_key"),
-            "backoff_base_s": column("backoff_base_s"), "backoff_cap_s": column("backoff_cap_s"),
-        })
-        return sorted((BatchItem(**r) for r in rows), key=lambda item: item.idx)
+        Repeating items (repeat set) are written in the same transaction, each
+        through submit_series under a savepoint, so a refused one is reported
+        (error) and written nowhere while the others commit together."""
+        if all(j.repeat is None for j in jobs):
+            rows = self._all("submit_jobs", _batch_params(team, jobs))
+            return sorted((BatchItem(**r) for r in rows), key=lambda item: item.idx)
+        plain = [i for i, j in enumerate(jobs) if j.repeat is None]
+        items: list[BatchItem] = []
+        with self.connection() as conn, conn.transaction():
+            if plain:
+                rows = conn.execute(q("submit_jobs"), _batch_params(team, [jobs[i] for i in plain])).fetchall()
+                items += [BatchItem(**{**r, "idx": plain[r["idx"]]}) for r in rows]
+            now = None
+            for i, job in enumerate(jobs):
+                if job.repeat is None:
+                    continue
+                try:
+                    with conn.transaction():
+                        if now is None and job.repeat.cron is not None:
+                            now = conn.execute(q("db_now")).fetchone()["now"]
+                        s = self._submit_series(conn, team, job, now)
+                    items.append(BatchItem(i, s.job_id, s.run_at, s.created, None, s.series_id))
+                except (psycopg.Error, errors.StoreError) as exc:
+                    error = errors.translate(exc) if isinstance(exc, psycopg.Error) else exc
+                    if not isinstance(error, errors.StoreError) or isinstance(error, errors.NotFound):
+                        raise                 # the whole call fails, as submit_jobs would (unknown team)
+                    items.append(BatchItem(i, None, None, False, error.message))
+        return sorted(items, key=lambda item: item.idx)
+
+    def submit_series(self, team: str, job: JobSpec) -> Submitted:
+        """A repeating job (job.repeat set): its series and first run, in one
+        transaction. The first fire time of a cron spec is found here, with
+        APScheduler in the spec's zone, from the database's clock; every_s
+        starts at the due time (or now). Submitted.series_id names the series."""
+        with self.connection() as conn:
+            return self._submit_series(conn, team, job)
+
+    def _submit_series(self, conn: psycopg.Connection, team: str, job: JobSpec,
+                       now: dt.datetime | None = None) -> Submitted:
+        r = job.repeat
+        assert r is not None
+        first_due_at = None                  # every_s: the procedure takes the due time, or its now
+        if r.cron is not None:
+            if reason := repeat.problem(r):
+                raise errors.InvalidInput(reason)
+            if now is None:
+                now = conn.execute(q("db_now")).fetchone()["now"]
+            try:
+                first_due_at = repeat.first_due(r, job.due_at, now)
+            except ValueError as exc:
+                raise errors.InvalidInput(str(exc)) from None
+        row = conn.execute(q("submit_series"), {
+            "team": team, "name": job.name, "due_at": job.due_at, "payload": _jsonb(job.payload),
+            "priority": job.priority, "max_attempts": job.max_attempts, "flex_s": job.flex_s,
+            "strict": job.strict, "idempotency_key": job.idempotency_key,
+            "backoff_base_s": job.backoff_base_s, "backoff_cap_s": job.backoff_cap_s,
+            "every_s": r.every_s, "cron": r.cron, "timezone": r.timezone, "first_due_at": first_due_at,
+        }).fetchone()
+        return Submitted(**row)
 
     # ------------------------------------------------------------ dispatch
     def _pipelined(self, name: str, params: Sequence[dict[str, Any]]) -> list[dict[str, Any] | None]:
@@ -208,38 +273,55 @@ class Store:
         self._pipelined("release_shard_lease",
                         [{"shard": s, "owner": owner, "epoch": e} for s, e in leases.items()])
 
-    def claim(self, leases: dict[int, int], limit: int, owner: str, lease_s: float,
-              worker: str | None = None) -> ClaimResult:
-        """Claim up to `limit` due jobs from each leased shard ({shard: epoch}).
-
-        One statement per shard (each stays single-shard), all sent in one
+    def _claim_each(self, name: str, params: Sequence[dict[str, Any]]
+                    ) -> tuple[list[tuple[int, list[dict[str, Any]]]], dict[int, str]]:
+        """A claim statement once per shard (params carry "shard"), all in one
         round trip; a sync after each makes it its own transaction, so a
-        shard whose lease went stale is refused alone."""
-        jobs: list[ClaimedJob] = []
+        shard whose lease went stale is refused alone. Returns the rows per
+        shard claimed, and {shard: why} for the shards refused."""
         refused: dict[int, str] = {}
         with self.pool.connection() as conn:
             self._apply_clock(conn)
             pending = []
             with conn.pipeline() as pipe:
-                for shard, epoch in leases.items():
+                for p in params:
                     cur = conn.cursor()
-                    cur.execute(q("claim_due"), {"shard": shard, "limit": limit, "owner": owner,
-                                                 "epoch": epoch, "lease_s": lease_s, "worker": worker})
+                    cur.execute(q(name), p)
                     try:
                         pipe.sync()          # an error surfaces here, for this statement alone
                     except psycopg.Error as exc:
                         error = errors.translate(exc)
                         if not isinstance(error, errors.StaleLease):
                             raise error from exc
-                        refused[shard] = error.message
+                        refused[p["shard"]] = error.message
                         continue
-                    pending.append(cur)
-            for cur in pending:
-                jobs.extend(ClaimedJob(**r) for r in cur.fetchall())
-        return ClaimResult(jobs, refused)
+                    pending.append((p["shard"], cur))
+            return [(shard, cur.fetchall()) for shard, cur in pending], refused
+
+    def claim(self, leases: dict[int, int], limit: int, owner: str, lease_s: float,
+              worker: str | None = None) -> ClaimResult:
+        """Claim up to `limit` due jobs from each leased shard ({shard: epoch})."""
+        claimed, refused = self._claim_each("claim_due", [
+            {"shard": shard, "limit": limit, "owner": owner, "epoch": epoch, "lease_s": lease_s, "worker": worker}
+            for shard, epoch in leases.items()])
+        return ClaimResult([ClaimedJob(**r) for _, rows in claimed for r in rows], refused)
 
     def next_due(self, shard: int) -> dt.datetime | None:
         return self._one("next_due", {"shard": shard})["next_due"]
+
+    def next_due_many(self, shards: Sequence[int]) -> dict[int, dt.datetime | None]:
+        return {s: r["next_due"] for s, r in zip(shards, self._pipelined("next_due", [{"shard": s} for s in shards]))}
+
+    def claim_for_worker(self, requests: Sequence[tuple[int, int, int]], owner: str, lease_s: float,
+                         worker: str, names: Sequence[str] | None
+                         ) -> tuple[list[tuple[int, list[dict[str, Any]]]], dict[int, str]]:
+        """Claim for one worker from several shards, requests (shard, epoch,
+        limit), in one round trip: rows of claim_for_worker per shard (payload
+        and replay as JSON text) and {shard: why} for stale leases."""
+        names = list(names) if names is not None else None
+        return self._claim_each("claim_for_worker", [
+            {"shard": shard, "limit": limit, "owner": owner, "epoch": epoch, "lease_s": lease_s,
+             "worker": worker, "names": names} for shard, epoch, limit in requests])
 
     # ------------------------------------------------------------ outcomes
     def start(self, items: Sequence[tuple[int, Any]]) -> list[Outcome]:
@@ -261,6 +343,10 @@ class Store:
     def _outcomes(self, name: str, items: Sequence[tuple], extra: dict[str, Any]) -> list[Outcome]:
         rows = self._all(name, {"ids": [i[0] for i in items], "tokens": [i[1] for i in items], **extra})
         return [Outcome(**r) for r in rows]
+
+    def release(self, items: Sequence[tuple[int, Any]]) -> list[Outcome]:
+        """Give back claimed, unstarted jobs: items (job_id, lease_token)."""
+        return self._outcomes("release_many", items, {})
 
     def cancel(self, job_id: int, team: str | None) -> Outcome:
         return Outcome(**self._one("cancel", {"job_id": job_id, "team": team}))
@@ -285,6 +371,31 @@ class Store:
 
     def purge_keys(self, shards: Sequence[int]) -> int:
         return sum(r["purged"] for r in self._pipelined("purge_idempotency_keys", [{"shard": s} for s in shards]))
+
+    # ------------------------------------------------------------ dispatchers
+    def dispatcher_members(self, name: str, ttl_s: float) -> list[str]:
+        """Renew this dispatcher's membership; the live members' names, sorted."""
+        return [r["name"] for r in self._all("dispatcher_members", {"name": name, "ttl_s": ttl_s})]
+
+    def leave_dispatchers(self, name: str) -> None:
+        self._one("leave_dispatchers", {"name": name})
+
+    def take_duty(self, duty: str, owner: str, ttl_s: float) -> bool:
+        return self._one("take_duty_lease", {"duty": duty, "owner": owner, "ttl_s": ttl_s})["held"]
+
+    def shard_owners(self) -> dict[int, tuple[str | None, int]]:
+        """{shard: (current lease holder or None, epoch)}."""
+        return {r["shard"]: (r["owner"], r["epoch"]) for r in self._all("shard_owners", {})}
+
+    def create_worker_token(self, name: str) -> str:
+        """Create (or rotate) a worker credential; returns its token (only the hash is stored)."""
+        token = "mhw_" + secrets.token_urlsafe(24)
+        self._one("set_worker_token", {"name": name, "token_hash": hash_token(token)})
+        return token
+
+    def worker_for_token(self, token_hash: str) -> str | None:
+        row = self._one("worker_by_token", {"token_hash": token_hash})
+        return row["name"] if row else None
 
     def maintain(self) -> Maintenance:
         return Maintenance(**self._one("maintain", {}))

@@ -1,0 +1,300 @@
+"""The dispatcher: hands due jobs of its shards to workers that ask.
+
+Workers long-poll (routes.py): each request becomes a Waiter with room for
+`capacity` jobs. One thread claims for the waiters in turn, from the shards
+this dispatcher leases (shards.py), and answers each with what it got.
+
+It never polls empty buckets. For each shard it knows the next run time
+among the rows of its current and next minute buckets (next_due), and
+sleeps until the earliest, or until:
+- a NOTIFY says a shard got a row due now (sql/008_dispatch.sql; a
+  listener thread marks the shard due),
+- the minute turns (every shard's next run time is read again: the wheel
+  moved a bucket on), or the shard set changed.
+A claim that comes back short means the shard is drained for now: its next
+run time is read again. A waiter that got nothing is not tried again until
+one of the events above, so a worker whose job names have no due rows does
+not spin.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import logging
+import math
+import os
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import msgspec
+import psycopg
+
+from app.dispatch.outcomes import OutcomeWriter
+from app.dispatch.protocol import LeasedJob, Replay
+from app.dispatch.shards import ShardKeeper
+from app.futures import settle
+from app.settings import Settings
+from app.store.store import Store
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "minutehand_due"
+SHARDS_PER_ROUND_TRIP = 4
+
+
+@dataclass(eq=False)
+class Waiter:
+    worker: str
+    capacity: int
+    names: tuple[str, ...] | None
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    state: str = "waiting"               # waiting -> taken (being served) | gone (timed out)
+
+
+class Dispatcher:
+    def __init__(self, settings: Settings, store: Store):
+        self.settings = settings
+        self.store = store
+        self.name = settings.dispatcher_name or f"{socket.gethostname()}:{os.getpid()}"
+        self.claim_s = settings.claim_lease_s
+        self.writer = OutcomeWriter(store, extend_s=settings.claim_lease_s)
+        self.keeper = ShardKeeper(store, self.name, len(store.shard_owners()), settings.shard_lease_s,
+                                  self._leases_changed)
+        self._cond = threading.Condition()
+        self._waiters: deque[Waiter] = deque()
+        self._leases: dict[int, int] = {}
+        self._due: dict[int, float] = {}          # shard -> next run time known (epoch s); absent: none soon
+        self._recheck: set[int] = set()          # shards whose next run time must be read again
+        self._generation = 0                      # bumped by every event that may make jobs claimable
+        self._empty: dict[tuple[str, ...] | None, int] = {}   # names -> generation they found nothing at
+        self._next_refresh = 0.0
+        self._cursor = 0
+        self._taken: Waiter | None = None        # the waiter being served (put back if the round fails)
+        self._stopping = threading.Event()
+        self._threads = [threading.Thread(target=self._dispatch, name="dispatch", daemon=True),
+                         threading.Thread(target=self._listen, name="listen", daemon=True)]
+
+    # ------------------------------------------------------------ life
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+        self.keeper.start()
+        log.info("dispatcher %s started", self.name)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        with self._cond:
+            gone = list(self._waiters)
+            self._waiters.clear()
+            self._cond.notify_all()
+        settle((w.future, w.loop, [], None) for w in gone)
+        for t in self._threads:
+            t.join(timeout=10)
+        self.keeper.stop()
+        self.writer.close()
+        log.info("dispatcher %s stopped", self.name)
+
+    # ------------------------------------------------------------ workers ask
+    async def lease(self, worker: str, capacity: int, names: list[str] | None, wait_s: float) -> list[LeasedJob]:
+        """Up to `capacity` jobs for this worker, waiting up to wait_s for them."""
+        loop = asyncio.get_running_loop()
+        waiter = Waiter(worker, min(capacity, self.settings.dispatch_batch),
+                        tuple(sorted(set(names))) if names is not None else None, loop.create_future(), loop)
+        with self._cond:
+            if self._stopping.is_set():
+                return []
+            self._waiters.append(waiter)
+            self._cond.notify()
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiter.future), wait_s)
+        except asyncio.TimeoutError:
+            with self._cond:
+                if waiter.state == "waiting":
+                    waiter.state = "gone"
+                    self._waiters.remove(waiter)
+                    return []
+            return await waiter.future           # being served right now: the answer is moments away
+
+    # ------------------------------------------------------------ events
+    def _leases_changed(self, leases: dict[int, int]) -> None:
+        with self._cond:
+            gained = leases.keys() - self._leases.keys()
+            self._leases = leases
+            self._due = {s: t for s, t in self._due.items() if s in leases}
+            self._due.update({s: 0.0 for s in gained})
+            self._generation += 1
+            self._cond.notify()
+
+    def _mark_due(self, shards: set[int] | None) -> None:
+        """Shards (None: all) got rows due now."""
+        with self._cond:
+            for s in (self._leases if shards is None else shards & self._leases.keys()):
+                self._due[s] = 0.0
+            self._generation += 1
+            self._cond.notify()
+
+    def _drop(self, refused: dict[int, str]) -> None:
+        log.warning("claims refused on %d shards (another dispatcher owns them now): %s",
+                    len(refused), next(iter(refused.values())))
+        self.keeper.drop(list(refused))
+
+    # ------------------------------------------------------------ the claim loop
+    def _dispatch(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self._refresh()
+                waiter = self._next_waiter()
+                if waiter is not None:
+                    self._serve(waiter)
+            except psycopg.OperationalError as exc:
+                log.warning("dispatch: database unreachable (%s); retrying", exc)
+                self._requeue_taken()
+                self._stopping.wait(1.0)
+            except Exception:
+                log.exception("dispatch round failed")
+                self._requeue_taken()
+                self._stopping.wait(1.0)
+
+    def _refresh(self) -> None:
+        """Read next run times again: every owned shard once a minute (just
+        after the minute turns), and the shards whose claims came up short."""
+        now = time.time()
+        with self._cond:
+            if now >= self._next_refresh:
+                shards = set(self._leases)
+                self._next_refresh = (math.floor(now / 60) + 1) * 60 + 0.2
+            else:
+                shards = self._recheck & self._leases.keys()
+            self._recheck.clear()
+        if not shards:
+            return
+        times = self.store.next_due_many(sorted(shards))
+        with self._cond:
+            for s, t in times.items():
+                if s not in self._leases:
+                    continue
+                if t is None:
+                    self._due.pop(s, None)
+                else:
+                    self._due[s] = t.timestamp()
+            self._generation += 1
+
+    def _next_waiter(self) -> Waiter | None:
+        """The first waiter there may be jobs for, marked taken; None after
+        sleeping until something changes."""
+        with self._cond:
+            now = time.time()
+            due_now = any(t <= now for t in self._due.values())
+            if due_now:
+                for w in self._waiters:
+                    if self._empty.get(w.names) != self._generation:
+                        self._waiters.remove(w)
+                        w.state = "taken"
+                        self._taken = w
+                        return w
+            future = [t for t in self._due.values() if t > now]
+            wake = min([*future, self._next_refresh])
+            if self._recheck:
+                return None
+            self._cond.wait(max(0.0, wake - now))
+            if time.time() >= wake - 0.001:
+                self._generation += 1             # a run time came, or the minute turned
+            return None
+
+    def _requeue_taken(self) -> None:
+        w, self._taken = self._taken, None
+        if w is not None and w.state == "taken":
+            with self._cond:
+                w.state = "waiting"
+                self._waiters.appendleft(w)
+
+    def _serve(self, waiter: Waiter) -> None:
+        with self._cond:
+            now = time.time()
+            shards = [s for s, t in self._due.items() if t <= now]
+            leases = dict(self._leases)
+            generation = self._generation
+        if shards:
+            self._cursor = (self._cursor + 1) % len(shards)
+            shards = shards[self._cursor:] + shards[:self._cursor]     # every shard gets its turn first
+        rows: list[dict] = []
+        short: set[int] = set()
+        for i in range(0, len(shards), SHARDS_PER_ROUND_TRIP):
+            left = waiter.capacity - len(rows)
+            if left <= 0:
+                break
+            chunk = [s for s in shards[i:i + SHARDS_PER_ROUND_TRIP] if s in leases][:left]
+            if not chunk:
+                continue
+            per, extra = divmod(left, len(chunk))
+            requests = [(s, leases[s], per + (1 if k < extra else 0)) for k, s in enumerate(chunk)]
+            claimed, refused = self.store.claim_for_worker(requests, self.name, self.claim_s,
+                                                           waiter.worker, waiter.names)
+            if refused:
+                self._drop(refused)
+            asked = {s: n for s, _, n in requests}
+            for s, got in claimed:
+                rows.extend(got)
+                if len(got) < asked[s]:
+                    short.add(s)
+        with self._cond:
+            self._recheck |= short
+            for s in short:
+                self._due.pop(s, None)            # until its next run time is read again
+            if not rows:
+                self._empty[waiter.names] = generation
+                waiter.state = "waiting"
+                self._waiters.appendleft(waiter)   # keeps its place; tried again after the next event
+                self._taken = None
+                return
+            waiter.state = "done"
+            self._taken = None
+        jobs = [_leased(r, self.claim_s) for r in rows]
+        settle([(waiter.future, waiter.loop, jobs, None)], on_gone=self._give_back)
+
+    def _give_back(self, jobs: list[LeasedJob]) -> None:
+        """The request went away before its jobs reached it."""
+        log.info("worker request gone: giving back %d jobs", len(jobs))
+        self.writer.release_later([(int(j.job_id), j.lease_token) for j in jobs])
+
+    # ------------------------------------------------------------ wake-ups
+    def _listen(self) -> None:
+        """LISTEN for due-now rows; reconnects after a failure (and then looks
+        at every shard, having perhaps missed wake-ups meanwhile)."""
+        while not self._stopping.is_set():
+            try:
+                with psycopg.connect(self.store.pool.conninfo, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    self._mark_due(None)
+                    while not self._stopping.is_set():
+                        # Wake at the first one, with whatever else has arrived by then.
+                        got = list(conn.notifies(timeout=1.0, stop_after=1))
+                        if got:
+                            got += conn.notifies(timeout=0.001)
+                        shards: set[int] = set()
+                        every = False
+                        for n in got:
+                            if n.payload == "*":
+                                every = True
+                            elif n.payload.isdigit():
+                                shards.add(int(n.payload))
+                        if every or shards:
+                            self._mark_due(None if every else shards)
+            except Exception as exc:
+                if not self._stopping.is_set():
+                    log.warning("listen: %s; reconnecting", exc)
+                    self._stopping.wait(1.0)
+
+
+def _leased(row: dict, claim_s: float) -> LeasedJob:
+    replay = Replay(json.loads(row["replay"])) if row["replay"] is not None else None
+    return LeasedJob(job_id=str(row["job_id"]), name=row["name"], payload=msgspec.Raw(row["payload"].encode()),
+                     attempt=row["attempt"], max_attempts=row["max_attempts"],
+                     idempotency_key=row["idempotency_key"], lease_token=str(row["lease_token"]),
+                     claim_expires_at=row["claim_expires_at"], claim_s=claim_s, due_at=row["due_at"],
+                     run_at=row["run_at"], replay=replay)

@@ -1,0 +1,123 @@
+"""Outcomes from workers reach the database in batches: every heartbeat,
+completion, failure and give-back that arrives while the previous batch is
+being written goes into the next one, one procedure call per kind and one
+transaction each, so the commit rate does not cap throughput. Nothing
+waits to fill a batch: a lone outcome is written at once.
+
+Each request waits on a future for its own items' answers (ok, or why
+refused), matched by position.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from app.futures import settle
+from app.store.records import Outcome
+from app.store.store import Store
+
+log = logging.getLogger(__name__)
+
+KINDS = ("heartbeat", "complete", "fail", "release")
+
+
+@dataclass
+class _Pending:
+    kind: str
+    items: list[tuple]
+    extend_s: float | None
+    future: asyncio.Future | None       # None: nobody waits (a give-back of a request that went away)
+    loop: asyncio.AbstractEventLoop | None
+
+
+class OutcomeWriter:
+    def __init__(self, store: Store, *, extend_s: float, threads: int = 2, max_items: int = 5000):
+        self.store = store
+        self.extend_s = extend_s
+        self.max_items = max_items
+        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._work, name=f"outcomes-{i}", daemon=True)
+                         for i in range(threads)]
+        for t in self._threads:
+            t.start()
+
+    async def write(self, kind: str, items: list[tuple], extend_s: float | None = None) -> list[Outcome]:
+        """items per kind: heartbeat/release (id, token); complete (id, token,
+        result); fail (id, token, error, retryable)."""
+        if not items:
+            return []
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._queue.put(_Pending(kind, items, extend_s, future, loop))
+        return await future
+
+    def release_later(self, items: list[tuple]) -> None:
+        """Give jobs back without waiting for the answer."""
+        if items:
+            self._queue.put(_Pending("release", items, None, None, None))
+
+    def close(self) -> None:
+        for _ in self._threads:
+            self._queue.put(None)
+        for t in self._threads:
+            t.join(timeout=10)
+
+    def _work(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch, size = [first], len(first.items)
+            while size < self.max_items:
+                try:
+                    p = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if p is None:                     # closing: write this batch, then stop
+                    self._queue.put(None)
+                    break
+                batch.append(p)
+                size += len(p.items)
+            groups: dict[tuple[str, float | None], list[_Pending]] = {}
+            for p in batch:
+                key = (p.kind, (p.extend_s or self.extend_s) if p.kind == "heartbeat" else None)
+                groups.setdefault(key, []).append(p)
+            for (kind, extend_s), group in groups.items():
+                self._write(kind, extend_s, group)
+
+    def _write(self, kind: str, extend_s: float | None, group: list[_Pending]) -> None:
+        items = [i for p in group for i in p.items]
+        try:
+            outcomes = self._call(kind, extend_s, items)
+        except psycopg.OperationalError as exc:   # the database is away: every request shares that fate
+            log.warning("writing %d %s outcomes failed: %s", len(items), kind, exc)
+            settle((p.future, p.loop, None, exc) for p in group if p.future is not None)
+            return
+        except Exception as exc:
+            if len(group) > 1:
+                # One request's value the database cannot hold (a result with
+                # a NUL character) fails the whole call: it must not fail the
+                # other requests, so each goes alone.
+                for p in group:
+                    self._write(kind, extend_s, [p])
+                return
+            log.warning("writing %d %s outcomes failed: %s", len(items), kind, exc)
+            settle((p.future, p.loop, None, exc) for p in group if p.future is not None)
+            return
+        answers, at = [], 0
+        for p in group:
+            if p.future is not None:
+                answers.append((p.future, p.loop, outcomes[at:at + len(p.items)], None))
+            at += len(p.items)
+        settle(answers)
+
+    def _call(self, kind: str, extend_s: float | None, items: list[tuple]) -> list[Outcome]:
+        if kind == "heartbeat":
+            return self.store.heartbeat(items, extend_s)
+        return getattr(self.store, kind)(items)

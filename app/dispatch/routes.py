@@ -1,0 +1,132 @@
+"""The worker pull protocol's routes (bodies in protocol.py), for a process
+that runs a Dispatcher. Only a worker credential (a fleet token, stored
+hashed) may call them: a team's token or none is 401.
+
+Bodies are decoded strictly, like the submitter API's: malformed JSON 400,
+wrong shape or out-of-range values (negative capacity, a wait past the
+limit, unknown fields) 422. The one-job forms answer a refusal with a 4xx:
+404 for a job that does not exist, 409 for a lease token that is not the
+job's current claim (it expired and the job went to another worker, or
+the job is finished); nothing is changed either way.
+"""
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+from litestar import Request, Router, post
+from litestar.di import NamedDependency, Provide
+from litestar.params import PathParameter
+
+from app.api import problems
+from app.api.auth import TokenCache, bearer_hash, unauthorized
+from app.api.context import Context
+from app.api.problems import COMMON, INVALID, NOT_FOUND, STALE_CLAIM, ApiProblem
+from app.dispatch.dispatcher import Dispatcher
+from app.dispatch.protocol import (CompleteIn, FailIn, HeldIn, LeaseIn, LeaseOut, OutcomeOut, OutcomesIn,
+                                   OutcomesOut)
+from app.store.records import Outcome
+
+SECURITY = [{"worker": []}]
+JobIdParam = Annotated[int, PathParameter(ge=-(2**63), le=2**63 - 1, description="the job id")]
+LEASE = msgspec.json.Decoder(LeaseIn)
+OUTCOMES = msgspec.json.Decoder(OutcomesIn)
+HELD, COMPLETE, FAIL = (msgspec.json.Decoder(t) for t in (HeldIn, CompleteIn, FailIn))
+
+# Request bodies the handlers decode themselves, for the schema: (path, method) -> Struct.
+REQUEST_BODIES = {("/v1/worker/lease", "post"): LeaseIn, ("/v1/worker/outcomes", "post"): OutcomesIn,
+                  ("/v1/worker/jobs/{job_id}/heartbeat", "post"): HeldIn,
+                  ("/v1/worker/jobs/{job_id}/complete", "post"): CompleteIn,
+                  ("/v1/worker/jobs/{job_id}/fail", "post"): FailIn,
+                  ("/v1/worker/jobs/{job_id}/release", "post"): HeldIn}
+
+
+def _job_id(text: str) -> int:
+    job_id = int(text)
+    if not -(2**63) <= job_id < 2**63:
+        raise ApiProblem(INVALID, f"job id {text} is out of range")
+    return job_id
+
+
+def _out(o: Outcome) -> OutcomeOut:
+    return OutcomeOut(str(o.job_id), o.ok, o.state, o.reason)
+
+
+def _one(o: Outcome) -> OutcomeOut:
+    if o.ok:
+        return _out(o)
+    if o.state is None:
+        raise ApiProblem(NOT_FOUND, f"no job {o.job_id}")
+    raise ApiProblem(STALE_CLAIM, o.reason or "the lease token is not the current claim's", job_id=str(o.job_id),
+                     state=o.state)
+
+
+def router(ctx: Context, dispatcher: Dispatcher) -> Router:
+    tokens = TokenCache(ctx.settings.api_token_cache_s)
+    writer = dispatcher.writer
+
+    async def worker_credential(request: Request) -> str:
+        token_hash = bearer_hash(request)
+        name = tokens.get(token_hash)
+        if not isinstance(name, str | None):          # not in the cache
+            name = await ctx.db(ctx.store.worker_for_token, token_hash)
+            tokens.put(token_hash, name)
+        if name is None:
+            raise unauthorized("not a worker token: workers use a fleet token (`minutehand worker-token "
+                               "create NAME`); team tokens cannot lease jobs")
+        return name
+
+    responses = problems.responses(*COMMON, INVALID)
+
+    @post("/lease", operation_id="leaseJobs", status_code=200, security=SECURITY, tags=["workers"],
+          summary="Long-poll for due jobs",
+          description="Answers as soon as at least one job is claimed for this worker (at most `capacity`), "
+                      "or with an empty list after wait_s. Each job comes with its lease token and claim "
+                      "expiry: heartbeat before it, then complete or fail.", responses=responses)
+    async def lease(request: Request, credential: NamedDependency[str]) -> LeaseOut:
+        body = problems.decode(LEASE, await request.body())
+        return LeaseOut(await dispatcher.lease(body.worker, body.capacity, body.names, body.wait_s))
+
+    @post("/outcomes", operation_id="reportOutcomes", status_code=200, security=SECURITY, tags=["workers"],
+          request_max_body_size=ctx.settings.api_max_batch_body_bytes,
+          summary="Heartbeats, completions, failures and give-backs, in one request",
+          description="Each item is answered in order: ok, or refused with the reason (a stale lease token "
+                      "changes nothing).", responses=responses)
+    async def outcomes(request: Request, credential: NamedDependency[str]) -> OutcomesOut:
+        body: OutcomesIn = problems.decode(OUTCOMES, await request.body())
+        answers: dict[str, list[OutcomeOut]] = {}
+        for kind, items in (("heartbeat", [(_job_id(h.job_id), h.lease_token) for h in body.heartbeat]),
+                            ("complete", [(_job_id(c.job_id), c.lease_token, c.result) for c in body.complete]),
+                            ("fail", [(_job_id(f.job_id), f.lease_token, f.error, f.retryable) for f in body.fail]),
+                            ("release", [(_job_id(r.job_id), r.lease_token) for r in body.release])):
+            answers[kind] = [_out(o) for o in await writer.write(kind, items, body.extend_s)]
+        return OutcomesOut(**answers)
+
+    one = problems.responses(*COMMON, INVALID, NOT_FOUND, STALE_CLAIM)
+
+    @post("/jobs/{job_id:int}/heartbeat", operation_id="heartbeatJob", status_code=200, security=SECURITY,
+          tags=["workers"], summary="Extend one job's claim", responses=one)
+    async def heartbeat(request: Request, credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
+        body: HeldIn = problems.decode(HELD, await request.body())
+        return _one((await writer.write("heartbeat", [(job_id, body.lease_token)], body.extend_s))[0])
+
+    @post("/jobs/{job_id:int}/complete", operation_id="completeJob", status_code=200, security=SECURITY,
+          tags=["workers"], summary="One job succeeded", responses=one)
+    async def complete(request: Request, credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
+        body: CompleteIn = problems.decode(COMPLETE, await request.body())
+        return _one((await writer.write("complete", [(job_id, body.lease_token, body.result)]))[0])
+
+    @post("/jobs/{job_id:int}/fail", operation_id="failJob", status_code=200, security=SECURITY,
+          tags=["workers"], summary="One job failed (retried after backoff, or dead)", responses=one)
+    async def fail(request: Request, credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
+        body: FailIn = problems.decode(FAIL, await request.body())
+        return _one((await writer.write("fail", [(job_id, body.lease_token, body.error, body.retryable)]))[0])
+
+    @post("/jobs/{job_id:int}/release", operation_id="releaseJob", status_code=200, security=SECURITY,
+          tags=["workers"], summary="Give back a job that was not started", responses=one)
+    async def release(request: Request, credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
+        body: HeldIn = problems.decode(HELD, await request.body())
+        return _one((await writer.write("release", [(job_id, body.lease_token)]))[0])
+
+    return Router("/v1/worker", route_handlers=[lease, outcomes, heartbeat, complete, fail, release],
+                  dependencies={"credential": Provide(worker_credential)})

@@ -1,0 +1,79 @@
+"""The dispatcher's maintenance, on an APScheduler schedule.
+
+Per shard, by the shard's owner only (the shards this dispatcher leases):
+- expire_claims every second: claims past their expiry go back to the due pool;
+- purge_idempotency_keys every minute.
+For the whole wheel, by one dispatcher at a time (the holder of the
+`wheel` duty lease, a row with an expiry: sql/008_dispatch.sql):
+- cascade_wheel and sweep_passed every 30 s: far-future jobs move down as
+  the horizon reaches them, passed buckets are carried forward and emptied.
+Each job runs at most once at a time and a late run is not repeated
+(coalesce), so a slow database does not pile runs up.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable
+
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from app.store.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class MaintenanceSchedule:
+    def __init__(self, store: Store, owner: str, shards: Callable[[], list[int]], *,
+                 expire_every_s: float = 1.0, purge_every_s: float = 60.0, wheel_every_s: float = 30.0):
+        self.store = store
+        self.owner = owner
+        self.shards = shards
+        self.wheel_every_s = wheel_every_s
+        self.scheduler = BackgroundScheduler(
+            daemon=True, timezone="UTC",
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None})
+        for duty, every in ((self.expire_claims, expire_every_s), (self.purge_keys, purge_every_s),
+                            (self.turn_wheel, wheel_every_s)):
+            self.scheduler.add_job(_logged(duty), "interval", seconds=every, id=duty.__name__,
+                                   next_run_time=None if duty is self.purge_keys else _now())
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    def stop(self) -> None:
+        self.scheduler.shutdown(wait=True)
+
+    def expire_claims(self) -> None:
+        if shards := self.shards():
+            returned, dead = self.store.expire_claims(shards)
+            if returned or dead:
+                log.info("expired claims: %d jobs due again, %d dead after their last attempt", returned, dead)
+
+    def purge_keys(self) -> None:
+        if shards := self.shards():
+            self.store.purge_keys(shards)
+
+    def turn_wheel(self) -> None:
+        # The lease outlives two periods, so a live holder keeps it between runs.
+        if not self.store.take_duty("wheel", self.owner, 3 * self.wheel_every_s):
+            return
+        from_far, from_hours = self.store.cascade()
+        buckets, carried = self.store.sweep()
+        if from_far or from_hours or carried:
+            log.info("wheel: %d far + %d hour rows moved down, %d buckets swept, %d rows carried forward",
+                     from_far, from_hours, buckets, carried)
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _logged(duty: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        try:
+            duty()
+        except Exception as exc:                  # next run tries again
+            log.warning("maintenance %s failed: %s", duty.__name__, exc)
+    run.__name__ = duty.__name__
+    return run
