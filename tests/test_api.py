@@ -28,7 +28,7 @@ TOKENS = {"t": "tok-team-t", "u": "tok-team-u"}
 T = {"Authorization": f"Bearer {TOKENS['t']}"}
 U = {"Authorization": f"Bearer {TOKENS['u']}"}
 A = {"Authorization": f"Bearer {ADMIN}"}
-TABLES = ("jobs", "due_minutes", "due_hours", "due_far", "idempotency_keys", "teams")
+TABLES = ("jobs", "series", "due_minutes", "due_hours", "due_far", "idempotency_keys", "teams")
 COUNTS = "SELECT " + ", ".join(f"(SELECT count(*) FROM {t})" for t in TABLES)
 HEAD = migrate.head()
 
@@ -129,9 +129,8 @@ BIG = "x" * 270_000          # payload over 256 KiB as JSON, body under the 320 
     ({"name": "a", "payload": {"k": "\u0000"}}, 422, "invalid-input", "cannot be stored"),
     ({"name": "a", "payload": {"blob": BIG}}, 413, "too-large", "over the limit"),
     ({"name": "a", "payload": {"blob": "x" * 400_000}}, 413, "too-large", "larger than this endpoint accepts"),
-    ({"name": "a", "repeat": {"cron": "0 3 * * *", "timezone": "Europe/Berlin"}}, 422, "invalid-input",
-     "repeating jobs are not supported yet"),
-    ({"name": "a", "repeat": {"every_s": 60}}, 422, "invalid-input", "repeating jobs are not supported yet"),
+    ({"name": "a", "repeat": {"every_s": 0}}, 422, "invalid-input", "every_s must be between"),
+    ({"name": "a", "repeat": {"cron": "0 0 31 2 *"}}, 422, "invalid-input", "never fires"),
     ({"name": "a", "repeat": {"cron": "61 * * * *"}}, 422, "invalid-input", "not a 5-field crontab"),
     ({"name": "a", "repeat": {"cron": "0 3 * * *", "timezone": "Mars/Olympus"}}, 422, "invalid-input",
      "IANA time zone"),
@@ -194,20 +193,22 @@ def test_batch_writes_valid_items_and_reports_invalid_ones(client, conn):
     jobs = [{"name": "ok.0"}, {"name": "bad name"}, {"name": "ok.2", "payload": {"i": 2}},
             {"name": "ok.3", "priority": 1000}, {"name": "keyed", "idempotency_key": "k1"},
             {"name": "keyed", "idempotency_key": "k1"},
-            {"name": "r", "repeat": {"every_s": 60}}]
+            {"name": "r", "repeat": {"every_s": 60}}, {"name": "r0", "repeat": {"every_s": 0}}]
     r = client.post("/v1/jobs/batch", headers=T, json={"jobs": jobs})
     assert r.status_code == 200, r.text
     body = r.json()
     items = body["items"]
     assert [i["idx"] for i in items] == list(range(len(jobs)))
-    assert [i["error"] is None for i in items] == [True, False, True, False, True, True, False]
+    assert [i["error"] is None for i in items] == [True, False, True, False, True, True, True, False]
     assert "name must be" in items[1]["error"] and "priority" in items[3]["error"]
-    assert "not supported yet" in items[6]["error"]
+    assert "every_s must be between" in items[7]["error"]
     assert items[4]["created"] is True and items[5]["created"] is False
     assert items[4]["job_id"] == items[5]["job_id"]
-    assert (body["created"], body["existing"], body["rejected"]) == (3, 1, 3)
-    assert conn.execute("SELECT count(*) FROM jobs").fetchone()[0] == 3
-    assert conn.execute("SELECT count(*) FROM jobs WHERE name IN ('bad name', 'r')").fetchone()[0] == 0
+    assert items[6]["series_id"] is not None and items[0]["series_id"] is None   # tests/test_series.py: more
+    assert (body["created"], body["existing"], body["rejected"]) == (4, 1, 3)
+    assert conn.execute("SELECT count(*) FROM jobs").fetchone()[0] == 4
+    assert conn.execute("SELECT count(*) FROM series").fetchone()[0] == 1
+    assert conn.execute("SELECT count(*) FROM jobs WHERE name IN ('bad name', 'r0')").fetchone()[0] == 0
 
 
 def test_batch_over_the_limit_is_413_and_writes_nothing(client, conn):
@@ -246,6 +247,7 @@ def test_status_of_a_job(client):
     assert (s["job_id"], s["team"], s["name"], s["state"], s["attempts"], s["max_attempts"]) == \
         (job_id, "t", "st", "scheduled", 0, 3)
     assert s["claimed_by"] is None and s["lateness_s"] is None and s["result"] is None
+    assert s["series_id"] is None and s["repeat"] is None
 
 
 def test_status_of_a_running_job_shows_its_claim_and_lateness(client, api_store):

@@ -6,7 +6,6 @@ batch length); what a job may be is decided by the procedures, once, in SQL.
 from __future__ import annotations
 
 import datetime as dt
-import zoneinfo
 from typing import Annotated
 
 import msgspec
@@ -22,6 +21,8 @@ from app.api.context import Context
 from app.api.problems import (COMMON, CONFLICT, INVALID, NOT_CANCELLABLE, NOT_FOUND, TOO_LARGE, ApiProblem)
 from app.api.schemas import (BatchIn, BatchItemOut, BatchOut, CancelledOut, JobCreated, JobIn, JobOut,
                              JobPageOut, JobSummaryOut, Repeat, State)
+from app.store import repeat as repeats
+from app.store import records
 from app.store.records import JobSpec, JobStatus
 
 SECURITY = [{"bearer": []}]
@@ -36,40 +37,26 @@ TeamParam = Annotated[str | None, QueryParameter(
     description="admin token: the team to act for; a team token may only name itself")]
 JobIdParam = Annotated[int, PathParameter(ge=-(2**63), le=2**63 - 1, description="the job id")]
 
-REPEAT_UNSUPPORTED = ("repeating jobs are not supported yet: submit each run as its own job "
-                      "(the repeat fields were checked and are valid)")
+def to_repeat(repeat: Repeat | None) -> records.Repeat | None:
+    return None if repeat is None else records.Repeat(repeat.every_s, repeat.cron, repeat.timezone)
 
 
 def check_repeat(repeat: Repeat | None) -> str | None:
-    """Why the repeat fields are invalid, or that valid ones cannot be stored
-    yet (there is no series storage); None without repeat."""
-    if repeat is None:
-        return None
-    if (repeat.every_s is None) == (repeat.cron is None):
-        return "repeat needs exactly one of every_s or cron"
-    if repeat.every_s is not None:
-        if repeat.timezone is not None:
-            return "repeat.timezone goes with cron, not with every_s"
-        if not 1 <= repeat.every_s <= 366 * 86400:
-            return "repeat.every_s must be between 1 and 31622400 seconds"
-        return REPEAT_UNSUPPORTED
-    try:
-        tz = zoneinfo.ZoneInfo(repeat.timezone or "UTC")
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        return f"repeat.timezone {repeat.timezone!r} is not an IANA time zone name (like Europe/Berlin)"
-    from apscheduler.triggers.cron import CronTrigger
-    try:
-        CronTrigger.from_crontab(repeat.cron, timezone=tz)
-    except (ValueError, TypeError) as exc:
-        return f"repeat.cron {repeat.cron!r} is not a 5-field crontab expression: {exc}"
-    return REPEAT_UNSUPPORTED
+    """Why the repeat fields are invalid (cron through APScheduler, the zone
+    through zoneinfo); None if valid or absent."""
+    return repeats.problem(to_repeat(repeat))
 
 
 def to_spec(job: JobIn, key: str | None) -> JobSpec:
     payload = {} if job.payload is msgspec.UNSET else bytes(job.payload)    # JSON text, passed through
     return JobSpec(name=job.name, due_at=job.due_at, payload=payload, priority=job.priority,
                    max_attempts=job.max_attempts, flex_s=job.flex_s, strict=job.strict,
-                   idempotency_key=key, backoff_base_s=job.backoff_base_s, backoff_cap_s=job.backoff_cap_s)
+                   idempotency_key=key, backoff_base_s=job.backoff_base_s, backoff_cap_s=job.backoff_cap_s,
+                   repeat=to_repeat(job.repeat))
+
+
+def series_id_out(series_id: int | None) -> str | None:
+    return str(series_id) if series_id is not None else None
 
 
 def job_out(s: JobStatus) -> JobOut:
@@ -78,7 +65,9 @@ def job_out(s: JobStatus) -> JobOut:
                   max_attempts=s.max_attempts, claimed_by=s.claimed_by, claim_expires_at=s.claim_expires_at,
                   lateness_s=s.lateness.total_seconds() if s.lateness is not None else None,
                   last_error=s.last_error, result=s.result, idempotency_key=s.idempotency_key,
-                  created_at=s.created_at, started_at=s.started_at, finished_at=s.finished_at)
+                  created_at=s.created_at, started_at=s.started_at, finished_at=s.finished_at,
+                  series_id=series_id_out(s.series_id),
+                  repeat=Repeat(s.every_s, s.cron, s.timezone) if s.series_id is not None else None)
 
 
 def routes(ctx: Context) -> list[HTTPRouteHandler]:
@@ -87,7 +76,10 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
     @post("/v1/jobs", operation_id="submitJob", status_code=201, security=SECURITY, tags=["jobs"],
           request_max_body_size=settings.api_max_body_bytes, summary="Submit a job",
           description="Returns the job id and its assigned run time. With an Idempotency-Key already used "
-                      "by this team within 24 h for the same request: the first job, status 200.",
+                      "by this team within 24 h for the same request: the first job, status 200. With "
+                      "`repeat`: a series is stored with its first run, an ordinary job whose id, run time "
+                      "and `series_id` are returned (continuing the chain, run after run, is not built "
+                      "yet); the key then names the series' first run.",
           responses={200: ResponseSpec(JobCreated, description="the job the Idempotency-Key named"),
                      **problems.responses(*COMMON, CONFLICT, TOO_LARGE, INVALID, NOT_FOUND)})
     async def submit_job(request: Request, principal: NamedDependency[Principal], idempotency_key: IdempotencyKey = None,
@@ -95,14 +87,21 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
         job = problems.decode(JOB_DECODER, await request.body())
         if reason := check_repeat(job.repeat):
             raise ApiProblem(INVALID, reason)
-        submitted = await ctx.submit(principal.own_team(team), to_spec(job, idempotency_key))
-        return Response(JobCreated(str(submitted.job_id), submitted.run_at, submitted.created),
+        owner, spec = principal.own_team(team), to_spec(job, idempotency_key)
+        if spec.repeat is not None:
+            submitted = await ctx.db(store.submit_series, owner, spec)
+        else:
+            submitted = await ctx.submit(owner, spec)
+        return Response(JobCreated(str(submitted.job_id), submitted.run_at, submitted.created,
+                                   series_id_out(submitted.series_id)),
                         status_code=201 if submitted.created else 200)
 
     @post("/v1/jobs/batch", operation_id="submitBatch", status_code=200, security=SECURITY, tags=["jobs"],
           request_max_body_size=settings.api_max_batch_body_bytes, summary="Submit many jobs",
           description=f"Up to {settings.api_max_batch:,} jobs in one request. Each item is validated: valid "
-                      "items are committed together, invalid ones are reported (error) and written nowhere.",
+                      "items are committed together, invalid ones are reported (error) and written nowhere. "
+                      "An item with `repeat` makes a series and its first run, as POST /v1/jobs does, in "
+                      "the same transaction as the other items.",
           responses=problems.responses(*COMMON, TOO_LARGE, INVALID, NOT_FOUND))
     async def submit_batch(request: Request, principal: NamedDependency[Principal], team: TeamParam = None) -> BatchOut:
         batch = problems.decode(BATCH_DECODER, await request.body())
@@ -120,7 +119,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
         for r in results:
             i = send[r.idx]
             items[i] = BatchItemOut(i, str(r.job_id) if r.job_id is not None else None, r.run_at, r.created,
-                                    r.error)
+                                    r.error, series_id_out(r.series_id))
         created = sum(1 for it in items if it.created)
         rejected = sum(1 for it in items if it.error is not None)
         return BatchOut(created=created, existing=len(items) - created - rejected, rejected=rejected,

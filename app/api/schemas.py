@@ -31,18 +31,24 @@ def _doc(description: str, **limits: Any) -> Meta:
 
 # ---------------------------------------------------------------- requests
 class Repeat(Struct, forbid_unknown_fields=True):
-    """A repeating job: every_s seconds, or a crontab expression (5 fields)
-    in a time zone (IANA name, default UTC)."""
-    every_s: int | None = None
-    cron: str | None = None
-    timezone: str | None = None
+    """A repeating job: every every_s seconds, or a crontab expression (5
+    fields) in a time zone (IANA name, default UTC). Exactly one of every_s
+    and cron. The job becomes a series: stored with its first run, an ordinary
+    job; its later runs are not created yet."""
+    every_s: Annotated[int | None, _doc("seconds between runs; the first run is at due_at (or now)",
+                                        minimum=1, maximum=31622400)] = None
+    cron: Annotated[str | None, _doc("5-field crontab expression (minute hour day month weekday); the first "
+                                     "run is its first fire time at or after due_at (or now), in timezone")] = None
+    timezone: Annotated[str | None, _doc("IANA time zone of cron (like Europe/Berlin), DST included; "
+                                         "default UTC. Only with cron")] = None
 
 
 class JobIn(Struct, forbid_unknown_fields=True):
     """One job to submit. Omitted fields take the defaults of submit_job."""
     name: Annotated[str, _doc("1 to 200 characters from letters, digits and _ . : / -",
                               pattern=r"^[A-Za-z0-9_.:/-]{1,200}$")]
-    due_at: Annotated[AwareTime | None, _doc("when to run; omitted or null: now. At most a year ahead")] = None
+    due_at: Annotated[AwareTime | None, _doc("when to run; omitted or null: now. At most a year ahead. With "
+                                            "repeat: the first run (every_s) or the earliest start (cron)")] = None
     # Kept as the request's JSON text (checked to be JSON, not decoded): it
     # goes to the database as it came, where its size is checked.
     payload: Annotated[msgspec.Raw | msgspec.UnsetType,
@@ -57,7 +63,7 @@ class JobIn(Struct, forbid_unknown_fields=True):
                                           minimum=0.01, maximum=86400)] = 1.0
     backoff_cap_s: Annotated[float, _doc("longest retry delay; at least backoff_base_s",
                                          minimum=0.01, maximum=604800)] = 3600.0
-    repeat: Repeat | None = None
+    repeat: Annotated[Repeat | None, _doc("make it a repeating job (a series); omitted or null: runs once")] = None
 
 
 class BatchJobIn(JobIn, forbid_unknown_fields=True):
@@ -77,10 +83,15 @@ class TeamIn(Struct, forbid_unknown_fields=True):
 
 
 # ---------------------------------------------------------------- responses
+SeriesId = Annotated[str, Meta(pattern=r"^-?[0-9]{1,19}$",
+                                description="a repeating job: its series (64-bit id, as a decimal string)")]
+
+
 class JobCreated(Struct):
-    job_id: JobId
+    job_id: JobId                 # with repeat: the series' first run
     run_at: dt.datetime
     created: bool  # False: the Idempotency-Key named an earlier job (status 200)
+    series_id: SeriesId | None = None   # None: a job that runs once
 
 
 class BatchItemOut(Struct):
@@ -89,6 +100,7 @@ class BatchItemOut(Struct):
     run_at: dt.datetime | None
     created: bool
     error: str | None
+    series_id: SeriesId | None = None   # None: a job that runs once
 
 
 class BatchOut(Struct):
@@ -120,6 +132,8 @@ class JobOut(Struct):
     created_at: dt.datetime
     started_at: dt.datetime | None
     finished_at: dt.datetime | None
+    series_id: SeriesId | None = None   # None: a job that runs once
+    repeat: Annotated[Repeat | None, Meta(description="the series' repeat spec; null for a job that runs once")] = None
 
 
 class JobSummaryOut(Struct):

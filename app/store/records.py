@@ -8,9 +8,20 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class Repeat:
+    """A repeating job: every every_s seconds, or a 5-field crontab
+    expression in an IANA time zone (None: UTC). Exactly one of the two."""
+    every_s: int | None = None
+    cron: str | None = None
+    timezone: str | None = None
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """One job to submit (defaults as in submit_job). payload: any JSON value,
-    or its JSON text already encoded, as bytes."""
+    or its JSON text already encoded, as bytes. With repeat: a series, stored
+    with its first run (submit_series); due_at is then the first run's due
+    time (every_s) or the earliest start (cron)."""
     name: str
     due_at: dt.datetime | None = None
     payload: Any = field(default_factory=dict)
@@ -21,6 +32,7 @@ class JobSpec:
     idempotency_key: str | None = None
     backoff_base_s: float = 1.0
     backoff_cap_s: float = 3600.0
+    repeat: Repeat | None = None
 
 
 @dataclass(frozen=True)
@@ -28,6 +40,7 @@ class Submitted:
     job_id: int
     run_at: dt.datetime
     created: bool            # False: the idempotency key named an earlier job
+    series_id: int | None = None   # a repeating job: its series (job_id is the first run)
 
 
 @dataclass(frozen=True)
@@ -37,6 +50,7 @@ class BatchItem:
     run_at: dt.datetime | None
     created: bool
     error: str | None
+    series_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +106,16 @@ class JobStatus:
     created_at: dt.datetime
     started_at: dt.datetime | None
     finished_at: dt.datetime | None
+    series_id: int | None = None   # a run of a repeating job: its series and the series' spec
+    every_s: int | None = None
+    cron: str | None = None
+    timezone: str | None = None
+
+    @property
+    def repeat(self) -> Repeat | None:
+        if self.series_id is None:
+            return None
+        return Repeat(self.every_s, self.cron, self.timezone)
 
 
 @dataclass(frozen=True)
