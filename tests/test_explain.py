@@ -287,6 +287,30 @@ def test_claim_due_plans_touch_only_the_hand_and_current_minute_partitions(conn,
         assert locked_due_relations(conn) == {layout["prev"], layout["cur"]}
 
 
+def test_claim_by_job_names_touches_the_same_two_partitions(conn, layout):
+    """A worker that handles only some job names: each candidate due row is
+    joined to its job by primary key; still only the hand's and the current
+    bucket's partitions, and jobs never scanned."""
+    shard = layout["shard"]
+    with conn.transaction(force_rollback=True):
+        names = [r[0] for r in conn.execute(
+            "SELECT DISTINCT name FROM jobs WHERE shard = %s AND state = 'scheduled' LIMIT 5", (shard,))]
+        epoch = _lease(conn, shard, "explain-n")
+        ae = AutoExplain(conn)
+        with ae:
+            rows = conn.execute("SELECT job_id FROM claim_due(%s, 10000, 'explain-n', %s, 30, 'w', %s)",
+                                (shard, epoch, names)).fetchall()
+        assert len(rows) == layout["n_prev"] + layout["n_cur"]
+        claim_plans = [p for p in ae.plans
+                       if "WITH picked AS" in p["Query Text"] and "format(" not in p["Query Text"]]
+        assert [due_relations(p["Plan"]) for p in claim_plans] == [{layout["prev"]}, {layout["cur"]}]
+        assert ae.due_relations() == {layout["prev"], layout["cur"]}
+        for p in claim_plans:
+            assert_no_scan_beyond(p["Plan"], *due_relations(p["Plan"]))
+            assert {n["Index Name"] for n in nodes_on(p["Plan"], "jobs")} == {"jobs_pkey"}
+        assert locked_due_relations(conn) == {layout["prev"], layout["cur"]}
+
+
 def test_claim_statement_itself_names_one_partition(conn, layout):
     shard = layout["shard"]
     sql = conn.execute("SELECT mh_claim_sql(mh_minute_slot(%s::timestamptz))", (T0,)).fetchone()[0]
@@ -465,6 +489,7 @@ def _claimed(conn: psycopg.Connection, layout: dict, owner: str) -> list[tuple]:
     "SELECT count(*) FROM heartbeat_many(%s::bigint[], %s::uuid[], 60)",
     "SELECT count(*) FROM complete_many(%s::bigint[], %s::uuid[], NULL)",
     "SELECT count(*) FROM fail_many(%s::bigint[], %s::uuid[], NULL, NULL)",
+    "SELECT count(*) FROM release_many(%s::bigint[], %s::uuid[])",
 ])
 def test_outcome_batches_reach_jobs_and_keys_only_by_primary_key(conn, layout, call):
     """A batch of outcomes touches its own job rows (and their idempotency keys) by
