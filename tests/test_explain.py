@@ -380,7 +380,8 @@ def test_job_status_is_one_primary_key_lookup(conn, layout, which, team):
     job_id = layout[which]
     plan = explain_json(conn, "EXPLAIN (ANALYZE, FORMAT JSON) " + q("job_status"),
                         {"job_id": job_id, "team": team})
-    assert relations(plan) <= {"jobs", "teams"}
+    assert relations(plan) <= {"jobs", "teams", "series"}
+    assert_series_by_primary_key(plan, rows=0, index=False)   # runs once: no series row
     jobs_nodes = nodes_on(plan, "jobs")
     assert len(jobs_nodes) == 1
     node = jobs_nodes[0]
@@ -393,6 +394,37 @@ def test_job_status_is_one_primary_key_lookup(conn, layout, which, team):
     # the row found is the one asked for
     row = conn.execute(q("job_status"), {"job_id": job_id, "team": team}).fetchone()
     assert row[0] == job_id
+
+
+def assert_series_by_primary_key(plan: dict, rows: int, *, index: bool = True) -> None:
+    """The status read reaches a run's series (if any) at most once, through
+    series_pkey (index=False: a nearly empty series table may be read whole)."""
+    for node in nodes_on(plan, "series"):
+        if index:
+            assert (node["Node Type"], node.get("Index Name")) == ("Index Scan", "series_pkey"), node
+        assert node["Actual Loops"] <= 1 and node["Actual Rows"] == rows, node
+
+
+def test_job_status_reaches_a_series_by_its_primary_key(conn, layout):
+    """With many series stored, the status of a series run adds one series_pkey
+    lookup, and that of a job that runs once finds no series row the same way."""
+    with conn.transaction(force_rollback=True):
+        conn.execute("""INSERT INTO series (shard, id, team_id, name, payload, priority, max_attempts,
+                                            backoff_base_s, backoff_cap_s, flex_s, strict, every_s,
+                                            first_due_at, last_job_id, last_due_at, created_at, updated_at)
+                        SELECT g % 256, g, 1, 'filler', '{}', 0, 3, 1, 3600, 0, false, 60, now(), g, now(), now(), now()
+                          FROM generate_series(1, 20000) g""")
+        conn.execute("ANALYZE series")
+        job_id = conn.execute("SELECT job_id FROM submit_series(%s, 'tick', p_every_s => 60)",
+                              (TEAM,)).fetchone()[0]
+        for which, rows in ((job_id, 1), (layout["far_id"], 0)):
+            plan = explain_json(conn, "EXPLAIN (ANALYZE, FORMAT JSON) " + q("job_status"),
+                                {"job_id": which, "team": None})
+            assert relations(plan) <= {"jobs", "teams", "series"}
+            assert_series_by_primary_key(plan, rows=rows)
+            [node] = nodes_on(plan, "jobs")
+            assert (node["Index Name"], node["Actual Rows"], node["Actual Loops"]) == ("jobs_pkey", 1, 1)
+            assert plan["Actual Rows"] == 1
 
 
 def test_job_status_generic_plan_is_one_primary_key_lookup(conn, layout):
