@@ -43,7 +43,8 @@ from app.store.store import Store
 log = logging.getLogger(__name__)
 
 CHANNEL = "minutehand_due"
-SHARDS_PER_ROUND_TRIP = 4
+SHARDS_PER_ROUND_TRIP = 4       # per waiter, once its first shard came up short
+MAX_WAITERS_PER_ROUND = 32
 
 
 @dataclass(eq=False)
@@ -74,7 +75,7 @@ class Dispatcher:
         self._empty: dict[tuple[str, ...] | None, int] = {}   # names -> generation they found nothing at
         self._next_refresh = 0.0
         self._cursor = 0
-        self._taken: Waiter | None = None        # the waiter being served (put back if the round fails)
+        self._taken: list[Waiter] = []           # the waiters being served (put back if the round fails)
         self._stopping = threading.Event()
         self._threads = [threading.Thread(target=self._dispatch, name="dispatch", daemon=True),
                          threading.Thread(target=self._listen, name="listen", daemon=True)]
@@ -148,9 +149,8 @@ class Dispatcher:
         while not self._stopping.is_set():
             try:
                 self._refresh()
-                waiter = self._next_waiter()
-                if waiter is not None:
-                    self._serve(waiter)
+                if waiters := self._ready_waiters():
+                    self._serve(waiters)
             except psycopg.OperationalError as exc:
                 log.warning("dispatch: database unreachable (%s); retrying", exc)
                 self._requeue_taken()
@@ -184,78 +184,94 @@ class Dispatcher:
                     self._due[s] = t.timestamp()
             self._generation += 1
 
-    def _next_waiter(self) -> Waiter | None:
-        """The first waiter there may be jobs for, marked taken; None after
-        sleeping until something changes."""
+    def _ready_waiters(self) -> list[Waiter]:
+        """The waiters there may be jobs for (at most MAX_WAITERS_PER_ROUND),
+        marked taken; none after sleeping until something changes."""
         with self._cond:
             now = time.time()
-            due_now = any(t <= now for t in self._due.values())
-            if due_now:
-                for w in self._waiters:
-                    if self._empty.get(w.names) != self._generation:
+            if any(t <= now for t in self._due.values()):
+                ready = [w for w in self._waiters
+                         if self._empty.get(w.names) != self._generation][:MAX_WAITERS_PER_ROUND]
+                if ready:
+                    for w in ready:
                         self._waiters.remove(w)
                         w.state = "taken"
-                        self._taken = w
-                        return w
-            future = [t for t in self._due.values() if t > now]
-            wake = min([*future, self._next_refresh])
+                    self._taken = ready
+                    return ready
             if self._recheck:
-                return None
+                return []
+            wake = min([t for t in self._due.values() if t > now] + [self._next_refresh])
             self._cond.wait(max(0.0, wake - now))
             if time.time() >= wake - 0.001:
                 self._generation += 1             # a run time came, or the minute turned
-            return None
+            return []
 
     def _requeue_taken(self) -> None:
-        w, self._taken = self._taken, None
-        if w is not None and w.state == "taken":
-            with self._cond:
-                w.state = "waiting"
-                self._waiters.appendleft(w)
+        """After a failed round: the waiters being served wait again."""
+        with self._cond:
+            for w in reversed(self._taken):
+                if w.state == "taken":
+                    w.state = "waiting"
+                    self._waiters.appendleft(w)
+            self._taken = []
 
-    def _serve(self, waiter: Waiter) -> None:
+    def _serve(self, waiters: list[Waiter]) -> None:
+        """Claim for several waiters at once, each from shards of its own, in
+        one round trip per pass: first one shard each (a shard usually
+        holds enough), then a few more each for those still short."""
         with self._cond:
             now = time.time()
-            shards = [s for s, t in self._due.items() if t <= now]
+            shards = [s for s, t in self._due.items() if t <= now and s in self._leases]
             leases = dict(self._leases)
             generation = self._generation
         if shards:
             self._cursor = (self._cursor + 1) % len(shards)
             shards = shards[self._cursor:] + shards[:self._cursor]     # every shard gets its turn first
-        rows: list[dict] = []
+        queue = deque(shards)                     # shards that may still hold due rows
+        got: dict[int, list[dict]] = {id(w): [] for w in waiters}
         short: set[int] = set()
-        for i in range(0, len(shards), SHARDS_PER_ROUND_TRIP):
-            left = waiter.capacity - len(rows)
-            if left <= 0:
+        per_waiter = 1
+        while queue:
+            requests, whose = [], []
+            for w in waiters:
+                left = w.capacity - len(got[id(w)])
+                picks = [queue.popleft() for _ in range(min(per_waiter, left, len(queue)))]
+                if not picks:
+                    continue
+                each, extra = divmod(left, len(picks))
+                for k, s in enumerate(picks):
+                    requests.append((s, leases[s], each + (1 if k < extra else 0), w.worker, w.names))
+                    whose.append(w)
+            if not requests:
                 break
-            chunk = [s for s in shards[i:i + SHARDS_PER_ROUND_TRIP] if s in leases][:left]
-            if not chunk:
-                continue
-            per, extra = divmod(left, len(chunk))
-            requests = [(s, leases[s], per + (1 if k < extra else 0)) for k, s in enumerate(chunk)]
-            claimed, refused = self.store.claim_for_worker(requests, self.name, self.claim_s,
-                                                           waiter.worker, waiter.names)
+            per_waiter = SHARDS_PER_ROUND_TRIP
+            results, refused = self.store.claim_for_workers(requests, self.name, self.claim_s)
             if refused:
                 self._drop(refused)
-            asked = {s: n for s, _, n in requests}
-            for s, got in claimed:
-                rows.extend(got)
-                if len(got) < asked[s]:
-                    short.add(s)
+            for (s, _, asked, *_), w, rows in zip(requests, whose, results):
+                if rows is None:
+                    continue
+                got[id(w)].extend(rows)
+                if len(rows) < asked:
+                    short.add(s)                  # drained for now
+                else:
+                    queue.append(s)               # may hold more, for the next one
+        answers = []
         with self._cond:
             self._recheck |= short
             for s in short:
                 self._due.pop(s, None)            # until its next run time is read again
-            if not rows:
-                self._empty[waiter.names] = generation
-                waiter.state = "waiting"
-                self._waiters.appendleft(waiter)   # keeps its place; tried again after the next event
-                self._taken = None
-                return
-            waiter.state = "done"
-            self._taken = None
-        jobs = [_leased(r, self.claim_s) for r in rows]
-        settle([(waiter.future, waiter.loop, jobs, None)], on_gone=self._give_back)
+            for w in reversed(waiters):
+                if got[id(w)]:
+                    w.state = "done"
+                    answers.append((w, got[id(w)]))
+                else:                             # keeps its place; tried again after the next event
+                    self._empty[w.names] = generation
+                    w.state = "waiting"
+                    self._waiters.appendleft(w)
+            self._taken = []
+        settle(((w.future, w.loop, [_leased(r, self.claim_s) for r in rows], None) for w, rows in answers),
+               on_gone=self._give_back)
 
     def _give_back(self, jobs: list[LeasedJob]) -> None:
         """The request went away before its jobs reached it."""

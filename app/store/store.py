@@ -312,16 +312,18 @@ class Store:
     def next_due_many(self, shards: Sequence[int]) -> dict[int, dt.datetime | None]:
         return {s: r["next_due"] for s, r in zip(shards, self._pipelined("next_due", [{"shard": s} for s in shards]))}
 
-    def claim_for_worker(self, requests: Sequence[tuple[int, int, int]], owner: str, lease_s: float,
-                         worker: str, names: Sequence[str] | None
-                         ) -> tuple[list[tuple[int, list[dict[str, Any]]]], dict[int, str]]:
-        """Claim for one worker from several shards, requests (shard, epoch,
-        limit), in one round trip: rows of claim_for_worker per shard (payload
-        and replay as JSON text) and {shard: why} for stale leases."""
-        names = list(names) if names is not None else None
-        return self._claim_each("claim_for_worker", [
+    def claim_for_workers(self, requests: Sequence[tuple[int, int, int, str, Sequence[str] | None]],
+                          owner: str, lease_s: float) -> tuple[list[list[dict[str, Any]] | None], dict[int, str]]:
+        """Claims for workers, one per request (shard, epoch, limit, worker,
+        job names or None), all in one round trip: the rows of each
+        (claim_for_worker: payload and replay as JSON text; None when its
+        shard's lease was stale), and {shard: why} for the stale ones."""
+        claimed, refused = self._claim_each("claim_for_worker", [
             {"shard": shard, "limit": limit, "owner": owner, "epoch": epoch, "lease_s": lease_s,
-             "worker": worker, "names": names} for shard, epoch, limit in requests])
+             "worker": worker, "names": list(names) if names is not None else None}
+            for shard, epoch, limit, worker, names in requests])
+        rows = iter(claimed)
+        return [None if shard in refused else next(rows)[1] for shard, *_ in requests], refused
 
     # ------------------------------------------------------------ outcomes
     def start(self, items: Sequence[tuple[int, Any]]) -> list[Outcome]:
