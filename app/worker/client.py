@@ -31,6 +31,13 @@ _outcomes_out = msgspec.json.Decoder(OutcomesOut)
 _encode = msgspec.json.Encoder().encode
 
 
+def _decode(decoder: msgspec.json.Decoder, raw: bytes):
+    try:
+        return decoder.decode(raw)
+    except msgspec.DecodeError as exc:           # a proxy's error page, a truncated body, ...
+        raise Unavailable(f"unreadable answer: {exc}") from exc
+
+
 class DispatcherClient:
     def __init__(self, url: str, token: str, *, connect_timeout_s: float = 5.0):
         self.url = url.rstrip("/")
@@ -45,10 +52,10 @@ class DispatcherClient:
     async def lease(self, body: LeaseIn) -> LeaseOut:
         """Long-poll for jobs; the read timeout leaves the server its wait_s and some margin."""
         raw = await self._post("/v1/worker/lease", _encode(body), read_timeout_s=body.wait_s + 15.0)
-        return _lease_out.decode(raw)
+        return _decode(_lease_out, raw)
 
     async def outcomes(self, body: OutcomesIn) -> OutcomesOut:
-        return _outcomes_out.decode(await self._post("/v1/worker/outcomes", _encode(body), read_timeout_s=30.0))
+        return _decode(_outcomes_out, await self._post("/v1/worker/outcomes", _encode(body), read_timeout_s=10.0))
 
     async def _post(self, path: str, content: bytes, read_timeout_s: float) -> bytes:
         timeout = httpx.Timeout(read_timeout_s, connect=self._http.timeout.connect)

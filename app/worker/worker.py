@@ -54,6 +54,7 @@ Handler = Callable[[Job], Any]
 
 MAX_ERROR = 10_000          # longest error text the protocol takes
 MAX_NAMES = 100             # most job names one lease may ask for
+MAX_REQUEST_BYTES = 4 << 20   # outcomes per request, roughly: well under the server's body limit
 
 
 def default_worker_id() -> str:
@@ -90,7 +91,6 @@ class Worker:
         self._stop: asyncio.Event | None = None
         self._hurry: asyncio.Event | None = None
         self._stop_requested = False
-        self.running = 0                # handlers running now (for tests and metrics)
 
     # ------------------------------------------------------------ registration
     def job(self, name: str) -> Callable[[Handler], Handler]:
@@ -141,6 +141,7 @@ class Worker:
             for sig in signals:
                 self._loop.remove_signal_handler(sig)
             self._loop = None
+            self._stop_requested = False
 
     def _on_signal(self) -> None:
         if self._stop.is_set():
@@ -278,17 +279,22 @@ class _Run:
             if got < want:                              # a few more may free up in a moment:
                 await asyncio.sleep(0.005)              # one bigger lease beats several small ones
                 got += self.slots.try_take(want - got)
+            if w._stop.is_set():
+                self.slots.give(got)
+                return
             try:
                 out = await client.lease(LeaseIn(worker=w.worker_id, capacity=got, names=self.names,
                                                  wait_s=w.wait_s))
-            except (Unavailable, Refused) as exc:
+            except Exception as exc:                    # Unavailable, Refused, or a bug: the loop goes on
                 self.slots.give(got)
                 self.productive[client.url] = False
-                level = logging.ERROR if isinstance(exc, Refused) else logging.WARNING
-                log.log(level, "dispatcher_unavailable" if isinstance(exc, Unavailable) else "lease_refused",
-                        **self.fields(url=client.url, error=str(exc)[:2000], reason=f"retry in {backoff:.1f}s"))
+                event = ("dispatcher_unavailable" if isinstance(exc, Unavailable) else
+                         "lease_refused" if isinstance(exc, Refused) else "lease_failed")
+                log.log(logging.WARNING if isinstance(exc, Unavailable) else logging.ERROR, event,
+                        exc_info=event == "lease_failed",
+                        **self.fields(url=client.url, error=error_text(exc)[:2000], reason=f"retry in {backoff:.1f}s"))
                 await self._sleep_unless_stopped(backoff)
-                backoff = min(backoff * 2, 10.0 if isinstance(exc, Unavailable) else 60.0)
+                backoff = min(backoff * 2, 10.0 if isinstance(exc, Unavailable) else 60.0)   # a bad token: slower
                 continue
             received = time.monotonic()
             backoff = 0.2
@@ -319,8 +325,8 @@ class _Run:
                   due_at=lj.due_at, run_at=lj.run_at, claim_expires_at=lj.claim_expires_at,
                   lease_token=lj.lease_token, claim_s=lj.claim_s)
         # The dispatcher claims a job just before it answers, so the claim is taken
-        # to run from the answer's arrival, less a second for the way here.
-        run = _Running(job, outbox, deadline=received + lj.claim_s - 1.0)
+        # to run from the answer's arrival, less a margin for the way here.
+        run = _Running(job, outbox, deadline=received + lj.claim_s - _margin(lj.claim_s))
         task = asyncio.create_task(self.run_job(run, lj))
         self.jobs[task] = run
         task.add_done_callback(self._job_done)
@@ -341,12 +347,10 @@ class _Run:
             await self.report(run, "complete", outcome, "job_replayed", ids)
             return
         keep_alive = asyncio.create_task(self.keep_alive(run))
-        self.w.running += 1
         log.debug("job_started", **self.fields(**ids))
         try:
             outcome, event = await self.call_handler(run, lj)
         finally:
-            self.w.running -= 1
             run.handler_done = True
             self.slots.give(1)
             keep_alive.cancel()
@@ -417,13 +421,19 @@ class _Run:
             if answer is None:                          # not delivered: try again soon
                 next_beat = time.monotonic() + min(period, 2.0)
             elif answer.ok:
-                run.deadline = max(run.deadline, sent + job.claim_s - 1.0)
+                run.deadline = max(run.deadline, sent + job.claim_s - _margin(job.claim_s))
                 next_beat = sent + period
             else:
                 run.lost = f"claim lost: {answer.reason}"
                 log.warning("claim_lost", **self.fields(job_id=job.id, name=job.name, attempt=job.attempt,
                                                        reason=answer.reason, state=answer.state))
                 return
+
+
+def _margin(claim_s: float) -> float:
+    """How much sooner than the dispatcher's clock says a claim is taken to end
+    here: for what may pass between its clock reading and ours."""
+    return min(1.0, claim_s / 10)
 
 
 def _ms(since: float) -> float:
@@ -503,8 +513,10 @@ class _Threads:
             loop, fut, fn, arg = item
             try:
                 result, error = fn(arg), None
-            except BaseException as exc:         # noqa: BLE001 - handed to the awaiting task
+            except Exception as exc:             # handed to the awaiting task: the job fails
                 result, error = None, exc
+            except BaseException as exc:         # sys.exit() in a handler fails its job, not the worker
+                result, error = None, RuntimeError(f"the handler raised {error_text(exc)}")
             with self.lock:
                 self.busy -= 1
             try:
@@ -594,23 +606,23 @@ class _Outbox:
             answer, error = None, None
             for client in (self.client, *self.others):
                 try:
-                    answer = await client.outcomes(body)
+                    answer, error = await client.outcomes(body), None
                     break
-                except Unavailable as exc:
-                    error = exc
-                    log.warning("dispatcher_unavailable", extra={"worker": self.worker.worker_id,
-                                                                 "url": client.url, "error": str(exc)[:2000],
-                                                                 "reason": "sending outcomes"})
-                except Refused as exc:
+                except Refused as exc:                  # the request itself is wrong: not retried
                     error = exc
                     log.error("outcomes_refused", extra={"worker": self.worker.worker_id, "url": client.url,
                                                          "error": str(exc)[:2000], "reason": "not retried"})
                     break
+                except Exception as exc:                # Unavailable (or a surprise): elsewhere, or later
+                    error = exc
+                    log.warning("dispatcher_unavailable", exc_info=not isinstance(exc, Unavailable),
+                                extra={"worker": self.worker.worker_id, "url": client.url,
+                                       "error": error_text(exc)[:2000], "reason": "sending outcomes"})
             for kind in self.KINDS:
                 results = getattr(answer, kind) if answer is not None else [None] * len(request[kind])
                 for item, result in zip(request[kind], results):
                     fut = item[3]
-                    if result is None and kind != "heartbeat" and isinstance(error, Unavailable):
+                    if result is None and kind != "heartbeat" and not isinstance(error, Refused):
                         left.append(item)               # retried: it must get through
                         continue
                     if result is not None and not result.ok and kind != "heartbeat":
@@ -624,21 +636,31 @@ class _Outbox:
 
 def _requests(batch: list) -> list[dict]:
     """Split a batch into request bodies: one extend_s per request (heartbeats
-    of different claim periods go separately), at most MAX_ITEMS per list."""
-    requests: list[dict] = []
-    by_extend: dict[float | None, list] = {}
-    others = []
+    of different claim periods go separately), at most MAX_ITEMS per list and
+    about MAX_REQUEST_BYTES per request (results and errors can be large: a
+    request over the server's body limit would be refused whole)."""
+    # item: (kind, body, extend_s, future); the other kinds ride with the first heartbeats
+    ride = next((i[2] for i in batch if i[0] == "heartbeat"), None)
+    groups: dict[float | None, list] = {}
     for item in batch:
-        if item[0] == "heartbeat":
-            by_extend.setdefault(item[2], []).append(item)
-        else:
-            others.append(item)
-    groups = list(by_extend.items()) or [(None, [])]
-    for n, (extend_s, beats) in enumerate(groups):
-        mine = beats + (others if n == 0 else [])
-        lists = {k: [i for i in mine if i[0] == k] for k in _Outbox.KINDS}
-        while any(lists.values()):
-            requests.append({"extend_s": extend_s, **{k: v[:MAX_ITEMS] for k, v in lists.items()}})
-            lists = {k: v[MAX_ITEMS:] for k, v in lists.items()}
+        groups.setdefault(item[2] if item[0] == "heartbeat" else ride, []).append(item)
+    requests: list[dict] = []
+    for extend_s, items in groups.items():
+        request, size = None, 0
+        for item in items:
+            n = _size(item[1])
+            if request is None or size + n > MAX_REQUEST_BYTES or len(request[item[0]]) >= MAX_ITEMS:
+                request, size = {"extend_s": extend_s, **{k: [] for k in _Outbox.KINDS}}, 0
+                requests.append(request)
+            request[item[0]].append(item)
+            size += n
     return requests
 
+
+def _size(body) -> int:
+    """About how many bytes an outcome adds to a request."""
+    if isinstance(body, Completed) and isinstance(body.result, msgspec.Raw):
+        return len(body.result) + 100
+    if isinstance(body, Failed):
+        return len(body.error) * 2 + 100
+    return 100

@@ -1,0 +1,587 @@
+"""The worker library (app/worker) against a real `minutehand serve` process
+and a real database: handlers sync and async, the concurrency limit, replayed
+results, failures retried or dead, heartbeats, dropped results after a lost
+claim, exactly-once effects (also across SIGKILL), and SIGTERM drain of a
+real `minutehand worker` process.
+
+Dispatcher failover and crash tests live with the dispatcher's tests.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from app.worker import Job, NonRetryable, Worker, effects
+from tests.support import make_store, submit_store
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------- a server, a team, a worker token
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(check: Callable[[], object], timeout_s: float = 20.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := check():
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Server:
+    """`minutehand serve` (API + dispatcher) on a test database, as a child process."""
+
+    def __init__(self, dsn: str, *extra: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(os.devnull, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "app.cli.main", "serve", "--database-url", dsn,
+             "--http-port", str(self.port), *extra],
+            cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+        wait_until(self.healthy, 60, "the server to answer /healthz")
+
+    def healthy(self) -> bool:
+        assert self.proc.poll() is None, "the server exited"
+        try:
+            with urllib.request.urlopen(self.url + "/healthz", timeout=2) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def store(db_dsn):
+    s = make_store(db_dsn, clock=None)             # real time: the server's clock
+    s.create_team("t")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def token(store) -> str:
+    return store.create_worker_token("test-fleet")
+
+
+def start_server(dsn: str, *extra: str) -> Server:
+    return Server(dsn, *extra)
+
+
+@pytest.fixture
+def server(db_dsn, store) -> Iterator[Server]:
+    s = start_server(db_dsn, "--claim-lease-s", "30")
+    yield s
+    s.stop()
+
+
+@contextlib.contextmanager
+def running(worker: Worker) -> Iterator[Worker]:
+    """Run a worker in a thread of this process; stop and join it on exit."""
+    errors: list[BaseException] = []
+
+    def main():
+        try:
+            worker.run()
+        except BaseException as exc:              # noqa: BLE001 - re-raised in the test
+            errors.append(exc)
+
+    t = threading.Thread(target=main, daemon=True)
+    t.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        t.join(30)
+        assert not t.is_alive(), "the worker did not stop"
+    if errors:
+        raise errors[0]
+
+
+def submit(store, name: str, payload=None, **kw) -> int:
+    return submit_store(store, "t", name, payload=payload, **kw)[0]
+
+
+def states(store, ids) -> dict[int, str]:
+    return {i: store.status(i).state for i in ids}
+
+
+def all_in(store, ids, wanted: set[str]) -> bool:
+    return all(s in wanted for s in states(store, ids).values())
+
+
+# ---------------------------------------------------------------- handlers
+def test_sync_and_async_handlers_get_their_jobs_and_results_are_stored(server, store, token):
+    worker = Worker(urls=[server.url], token=token, wait_s=1, concurrency=4, grace_s=5)
+    seen: list[Job] = []
+
+    @worker.job("add")
+    def add(job: Job):
+        seen.append(job)
+        return {"sum": job.payload["a"] + job.payload["b"], "thread": threading.current_thread().name}
+
+    @worker.job("shout")
+    async def shout(job: Job):
+        await asyncio.sleep(0.01)
+        return job.payload.upper()
+
+    adds = [submit(store, "add", {"a": i, "b": 1}) for i in range(5)]
+    shouts = [submit(store, "shout", f"hi {i}") for i in range(5)]
+    with running(worker):
+        wait_until(lambda: all_in(store, adds + shouts, {"succeeded"}), what="every job to succeed")
+    for i, job_id in enumerate(adds):
+        st = store.status(job_id)
+        assert st.result["sum"] == i + 1
+        assert st.result["thread"].startswith("minutehand-handler")     # sync: off the event loop
+        assert st.attempts == 1
+    assert [store.status(j).result for j in shouts] == [f"HI {i}" for i in range(5)]
+    job = next(j for j in seen if j.id == adds[0])
+    assert (job.name, job.attempt, job.max_attempts, job.idempotency_key) == ("add", 1, 3, None)
+    assert job.due_at <= job.run_at and job.claim_expires_at > job.run_at
+
+
+def test_a_worker_asks_only_for_its_names(server, store, token):
+    worker = Worker(urls=[server.url], token=token, wait_s=1, concurrency=2, grace_s=5)
+    worker.job("mine")(lambda job: "ok")
+    mine, other = submit(store, "mine"), submit(store, "someone-else")
+    with running(worker):
+        wait_until(lambda: all_in(store, [mine], {"succeeded"}), what="its job")
+        time.sleep(0.5)
+    assert store.status(other).state == "scheduled" and store.status(other).attempts == 0
+
+
+def test_registering_a_name_twice_is_refused():
+    worker = Worker(urls=["http://x"], token="t")
+    worker.job("a")(lambda job: None)
+    with pytest.raises(ValueError, match="already registered"):
+        worker.job("a")(lambda job: None)
+
+
+# ---------------------------------------------------------------- concurrency
+@pytest.mark.parametrize("copies", [1, 2], ids=["one-url", "same-dispatcher-twice"])
+def test_never_more_handlers_running_than_the_concurrency(server, store, token, copies):
+    """Counted inside the handlers, sync and async together; with two URLs the
+    two lease loops split the slots and still never exceed the limit."""
+    limit = 3
+    worker = Worker(urls=[server.url] * copies, token=token, wait_s=1, concurrency=limit, grace_s=5)
+    lock = threading.Lock()
+    now = {"running": 0, "most": 0}
+
+    def enter():
+        with lock:
+            now["running"] += 1
+            now["most"] = max(now["most"], now["running"])
+
+    def leave():
+        with lock:
+            now["running"] -= 1
+
+    @worker.job("slow_sync")
+    def slow_sync(job):
+        enter()
+        try:
+            time.sleep(0.1)
+        finally:
+            leave()
+
+    @worker.job("slow_async")
+    async def slow_async(job):
+        enter()
+        try:
+            await asyncio.sleep(0.1)
+        finally:
+            leave()
+
+    ids = [submit(store, "slow_sync" if i % 2 else "slow_async") for i in range(30)]
+    with running(worker):
+        wait_until(lambda: all_in(store, ids, {"succeeded"}), 60, "every job to succeed")
+    assert now["most"] == limit
+
+
+def test_a_dead_dispatcher_url_does_not_stop_the_others(server, store, token, caplog):
+    dead = f"http://127.0.0.1:{free_port()}"
+    worker = Worker(urls=[dead, server.url], token=token, wait_s=1, concurrency=2, grace_s=5)
+    worker.job("j")(lambda job: job.id)
+    ids = [submit(store, "j") for _ in range(5)]
+    with caplog.at_level("WARNING", logger="minutehand.worker"), running(worker):
+        wait_until(lambda: all_in(store, ids, {"succeeded"}), what="every job to succeed")
+    assert any(r.getMessage() == "dispatcher_unavailable" and r.url == dead for r in caplog.records)
+
+
+# ---------------------------------------------------------------- replay, failures
+def test_a_stored_result_is_replayed_without_running_the_handler(server, store, token, db):
+    worker = Worker(urls=[server.url], token=token, wait_s=1, concurrency=2, grace_s=5)
+    ran = []
+    worker.job("pay")(lambda job: ran.append(job.id) or {"paid": "again"})
+    job_id = submit(store, "pay", {"cents": 5}, idempotency_key="order-1")
+    # As if an earlier run had finished: its result is stored under the key.
+    n = db.execute("""UPDATE idempotency_keys SET result = '{"paid": "once"}', completed_at = now()
+                       WHERE key = 'order-1'""").rowcount
+    assert n == 1
+    with running(worker):
+        wait_until(lambda: all_in(store, [job_id], {"succeeded"}), what="the job to succeed")
+    assert ran == []
+    assert store.status(job_id).result == {"paid": "once"}
+
+
+def test_non_retryable_is_dead_at_once(server, store, token):
+    worker = Worker(urls=[server.url], token=token, wait_s=1, concurrency=2, grace_s=5)
+
+    @worker.job("bad")
+    def bad(job):
+        raise NonRetryable("no such account")
+
+    job_id = submit(store, "bad", max_attempts=5)
+    with running(worker):
+        wait_until(lambda: all_in(store, [job_id], {"dead"}), what="the job to be dead")
+    st = store.status(job_id)
+    assert (st.attempts, st.last_error) == (1, "NonRetryable: no such account")
+
+
+def test_an_exception_is_retried_later_with_its_error(server, store, token):
+    worker = Worker(urls=[server.url], token=token, wait_s=1, concurrency=2, grace_s=5)
+
+    @worker.job("flaky")
+    async def flaky(job):
+        raise ValueError("upstream said 503")
+
+    @worker.job("wordy")
+    def wordy(job):
+        raise RuntimeError("x" * 20_000)
+
+    # a long backoff: the retry is not due while the test looks
+    flaky_id = submit(store, "flaky", backoff_base_s=3600)
+    wordy_id = submit(store, "wordy", backoff_base_s=3600)
+    with running(worker):
+        wait_until(lambda: all_in(store, [flaky_id, wordy_id], {"retrying"}), what="both to be retrying")
+    st = store.status(flaky_id)
+    assert (st.state, st.attempts, st.last_error) == ("retrying", 1, "ValueError: upstream said 503")
+    assert st.run_at > st.due_at
+    assert store.status(wordy_id).last_error == ("RuntimeError: " + "x" * 20_000)[:10_000]
+
+
+def test_a_result_that_is_not_json_fails_the_run(server, store, token):
+    worker = Worker(urls=[server.url], token=token, wait_s=1, concurrency=1, grace_s=5)
+    worker.job("odd")(lambda job: object())
+    job_id = submit(store, "odd", backoff_base_s=3600)
+    with running(worker):
+        wait_until(lambda: all_in(store, [job_id], {"retrying"}), what="the job to be retrying")
+    assert "not JSON-able" in store.status(job_id).last_error
+
+
+# ---------------------------------------------------------------- claims
+def test_heartbeats_keep_a_long_job_claimed(db_dsn, store, token):
+    """Claims of 3 s, a job of 5 s: renewed by heartbeat, it runs once."""
+    server = start_server(db_dsn, "--claim-lease-s", "3")
+    try:
+        worker = Worker(urls=[server.url], token=token, wait_s=1, concurrency=1, grace_s=5)
+
+        @worker.job("long")
+        async def long(job):
+            await asyncio.sleep(5)
+            return job.attempt
+
+        job_id = submit(store, "long")
+        with running(worker):
+            wait_until(lambda: all_in(store, [job_id], {"succeeded"}), 30, "the job to succeed")
+        st = store.status(job_id)
+        assert (st.attempts, st.result) == (1, 1)
+    finally:
+        server.stop()
+
+
+def test_a_job_whose_claim_was_lost_is_not_reported(db_dsn, store, token, db, caplog):
+    """The heartbeat is refused (the claim now has another token, as after an
+    expiry and a new claim elsewhere): the handler's result is dropped, the
+    job is left to its current claimer."""
+    server = start_server(db_dsn, "--claim-lease-s", "3")
+    try:
+        worker = Worker(urls=[server.url], token=token, wait_s=1, concurrency=1, grace_s=5)
+        finished = threading.Event()
+
+        @worker.job("stolen")
+        def stolen(job):
+            db.execute("UPDATE jobs SET lease_token = gen_random_uuid() WHERE id = %s", (job.id,))
+            time.sleep(job.claim_s / 3 + 0.5)             # past the first heartbeat
+            finished.set()
+            return "should not be stored"
+
+        job_id = submit(store, "stolen")
+        with caplog.at_level("INFO", logger="minutehand.worker"), running(worker):
+            assert finished.wait(20)
+            wait_until(lambda: any(r.getMessage() == "job_dropped" for r in caplog.records), 5, "job_dropped")
+        st = store.status(job_id)
+        assert st.state == "claimed" and st.result is None
+        events = [r.getMessage() for r in caplog.records if getattr(r, "job_id", None) == job_id]
+        assert "claim_lost" in events and "job_succeeded" not in events
+    finally:
+        server.stop()
+
+
+def test_a_job_past_its_claim_without_renewal_is_dropped(db_dsn, store, token, caplog):
+    """The dispatcher is frozen (SIGSTOP) while the handler runs: no heartbeat
+    gets through before the claim runs out, so the result is not reported."""
+    server = start_server(db_dsn, "--claim-lease-s", "3")
+    try:
+        worker = Worker(urls=[server.url], token=token, wait_s=1, concurrency=1, grace_s=5)
+        started = threading.Event()
+
+        @worker.job("frozen")
+        def frozen(job):
+            started.set()
+            time.sleep(4)
+            return "too late"
+
+        job_id = submit(store, "frozen")
+        with caplog.at_level("INFO", logger="minutehand.worker"), running(worker):
+            assert started.wait(20)
+            server.proc.send_signal(signal.SIGSTOP)
+            try:
+                wait_until(lambda: any(r.getMessage() == "job_dropped" for r in caplog.records), 10, "job_dropped")
+            finally:
+                server.proc.send_signal(signal.SIGCONT)
+        events = [r.getMessage() for r in caplog.records if getattr(r, "job_id", None) == job_id]
+        assert "claim_expired" in events and "job_succeeded" not in events
+        assert store.status(job_id).result is None
+    finally:
+        server.stop()
+
+
+# ---------------------------------------------------------------- exactly-once effects
+def test_once_runs_fn_for_a_new_key_only(db):
+    calls = []
+
+    def effect(conn):
+        calls.append(1)
+        conn.execute("CREATE TABLE IF NOT EXISTS sent (n int)")
+        conn.execute("INSERT INTO sent VALUES (1)")
+        return {"message_id": 7}
+
+    assert effects.once(db, "job-1:email", effect) == {"message_id": 7}
+    assert effects.once(db, "job-1:email", effect) == {"message_id": 7}      # stored, not re-run
+    assert len(calls) == 1
+    assert db.execute("SELECT count(*) FROM sent").fetchone()[0] == 1
+    effects.once(db, "job-2:email", effect)
+    assert len(calls) == 2
+
+
+def test_once_that_raises_leaves_no_key_and_no_effect(db):
+    db.execute("CREATE TABLE sent (n int)")
+
+    def broken(conn):
+        conn.execute("INSERT INTO sent VALUES (1)")
+        raise RuntimeError("smtp down")
+
+    with pytest.raises(RuntimeError):
+        effects.once(db, "k", broken)
+    assert db.execute("SELECT count(*) FROM minutehand_effects").fetchone()[0] == 0
+    assert db.execute("SELECT count(*) FROM sent").fetchone()[0] == 0
+    assert effects.once(db, "k", lambda c: "now it works") == "now it works"
+
+
+def test_once_keys_older_than_a_day_count_as_absent(db):
+    assert effects.once(db, "k", lambda c: 1) == 1
+    db.execute("UPDATE minutehand_effects SET created_at = now() - interval '25 hours'")
+    assert effects.once(db, "k", lambda c: 2) == 2
+    assert effects.once(db, "k", lambda c: 3) == 2
+
+
+def test_once_inside_a_transaction_commits_or_rolls_back_with_it(db_dsn):
+    with psycopg.connect(db_dsn) as conn:                     # not autocommit: the caller's transaction
+        conn.execute("SELECT 1")
+        effects.once(conn, "rolled-back", lambda c: 1)
+        conn.rollback()
+        assert effects.once(conn, "rolled-back", lambda c: 2) == 2        # the key went with the rollback
+        conn.commit()
+        assert effects.once(conn, "rolled-back", lambda c: 3) == 2
+
+
+def test_once_async(db_dsn):
+    async def main():
+        async with await psycopg.AsyncConnection.connect(db_dsn, autocommit=True) as conn:
+            async def fn(c):
+                return {"n": 1}
+            assert await effects.once_async(conn, "a", fn) == {"n": 1}
+            assert await effects.once_async(conn, "a", fn) == {"n": 1}
+            return (await (await conn.execute("SELECT count(*) FROM minutehand_effects")).fetchone())[0]
+    assert asyncio.run(main()) == 1
+
+
+KILLED_EFFECT = """
+import sys, time, psycopg
+from app.worker import effects
+def fn(conn):
+    conn.execute("INSERT INTO sent VALUES (1)")
+    print("inside", flush=True)
+    time.sleep(60)
+with psycopg.connect(sys.argv[1], autocommit=True) as conn:
+    effects.once(conn, "job-9:charge", fn)
+"""
+
+
+def test_sigkill_inside_the_effect_leaves_neither_key_nor_effect(db_dsn, db):
+    db.execute("CREATE TABLE sent (n int)")
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_EFFECT, db_dsn], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "inside"
+    finally:
+        proc.kill()
+        proc.wait()
+    wait_until(lambda: db.execute("SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in%'")
+               .fetchone()[0] == 0, 10, "the killed session to end")
+    assert db.execute("SELECT count(*) FROM sent").fetchone()[0] == 0
+    assert db.execute("SELECT count(*) FROM minutehand_effects").fetchone()[0] == 0
+    effects.once(db, "job-9:charge", lambda c: c.execute("INSERT INTO sent VALUES (2)").rowcount)
+    effects.once(db, "job-9:charge", lambda c: c.execute("INSERT INTO sent VALUES (3)").rowcount)
+    assert db.execute("SELECT array_agg(n) FROM sent").fetchone()[0] == [2]
+
+
+def test_job_once_does_the_effect_once_across_retries(server, store, token, db, db_dsn):
+    """Attempt 1 does the effect then fails; attempt 2 gets the stored result."""
+    db.execute("CREATE TABLE charges (id serial, cents int)")
+    worker = Worker(urls=[server.url], token=token, wait_s=1, concurrency=1, grace_s=5)
+
+    @worker.job("charge")
+    def charge(job: Job):
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            charge_id = job.once(conn, "charge", lambda c: c.execute(
+                "INSERT INTO charges (cents) VALUES (%s) RETURNING id", (job.payload["cents"],)).fetchone()[0])
+        if job.attempt == 1:
+            raise ConnectionError("receipt service down")
+        return {"charge": charge_id}
+
+    job_id = submit(store, "charge", {"cents": 250}, idempotency_key="order-7", backoff_base_s=0.2)
+    with running(worker):
+        wait_until(lambda: all_in(store, [job_id], {"succeeded"}), 30, "the job to succeed")
+    st = store.status(job_id)
+    assert st.attempts == 2
+    assert db.execute("SELECT count(*), min(id) FROM charges").fetchone() == (1, st.result["charge"])
+    assert db.execute("SELECT key FROM minutehand_effects").fetchone()[0] == "order-7:charge"
+
+
+# ---------------------------------------------------------------- `minutehand worker` and SIGTERM
+drain_worker = Worker(wait_s=30)          # urls, token, concurrency, grace from flags
+
+
+@drain_worker.job("sleep")
+async def _sleep(job: Job):
+    await asyncio.sleep(job.payload["s"])
+    return job.payload["s"]
+
+
+@drain_worker.job("sleep_sync")
+def _sleep_sync(job: Job):
+    time.sleep(job.payload["s"])
+    return job.payload["s"]
+
+
+def worker_process(server: Server, token: str, concurrency: int, grace_s: float) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "app.cli.main", "worker", "tests.test_worker:drain_worker",
+         "--worker-urls", server.url, "--worker-token", token, "--log-level", "DEBUG",
+         "--worker-concurrency", str(concurrency), "--worker-grace-s", str(grace_s)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def parse(line: str) -> dict:
+    event = json.loads(line)
+    assert {"ts", "level", "event"} <= event.keys(), event
+    return event
+
+
+def read_until(proc: subprocess.Popen, done: Callable[[list[dict]], bool], timeout_s: float = 30) -> list[dict]:
+    """The worker's log events (JSON lines on stderr) until done(events) holds."""
+    events: list[dict] = []
+    deadline = time.monotonic() + timeout_s
+    while not done(events):
+        assert time.monotonic() < deadline, events
+        line = proc.stderr.readline()
+        assert line, f"the worker exited: {events}"
+        events.append(parse(line))
+    return events
+
+
+def started(ids) -> Callable[[list[dict]], bool]:
+    return lambda events: set(ids) <= {e.get("job_id") for e in events if e["event"] == "job_started"}
+
+
+def finish(proc: subprocess.Popen, events: list[dict]) -> list[dict]:
+    """Wait for the worker to exit; every log event it wrote."""
+    out, err = proc.communicate(timeout=30)
+    events += [parse(line) for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 0, events
+    return events
+
+
+def test_sigterm_drains_a_worker_process(server, store, token):
+    """Running jobs finish and are reported; jobs that arrive after SIGTERM are
+    given back at once; nothing is left claimed for expiry; exit 0."""
+    proc = worker_process(server, token, concurrency=4, grace_s=10)
+    try:
+        running_ids = [submit(store, "sleep", {"s": 2}), submit(store, "sleep_sync", {"s": 2})]
+        events = read_until(proc, started(running_ids))
+        time.sleep(0.3)                        # the worker's next long-poll (2 free slots) is in flight
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        late_ids = [submit(store, "sleep", {"s": 0}) for _ in range(3)]
+        events = finish(proc, events)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert states(store, running_ids) == {i: "succeeded" for i in running_ids}
+    for i in late_ids:                          # given back (or never taken): due again, attempt not counted
+        st = store.status(i)
+        assert (st.state, st.attempts) == ("scheduled", 0), st
+    released = {e["job_id"] for e in events if e["event"] == "job_released"}
+    assert released and released <= set(late_ids)
+    done = [e for e in events if e["event"] == "job_succeeded"]
+    assert {e["job_id"] for e in done} == set(running_ids)
+    for e in done:
+        assert e["name"] in ("sleep", "sleep_sync") and e["attempt"] == 1 and e["duration_ms"] >= 2000
+        assert e["worker"] and e["level"] == "info"
+    assert [e["event"] for e in events][-1] == "worker_stopped"
+
+
+def test_after_the_grace_period_running_jobs_are_abandoned(server, store, token):
+    proc = worker_process(server, token, concurrency=1, grace_s=1)
+    try:
+        job_id = submit(store, "sleep_sync", {"s": 60})
+        events = read_until(proc, started([job_id]))
+        proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        events = finish(proc, events)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert time.monotonic() - t0 < 5
+    assert [e["job_id"] for e in events if e["event"] == "job_abandoned"] == [job_id]
+    assert store.status(job_id).state in ("claimed", "running")        # its claim expiry brings it back
