@@ -62,9 +62,11 @@ END $$;
 -- ---------------------------------------------------------------- wake-ups
 -- A row put into the current or next minute bucket wakes the dispatchers
 -- (LISTEN minutehand_due): they otherwise sleep until the next run time
--- they know of. The payload is the shard, or '*' when many shards got rows
--- at once (a batch): then every dispatcher looks at all of its shards.
--- Sent at commit, and only once per distinct payload in a transaction.
+-- they know of. The payload names the shards that got such rows, comma
+-- separated (a batch: one notification with every shard it touched, at
+-- most 256 numbers, within NOTIFY's 8000 bytes), so a dispatcher claims
+-- from those shards only. Sent at commit; a repeated payload in one
+-- transaction is sent once.
 CREATE OR REPLACE FUNCTION mh_enqueue(p_shard smallint, p_job bigint, p_run_at timestamptz,
                                       p_strict boolean, p_priority smallint, p_now timestamptz)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -90,7 +92,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_minute_end timestamptz := mh_minute_end(p_now);
     v_hour_end   timestamptz := mh_hour_end(p_now);
-    v_shards     smallint[];
+    v_shards     text;
 BEGIN
     INSERT INTO due_minutes (slot, shard, strict, priority, run_at, job_id)
     SELECT mh_minute_slot(greatest(r.run_at, p_now)), r.shard, r.strict, r.priority, r.run_at, r.job_id
@@ -105,12 +107,10 @@ BEGIN
       FROM unnest(p_rows) r WHERE r.run_at >= v_hour_end;
     GET DIAGNOSTICS to_far = ROW_COUNT;
     IF to_minutes > 0 THEN
-        SELECT array_agg(DISTINCT r.shard) INTO v_shards
+        SELECT string_agg(DISTINCT r.shard::text, ',') INTO v_shards
           FROM unnest(p_rows) r WHERE r.run_at < mh_minute(p_now) + interval '2 minutes';
-        IF cardinality(v_shards) > 16 THEN
-            PERFORM pg_notify('minutehand_due', '*');
-        ELSIF v_shards IS NOT NULL THEN
-            PERFORM pg_notify('minutehand_due', s::text) FROM unnest(v_shards) s;
+        IF v_shards IS NOT NULL THEN
+            PERFORM pg_notify('minutehand_due', v_shards);
         END IF;
     END IF;
 END $$;

@@ -7,8 +7,8 @@ this dispatcher leases (shards.py), and answers each with what it got.
 It never polls empty buckets. For each shard it knows the next run time
 among the rows of its current and next minute buckets (next_due), and
 sleeps until the earliest, or until:
-- a NOTIFY says a shard got a row due now (sql/008_dispatch.sql; a
-  listener thread marks the shard due),
+- a NOTIFY names shards that got rows due now (sql/008_dispatch.sql; a
+  listener thread marks those shards due),
 - the minute turns (every shard's next run time is read again: the wheel
   moved a bucket on), or the shard set changed.
 A claim that comes back short means the shard is drained for now: its next
@@ -43,7 +43,7 @@ from app.store.store import Store
 log = logging.getLogger(__name__)
 
 CHANNEL = "minutehand_due"
-SHARDS_PER_ROUND_TRIP = 4       # per waiter, once its first shard came up short
+MAX_SHARDS_PER_WAITER = 64      # claims for one waiter in one round trip
 MAX_WAITERS_PER_ROUND = 32
 
 
@@ -230,7 +230,7 @@ class Dispatcher:
         queue = deque(shards)                     # shards that may still hold due rows
         got: dict[int, list[dict]] = {id(w): [] for w in waiters}
         short: set[int] = set()
-        per_waiter = 1
+        per_waiter = 1                            # grows while shards come up short (sparse rows)
         while queue:
             requests, whose = [], []
             for w in waiters:
@@ -244,7 +244,7 @@ class Dispatcher:
                     whose.append(w)
             if not requests:
                 break
-            per_waiter = SHARDS_PER_ROUND_TRIP
+            per_waiter = min(per_waiter * 4, MAX_SHARDS_PER_WAITER)
             results, refused = self.store.claim_for_workers(requests, self.name, self.claim_s)
             if refused:
                 self._drop(refused)
@@ -292,15 +292,9 @@ class Dispatcher:
                         got = list(conn.notifies(timeout=1.0, stop_after=1))
                         if got:
                             got += conn.notifies(timeout=0.001)
-                        shards: set[int] = set()
-                        every = False
-                        for n in got:
-                            if n.payload == "*":
-                                every = True
-                            elif n.payload.isdigit():
-                                shards.add(int(n.payload))
-                        if every or shards:
-                            self._mark_due(None if every else shards)
+                        shards = {int(s) for n in got for s in n.payload.split(",") if s.isdigit()}
+                        if shards:
+                            self._mark_due(shards)
             except Exception as exc:
                 if not self._stopping.is_set():
                     log.warning("listen: %s; reconnecting", exc)
