@@ -11,74 +11,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import psycopg
 import pytest
 
 from app.worker import Job, NonRetryable, Worker, effects
+from tests.processes import ROOT, Server, free_port, wait_until
 from tests.support import make_store, submit_store
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 # ---------------------------------------------------------------- a server, a team, a worker token
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(check: Callable[[], object], timeout_s: float = 20.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if value := check():
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-class Server:
-    """`minutehand serve` (API + dispatcher) on a test database, as a child process."""
-
-    def __init__(self, dsn: str, *extra: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(os.devnull, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli.main", "serve", "--database-url", dsn,
-             "--http-port", str(self.port), *extra],
-            cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
-        wait_until(self.healthy, 60, "the server to answer /healthz")
-
-    def healthy(self) -> bool:
-        assert self.proc.poll() is None, "the server exited"
-        try:
-            with urllib.request.urlopen(self.url + "/healthz", timeout=2) as resp:
-                return resp.status == 200
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-
-
 @pytest.fixture
 def store(db_dsn):
     s = make_store(db_dsn, clock=None)             # real time: the server's clock
@@ -93,6 +41,7 @@ def token(store) -> str:
 
 
 def start_server(dsn: str, *extra: str) -> Server:
+    """`minutehand serve` (API + dispatcher) on the test database, as a child process."""
     return Server(dsn, *extra)
 
 
@@ -363,11 +312,11 @@ def test_a_job_past_its_claim_without_renewal_is_dropped(db_dsn, store, token, c
         job_id = submit(store, "frozen")
         with caplog.at_level("INFO", logger="minutehand.worker"), running(worker):
             assert started.wait(20)
-            server.proc.send_signal(signal.SIGSTOP)
+            server.signal(signal.SIGSTOP)
             try:
                 wait_until(lambda: any(r.getMessage() == "job_dropped" for r in caplog.records), 10, "job_dropped")
             finally:
-                server.proc.send_signal(signal.SIGCONT)
+                server.signal(signal.SIGCONT)
         events = [r.getMessage() for r in caplog.records if getattr(r, "job_id", None) == job_id]
         assert "claim_expired" in events and "job_succeeded" not in events
         assert store.status(job_id).result is None

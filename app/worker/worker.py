@@ -292,7 +292,8 @@ class _Run:
                          "lease_refused" if isinstance(exc, Refused) else "lease_failed")
                 log.log(logging.WARNING if isinstance(exc, Unavailable) else logging.ERROR, event,
                         exc_info=event == "lease_failed",
-                        **self.fields(url=client.url, error=error_text(exc)[:2000], reason=f"retry in {backoff:.1f}s"))
+                        **self.fields(url=client.url, reason=f"retry in {backoff:.1f}s",
+                                      error=(str(exc) if event != "lease_failed" else error_text(exc))[:2000]))
                 await self._sleep_unless_stopped(backoff)
                 backoff = min(backoff * 2, 10.0 if isinstance(exc, Unavailable) else 60.0)   # a bad token: slower
                 continue
@@ -617,7 +618,8 @@ class _Outbox:
                     error = exc
                     log.warning("dispatcher_unavailable", exc_info=not isinstance(exc, Unavailable),
                                 extra={"worker": self.worker.worker_id, "url": client.url,
-                                       "error": error_text(exc)[:2000], "reason": "sending outcomes"})
+                                       "error": (str(exc) if isinstance(exc, Unavailable) else error_text(exc))[:2000],
+                                       "reason": "sending outcomes"})
             for kind in self.KINDS:
                 results = getattr(answer, kind) if answer is not None else [None] * len(request[kind])
                 for item, result in zip(request[kind], results):
