@@ -44,7 +44,7 @@ from typing import Any
 import msgspec
 
 from app.dispatch.protocol import (
-    MAX_ITEMS, Completed, Failed, Held, LeasedJob, LeaseIn, OutcomesIn,
+    MAX_CAPACITY, MAX_ITEMS, MAX_WAIT_S, Completed, Failed, Held, LeasedJob, LeaseIn, OutcomesIn,
 )
 from app.worker.client import DispatcherClient, Refused, Unavailable
 from app.worker.job import Job, NonRetryable
@@ -164,6 +164,8 @@ class Worker:
             raise ValueError("no dispatcher URLs: pass urls= or set MINUTEHAND_WORKER_URLS")
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if not 0 <= self.wait_s <= MAX_WAIT_S:
+            raise ValueError(f"wait_s must be between 0 and {MAX_WAIT_S}")
 
 
 def _url_list(urls: list[str] | str) -> list[str]:
@@ -261,11 +263,11 @@ class _Run:
         dispatcher must not sit on slots a busy one could fill); busy loops
         split the concurrency between them."""
         if len(self.clients) == 1:
-            return self.w.concurrency
+            return min(self.w.concurrency, MAX_CAPACITY)
         if not self.productive[url]:
             return 1
         busy = sum(self.productive.values())
-        return max(1, math.ceil(self.w.concurrency / busy))
+        return min(max(1, math.ceil(self.w.concurrency / busy)), MAX_CAPACITY)
 
     async def poll(self, client: DispatcherClient) -> None:
         """One dispatcher's lease loop: reserve slots, long-poll, start what came."""
