@@ -19,8 +19,6 @@ not spin.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
-import json
 import logging
 import math
 import os
@@ -302,7 +300,7 @@ class Dispatcher:
 
 
 def _leased(row: dict, claim_s: float) -> LeasedJob:
-    replay = Replay(json.loads(row["replay"])) if row["replay"] is not None else None
+    replay = Replay(msgspec.Raw(row["replay"].encode())) if row["replay"] is not None else None
     return LeasedJob(job_id=str(row["job_id"]), name=row["name"], payload=msgspec.Raw(row["payload"].encode()),
                      attempt=row["attempt"], max_attempts=row["max_attempts"],
                      idempotency_key=row["idempotency_key"], lease_token=str(row["lease_token"]),

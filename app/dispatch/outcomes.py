@@ -14,7 +14,6 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Any
 
 import psycopg
 

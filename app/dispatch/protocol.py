@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
 from msgspec import Meta, Struct
@@ -45,7 +45,7 @@ class LeaseIn(Struct, forbid_unknown_fields=True):
 class Replay(Struct):
     """A result stored under the job's idempotency key within 24 h: the
     worker reports it as the job's result without running the handler."""
-    result: Any
+    result: msgspec.Raw
 
 
 class LeasedJob(Struct):
@@ -73,10 +73,15 @@ class Held(Struct, forbid_unknown_fields=True):
     lease_token: Token
 
 
+# A job's result: any JSON, kept as its text (it goes into the database as
+# it came); a job with no result leaves it out or sends null.
+Result = Annotated[msgspec.Raw | msgspec.UnsetType, Meta(description="any JSON: the job's result")]
+
+
 class Completed(Struct, forbid_unknown_fields=True):
     job_id: JobId
     lease_token: Token
-    result: Any = None
+    result: Result = msgspec.UNSET
 
 
 class Failed(Struct, forbid_unknown_fields=True):
@@ -125,7 +130,7 @@ class HeldIn(Struct, forbid_unknown_fields=True):
 
 class CompleteIn(Struct, forbid_unknown_fields=True):
     lease_token: Token
-    result: Any = None
+    result: Result = msgspec.UNSET
 
 
 class FailIn(Struct, forbid_unknown_fields=True):

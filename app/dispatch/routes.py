@@ -48,6 +48,12 @@ def _job_id(text: str) -> int:
     return job_id
 
 
+def _result(raw: msgspec.Raw | msgspec.UnsetType) -> bytes | None:
+    """The result's JSON text, passed to the database as it is; None for none or null."""
+    text = b"null" if raw is msgspec.UNSET else bytes(raw)
+    return None if text == b"null" else text
+
+
 def _out(o: Outcome) -> OutcomeOut:
     return OutcomeOut(str(o.job_id), o.ok, o.state, o.reason)
 
@@ -96,7 +102,7 @@ def router(ctx: Context, dispatcher: Dispatcher) -> Router:
         body: OutcomesIn = problems.decode(OUTCOMES, await request.body())
         answers: dict[str, list[OutcomeOut]] = {}
         for kind, items in (("heartbeat", [(_job_id(h.job_id), h.lease_token) for h in body.heartbeat]),
-                            ("complete", [(_job_id(c.job_id), c.lease_token, c.result) for c in body.complete]),
+                            ("complete", [(_job_id(c.job_id), c.lease_token, _result(c.result)) for c in body.complete]),
                             ("fail", [(_job_id(f.job_id), f.lease_token, f.error, f.retryable) for f in body.fail]),
                             ("release", [(_job_id(r.job_id), r.lease_token) for r in body.release])):
             answers[kind] = [_out(o) for o in await writer.write(kind, items, body.extend_s)]
@@ -114,7 +120,7 @@ def router(ctx: Context, dispatcher: Dispatcher) -> Router:
           tags=["workers"], summary="One job succeeded", responses=one)
     async def complete(request: Request, credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
         body: CompleteIn = problems.decode(COMPLETE, await request.body())
-        return _one((await writer.write("complete", [(job_id, body.lease_token, body.result)]))[0])
+        return _one((await writer.write("complete", [(job_id, body.lease_token, _result(body.result))]))[0])
 
     @post("/jobs/{job_id:int}/fail", operation_id="failJob", status_code=200, security=SECURITY,
           tags=["workers"], summary="One job failed (retried after backoff, or dead)", responses=one)

@@ -333,9 +333,9 @@ class Store:
         return self._outcomes("heartbeat_many", items, {"extend_s": extend_s})
 
     def complete(self, items: Sequence[tuple[int, Any, Any]]) -> list[Outcome]:
-        """items: (job_id, lease_token, result)."""
+        """items: (job_id, lease_token, result); a result may be JSON text (bytes)."""
         return self._outcomes("complete_many", items,
-                              {"results": [Jsonb(i[2]) if i[2] is not None else None for i in items]})
+                              {"results": [_jsonb(i[2]) if i[2] is not None else None for i in items]})
 
     def fail(self, items: Sequence[tuple[int, Any, str, bool]]) -> list[Outcome]:
         """items: (job_id, lease_token, error, retryable)."""
