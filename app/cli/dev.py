@@ -1,17 +1,15 @@
 """`minutehand dev`: the embedded PostgreSQL (started if needed, reused if
-running), migrated; the HTTP API (`minutehand serve`, as a child process)
-with the demo team's token printed; and a demo workload through the store,
-with a status line every few seconds (the dispatcher and workers are the
-next issue: until then the demo claims and completes through the store
-itself). Ctrl-C stops it all cleanly, and the database too if this
-command started it."""
+running), migrated; `minutehand serve` (HTTP API + dispatcher) and a demo
+worker (`minutehand worker app.cli.demo_worker:worker`) as child processes,
+with the demo team's token printed; and a demo workload submitted through
+the store, with a status line every few seconds. Ctrl-C stops it all
+cleanly, and the database too if this command started it."""
 from __future__ import annotations
 
 import datetime as dt
 import os
 import random
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -61,11 +59,19 @@ class Stop(Exception):
     pass
 
 
-def start_api(settings: Settings, url: str) -> subprocess.Popen:
-    """`minutehand serve` on the dev database, as a child process."""
-    env = {**os.environ, "MINUTEHAND_DATABASE_URL": url, "MINUTEHAND_HTTP_HOST": settings.http_host,
-           "MINUTEHAND_HTTP_PORT": str(settings.http_port), "MINUTEHAND_LOG_LEVEL": "WARNING"}
-    return subprocess.Popen([sys.executable, "-m", "app.cli.main", "serve"], env=env)
+def start_child(settings: Settings, env: dict[str, str], *argv: str) -> subprocess.Popen:
+    """A `minutehand ...` child process with the dev settings."""
+    env = {**os.environ, "MINUTEHAND_HTTP_HOST": settings.http_host,
+           "MINUTEHAND_HTTP_PORT": str(settings.http_port), "MINUTEHAND_LOG_LEVEL": "WARNING", **env}
+    return subprocess.Popen([sys.executable, "-m", "app.cli.main", *argv], env=env)
+
+
+def stop_child(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def run(settings: Settings, args) -> None:
@@ -80,60 +86,40 @@ def run(settings: Settings, args) -> None:
     def on_term(*_):
         raise Stop
     signal.signal(signal.SIGTERM, on_term)
-    owner = f"dev-{os.getpid()}"
-    counts = dict(submitted=0, claimed=0, succeeded=0, failed=0)
-    lateness: list[float] = []
     store = Store(url)
-    leases: dict[int, int] = {}
-    api = start_api(settings, url)
+    base = f"http://{settings.http_host}:{settings.http_port}"
+    children = [start_child(settings, {"MINUTEHAND_DATABASE_URL": url}, "serve")]
     try:
         # A token is shown once: a second run rotates it to show a fresh one.
         token = store.rotate_token(TEAM) if store.team_exists(TEAM) else store.create_team(TEAM)
-        base = f"http://{settings.http_host}:{settings.http_port}"
-        print(f"HTTP API at {base} (OpenAPI: {base}/schema/swagger); team {TEAM!r} token: {token}")
+        worker_token = store.create_worker_token("demo-worker")
+        children.append(start_child(settings, {"MINUTEHAND_WORKER_URLS": base, "MINUTEHAND_WORKER_TOKEN": worker_token,
+                                               "MINUTEHAND_WORKER_CONCURRENCY": "50"},
+                                    "worker", "app.cli.demo_worker:worker"))
+        print(f"HTTP API and dispatcher at {base} (OpenAPI: {base}/schema/swagger); team {TEAM!r} token: {token}")
         print(f"  curl -H 'Authorization: Bearer {token}' -H 'Content-Type: application/json' "
-              f"-d '{{\"name\": \"hello\"}}' {base}/v1/jobs")
-        print(f"demo: team {TEAM!r}, {args.rate} jobs/s; Ctrl-C stops")
+              f"-d '{{\"name\": \"demo.now\"}}' {base}/v1/jobs")
+        print(f"demo: team {TEAM!r}, {args.rate} jobs/s, run by a demo worker; Ctrl-C stops")
         end = time.monotonic() + args.seconds if args.seconds else None
-        next_lease, next_maint, next_report = 0.0, 0.0, time.monotonic() + 5
+        next_report = time.monotonic() + 5
+        submitted = 0
         while end is None or time.monotonic() < end:
             tick = time.monotonic()
-            if tick >= next_lease:
-                leases = store.take_leases(range(256), owner, 15)
-                next_lease = tick + 5
-            for item in store.submit_many(TEAM, demo_jobs(args.rate)):
-                counts["submitted"] += item.created
-            claimed = store.claim(leases, 50, owner, 30).jobs
-            counts["claimed"] += len(claimed)
-            now = dt.datetime.now(UTC)
-            lateness += [(now - j.run_at).total_seconds() for j in claimed]
-            store.start([(j.job_id, j.lease_token) for j in claimed])
-            ok = [j for j in claimed if random.random() < 0.95]
-            bad = [j for j in claimed if j not in ok]
-            store.complete([(j.job_id, j.lease_token, {"ok": True}) for j in ok])
-            store.fail([(j.job_id, j.lease_token, "demo failure", True) for j in bad])
-            counts["succeeded"] += len(ok)
-            counts["failed"] += len(bad)
-            if tick >= next_maint:
-                m = store.maintain()
-                if m.from_far or m.from_hours or m.carried or m.claims_returned:
-                    print(f"  maintenance: {m}")
-                next_maint = tick + 10
+            submitted += sum(item.created for item in store.submit_many(TEAM, demo_jobs(args.rate)))
             if tick >= next_report:
-                p50 = statistics.median(lateness) if lateness else 0.0
-                p99 = statistics.quantiles(lateness, n=100)[98] if len(lateness) >= 100 else max(lateness, default=0.0)
-                print(f"{dt.datetime.now():%H:%M:%S} submitted {counts['submitted']:,}  claimed {counts['claimed']:,}  "
-                      f"succeeded {counts['succeeded']:,}  failed (retrying) {counts['failed']:,}  "
-                      f"start - run time p50 {p50:.2f}s p99 {p99:.2f}s", flush=True)
-                lateness.clear()
+                s = store.team_stats(TEAM, window_s=3600)
+                by_state = ", ".join(f"{k} {v:,}" for k, v in sorted(s.by_state.items()))
+                late = (f"start - due p50 {s.lateness_p50_s:.3f}s p99 {s.lateness_p99_s:.3f}s"
+                        if s.lateness_p50_s is not None else "no starts yet")
+                print(f"{dt.datetime.now():%H:%M:%S} submitted {submitted:,}; last hour: {by_state}; {late}",
+                      flush=True)
                 next_report = tick + 5
             time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
     except (KeyboardInterrupt, Stop):
         print("\nstopping")
     finally:
-        api.terminate()
-        api.wait(timeout=15)
-        store.release_leases(leases, owner)
+        for child in reversed(children):        # the worker first: it gives back what it holds
+            stop_child(child)
         store.close()
         if started_here:
             cluster.stop()
