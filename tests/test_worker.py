@@ -185,6 +185,35 @@ def test_a_dead_dispatcher_url_does_not_stop_the_others(server, store, token, ca
     assert any(r.getMessage() == "dispatcher_unavailable" and r.url == dead for r in caplog.records)
 
 
+def test_outcomes_go_through_another_dispatcher_when_theirs_is_frozen(db_dsn, store, token, db, caplog):
+    """The dispatcher that handed out the job is frozen (SIGSTOP) before the
+    handler returns: the completion is sent through the other one in time."""
+    servers = {name: Server(db_dsn, "--claim-lease-s", "6", name=name) for name in "ab"}
+    try:
+        wait_until(lambda: {o for (o,) in db.execute("SELECT DISTINCT owner FROM shards")} == {"a", "b"},
+                   30, "the two dispatchers to split the shards")
+        worker = Worker(urls=[s.url for s in servers.values()], token=token, wait_s=1, concurrency=1, grace_s=5)
+        frozen = []
+
+        @worker.job("x")
+        def x(job):
+            owner = db.execute("SELECT owner FROM shards WHERE shard = mh_shard_of(%s)", (job.id,)).fetchone()[0]
+            servers[owner].signal(signal.SIGSTOP)
+            frozen.append(owner)
+            return "done"
+
+        job_id = submit(store, "x")
+        with caplog.at_level("INFO", logger="minutehand.worker"), running(worker):
+            wait_until(lambda: all_in(store, [job_id], {"succeeded"}), 20, "the job to succeed")
+            servers[frozen[0]].signal(signal.SIGCONT)
+        assert store.status(job_id).attempts == 1
+        assert any(r.getMessage() == "dispatcher_unavailable" and r.url == servers[frozen[0]].url
+                   and r.reason == "sending outcomes" for r in caplog.records)
+    finally:
+        for s in servers.values():
+            s.stop()
+
+
 # ---------------------------------------------------------------- replay, failures
 def test_a_stored_result_is_replayed_without_running_the_handler(server, store, token, db):
     worker = Worker(urls=[server.url], token=token, wait_s=1, concurrency=2, grace_s=5)

@@ -54,8 +54,11 @@ class DispatcherClient:
         raw = await self._post("/v1/worker/lease", _encode(body), read_timeout_s=body.wait_s + 15.0)
         return _decode(_lease_out, raw)
 
-    async def outcomes(self, body: OutcomesIn) -> OutcomesOut:
-        return _decode(_outcomes_out, await self._post("/v1/worker/outcomes", _encode(body), read_timeout_s=10.0))
+    async def outcomes(self, body: OutcomesIn, timeout_s: float = 10.0) -> OutcomesOut:
+        """timeout_s: short enough that a frozen dispatcher is given up on (and
+        another tried) well within a claim period."""
+        raw = await self._post("/v1/worker/outcomes", _encode(body), read_timeout_s=timeout_s)
+        return _decode(_outcomes_out, raw)
 
     async def _post(self, path: str, content: bytes, read_timeout_s: float) -> bytes:
         timeout = httpx.Timeout(read_timeout_s, connect=self._http.timeout.connect)

@@ -304,6 +304,8 @@ class _Run:
             jobs, extra = out.jobs[:got], out.jobs[got:]
             self.slots.give(got - len(jobs))
             self.productive[client.url] = bool(jobs)
+            if jobs:
+                outbox.claim_s = jobs[0].claim_s
             for lj in extra:                            # more than asked for: not ours to run
                 outbox.release(Held(job_id=lj.job_id, lease_token=lj.lease_token))
             for lj in jobs:
@@ -556,6 +558,7 @@ class _Outbox:
         self.client = client
         self.others = others
         self.worker = worker
+        self.claim_s = 30.0               # this dispatcher's claim period, as its last lease said
         self.items: list[tuple[str, Any, float | None, asyncio.Future]] = []
         self.wake = asyncio.Event()
         self.idle = asyncio.Event()
@@ -609,7 +612,9 @@ class _Outbox:
             answer, error = None, None
             for client in (self.client, *self.others):
                 try:
-                    answer, error = await client.outcomes(body), None
+                    # a third of a claim: time to try another dispatcher before claims run out
+                    timeout_s = min(10.0, max(2.0, self.claim_s / 3))
+                    answer, error = await client.outcomes(body, timeout_s=timeout_s), None
                     break
                 except Refused as exc:                  # the request itself is wrong: not retried
                     error = exc
