@@ -255,3 +255,29 @@ BEGIN
       LEFT JOIN LATERAL mh_job_state(u.id, r.ord IS NULL) j ON true
      ORDER BY u.ord;
 END $$;
+
+-- claim_due for the dispatcher's batched round trips: a shard whose lease
+-- is not current answers with one row naming why (every other column
+-- NULL) instead of raising, so many shards' claims can go in one round
+-- trip without an error cutting the rest short. (claim_due checks the
+-- lease again; a lease that lapses in between still raises MH403.)
+CREATE FUNCTION claim_for_worker(p_shard int, p_limit int, p_owner text, p_epoch bigint,
+                                 p_lease_s real, p_worker text, p_names text[])
+RETURNS TABLE (job_id bigint, name text, payload text, attempt int, max_attempts int,
+               idempotency_key text, lease_token uuid, claim_expires_at timestamptz,
+               due_at timestamptz, run_at timestamptz, replay text, refused text)
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM shards s
+     WHERE s.shard = p_shard AND s.owner = p_owner AND s.epoch = p_epoch AND s.lease_expires_at > mh_now();
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::int, NULL::int, NULL::text, NULL::uuid,
+                            NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::text,
+                            format('shard %s: %L does not hold a current lease with epoch %s', p_shard, p_owner, p_epoch);
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT c.job_id, c.name, c.payload::text, c.attempt, c.max_attempts, c.idempotency_key, c.lease_token,
+           c.claim_expires_at, c.due_at, c.run_at, c.replay::text, NULL::text
+      FROM claim_due(p_shard, p_limit, p_owner, p_epoch, p_lease_s, p_worker, p_names) c;
+END $$;

@@ -174,12 +174,10 @@ SELECT (SELECT version_num FROM alembic_version LIMIT 1) AS revision
 
 -- name: claim_for_worker
 -- Claim up to limit due jobs of one shard for one worker, of the given names
--- (NULL: any). The payload and a replayed result come as JSON text: the
--- dispatcher hands them on without decoding them.
-SELECT job_id, name, payload::text AS payload, attempt, max_attempts, idempotency_key, lease_token,
-       claim_expires_at, due_at, run_at, replay::text AS replay
-  FROM claim_due(%(shard)s::int, %(limit)s::int, %(owner)s::text, %(epoch)s::bigint, %(lease_s)s::real,
-                 %(worker)s::text, %(names)s::text[])
+-- (NULL: any); a stale lease is one row with `refused` set. The payload and a
+-- replayed result come as JSON text: the dispatcher hands them on as they are.
+SELECT * FROM claim_for_worker(%(shard)s::int, %(limit)s::int, %(owner)s::text, %(epoch)s::bigint,
+                               %(lease_s)s::real, %(worker)s::text, %(names)s::text[])
 
 -- name: release_many
 -- Give back claimed jobs that were not started (due again at once, the attempt not counted).

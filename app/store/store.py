@@ -252,16 +252,36 @@ class Store:
         return Submitted(**row)
 
     # ------------------------------------------------------------ dispatch
+    @staticmethod
+    def each_alone(conn: psycopg.Connection, sql: str, params: Sequence[dict[str, Any]]
+                   ) -> list[list[dict[str, Any]]]:
+        """The statement once per item, all sent in ONE round trip, each its
+        own transaction: a Sync follows each, so no transaction holds rows of
+        more than one shard (on Citus, a single-shard transaction each).
+        psycopg's public Pipeline.sync() would wait for each result in turn
+        (a round trip per statement), so the Sync is queued with its
+        _enqueue_sync (pinned down by tests/test_pipeline.py).
+
+        Meant for statements that do not fail in normal operation (refusals
+        come back as rows). If one fails anyway, the error is raised and the
+        connection closed (the pool replaces it): the statements after it
+        ran, each in its own transaction, but their results are not read."""
+        cursors = []
+        try:
+            with conn.pipeline() as pipe:
+                for p in params:
+                    cursors.append(conn.cursor().execute(sql, p))
+                    pipe._enqueue_sync()
+        except psycopg.Error:
+            conn.close()
+            raise
+        return [cur.fetchall() for cur in cursors]
+
     def _pipelined(self, name: str, params: Sequence[dict[str, Any]]) -> list[dict[str, Any] | None]:
-        """The statement once per item, all in one round trip, each its own
-        transaction (a sync after each: one transaction holding many shards'
-        rows could deadlock with another dispatcher's); the first row of each."""
-        with self.connection() as conn, conn.pipeline() as pipe:
-            cursors = []
-            for p in params:
-                cursors.append(conn.cursor().execute(q(name), p))
-                pipe.sync()
-        return [c.fetchone() for c in cursors]
+        """The statement once per item, in one round trip, each its own
+        transaction (each_alone); the first row of each."""
+        with self.connection() as conn:
+            return [r[0] if r else None for r in self.each_alone(conn, q(name), params)]
 
     def take_leases(self, shards: Sequence[int], owner: str, ttl_s: float) -> dict[int, int]:
         """Take or renew shard leases; {shard: epoch} for those now held."""
@@ -275,10 +295,11 @@ class Store:
 
     def _claim_each(self, name: str, params: Sequence[dict[str, Any]]
                     ) -> tuple[list[tuple[int, list[dict[str, Any]]]], dict[int, str]]:
-        """A claim statement once per shard (params carry "shard"), all in one
-        round trip; a sync after each makes it its own transaction, so a
-        shard whose lease went stale is refused alone. Returns the rows per
-        shard claimed, and {shard: why} for the shards refused."""
+        """A claim statement that raises for a stale lease, once per shard
+        (params carry "shard"), each in its own transaction; a stale shard is
+        refused alone. A round trip per shard (pipe.sync() reads each result
+        before the next is sent): the dispatcher uses claim_for_workers.
+        Returns the rows per shard claimed, and {shard: why} for the refused."""
         refused: dict[int, str] = {}
         with self.pool.connection() as conn:
             self._apply_clock(conn)
@@ -315,15 +336,17 @@ class Store:
     def claim_for_workers(self, requests: Sequence[tuple[int, int, int, str, Sequence[str] | None]],
                           owner: str, lease_s: float) -> tuple[list[list[dict[str, Any]] | None], dict[int, str]]:
         """Claims for workers, one per request (shard, epoch, limit, worker,
-        job names or None), all in one round trip: the rows of each
-        (claim_for_worker: payload and replay as JSON text; None when its
-        shard's lease was stale), and {shard: why} for the stale ones."""
-        claimed, refused = self._claim_each("claim_for_worker", [
-            {"shard": shard, "limit": limit, "owner": owner, "epoch": epoch, "lease_s": lease_s,
-             "worker": worker, "names": list(names) if names is not None else None}
-            for shard, epoch, limit, worker, names in requests])
-        rows = iter(claimed)
-        return [None if shard in refused else next(rows)[1] for shard, *_ in requests], refused
+        job names or None), all in one round trip, each its own transaction:
+        the rows of each (claim_for_worker: payload and replay as JSON text;
+        None when its shard's lease was stale), and {shard: why} for those."""
+        with self.connection() as conn:
+            results = self.each_alone(conn, q("claim_for_worker"), [
+                {"shard": shard, "limit": limit, "owner": owner, "epoch": epoch, "lease_s": lease_s,
+                 "worker": worker, "names": list(names) if names is not None else None}
+                for shard, epoch, limit, worker, names in requests])
+        refused = {shard: rows[0]["refused"] for (shard, *_), rows in zip(requests, results)
+                   if rows and rows[0]["refused"] is not None}
+        return [None if shard in refused else rows for (shard, *_), rows in zip(requests, results)], refused
 
     # ------------------------------------------------------------ outcomes
     def start(self, items: Sequence[tuple[int, Any]]) -> list[Outcome]:

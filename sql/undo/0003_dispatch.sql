@@ -1,6 +1,7 @@
 -- Undo revision 0003 (sql/008_dispatch.sql): drop what it made and put back
 -- the revision-0001 bodies it replaced (copied from sql/002_wheel.sql and
 -- sql/004_claim.sql).
+DROP FUNCTION claim_for_worker(int, int, text, bigint, real, text, text[]);
 DROP FUNCTION release_many(bigint[], uuid[]);
 DROP FUNCTION claim_due(int, int, text, bigint, real, text, text[]);
 DROP FUNCTION mh_claim_named_sql(int);
