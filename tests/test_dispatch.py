@@ -292,3 +292,21 @@ def test_a_stale_token_after_the_job_was_claimed_again_is_refused(db_dsn, store,
     assert "lease token does not match" in problem["detail"]
     row = job_row(db_dsn, job.job_id)
     assert row["state"] == "claimed" and str(row["lease_token"]) == new and row["claimed_by"] == "b"
+
+
+def test_a_worker_that_hangs_up_mid_poll_is_not_handed_jobs(db_dsn, store, server, token):
+    """A long-poll whose worker went away (killed, network cut) is dropped at
+    once: a job submitted afterwards goes to the next worker that asks, not
+    into a dead connection to wait for its claim to expire."""
+    import socket
+    body = json.dumps({"worker": "dead", "capacity": 5, "wait_s": 30}).encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.sendall(b"POST /v1/worker/lease HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  + f"Authorization: Bearer {token}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        time.sleep(0.5)                              # it is waiting on the dispatcher now
+    time.sleep(0.3)
+    job = store.submit("t", JobSpec(name="work"))
+    status, out = call(server, "/v1/worker/lease", {"worker": "alive", "capacity": 5, "wait_s": 5}, token)
+    assert status == 200 and [j["job_id"] for j in out["jobs"]] == [str(job.job_id)]
+    row = job_row(db_dsn, job.job_id)
+    assert row["claimed_by"] == "alive" and row["attempts"] == 1

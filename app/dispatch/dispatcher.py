@@ -26,6 +26,7 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 import msgspec
@@ -35,6 +36,7 @@ from app.dispatch.outcomes import OutcomeWriter
 from app.dispatch.protocol import LeasedJob, Replay
 from app.dispatch.shards import ShardKeeper
 from app.futures import settle
+from app.maintenance.schedule import MaintenanceSchedule
 from app.settings import Settings
 from app.store.store import Store
 
@@ -64,6 +66,7 @@ class Dispatcher:
         self.writer = OutcomeWriter(store, extend_s=settings.claim_lease_s)
         self.keeper = ShardKeeper(store, self.name, len(store.shard_owners()), settings.shard_lease_s,
                                   self._leases_changed)
+        self.maintenance = MaintenanceSchedule(store, self.name, lambda: sorted(self._leases))
         self._cond = threading.Condition()
         self._waiters: deque[Waiter] = deque()
         self._leases: dict[int, int] = {}
@@ -83,6 +86,7 @@ class Dispatcher:
         for t in self._threads:
             t.start()
         self.keeper.start()
+        self.maintenance.start()
         log.info("dispatcher %s started", self.name)
 
     def stop(self) -> None:
@@ -94,13 +98,17 @@ class Dispatcher:
         settle((w.future, w.loop, [], None) for w in gone)
         for t in self._threads:
             t.join(timeout=10)
+        self.maintenance.stop()
         self.keeper.stop()
         self.writer.close()
         log.info("dispatcher %s stopped", self.name)
 
     # ------------------------------------------------------------ workers ask
-    async def lease(self, worker: str, capacity: int, names: list[str] | None, wait_s: float) -> list[LeasedJob]:
-        """Up to `capacity` jobs for this worker, waiting up to wait_s for them."""
+    async def lease(self, worker: str, capacity: int, names: list[str] | None, wait_s: float,
+                    gone: Awaitable[object] | None = None) -> list[LeasedJob]:
+        """Up to `capacity` jobs for this worker, waiting up to wait_s for them.
+        `gone` completes if the worker hangs up first: then nothing is
+        claimed for it, or what was claimed is given back at once."""
         loop = asyncio.get_running_loop()
         waiter = Waiter(worker, min(capacity, self.settings.dispatch_batch),
                         tuple(sorted(set(names))) if names is not None else None, loop.create_future(), loop)
@@ -109,15 +117,24 @@ class Dispatcher:
                 return []
             self._waiters.append(waiter)
             self._cond.notify()
+        watch = asyncio.ensure_future(gone) if gone is not None else None
         try:
-            return await asyncio.wait_for(asyncio.shield(waiter.future), wait_s)
-        except asyncio.TimeoutError:
-            with self._cond:
-                if waiter.state == "waiting":
-                    waiter.state = "gone"
-                    self._waiters.remove(waiter)
-                    return []
-            return await waiter.future           # being served right now: the answer is moments away
+            done, _ = await asyncio.wait([waiter.future, *([watch] if watch else [])], timeout=wait_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if watch is not None:
+                watch.cancel()
+        if waiter.future.done():
+            return waiter.future.result()
+        with self._cond:
+            if waiter.state == "waiting":         # timed out, or the worker left: nothing claimed for it
+                waiter.state = "gone"
+                self._waiters.remove(waiter)
+                return []
+        if watch is not None and watch in done:   # being served for a worker that left: its jobs go back
+            waiter.future.cancel()
+            return []
+        return await waiter.future               # being served right now: the answer is moments away
 
     # ------------------------------------------------------------ events
     def _leases_changed(self, leases: dict[int, int]) -> None:

@@ -48,6 +48,13 @@ def _job_id(text: str) -> int:
     return job_id
 
 
+async def _hung_up(request: Request) -> None:
+    """Completes when the client disconnects (the body has been read, so the
+    next ASGI message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def _result(raw: msgspec.Raw | msgspec.UnsetType) -> bytes | None:
     """The result's JSON text, passed to the database as it is; None for none or null."""
     text = b"null" if raw is msgspec.UNSET else bytes(raw)
@@ -91,7 +98,8 @@ def router(ctx: Context, dispatcher: Dispatcher) -> Router:
                       "expiry: heartbeat before it, then complete or fail.", responses=responses)
     async def lease(request: Request, credential: NamedDependency[str]) -> LeaseOut:
         body = problems.decode(LEASE, await request.body())
-        return LeaseOut(await dispatcher.lease(body.worker, body.capacity, body.names, body.wait_s))
+        return LeaseOut(await dispatcher.lease(body.worker, body.capacity, body.names, body.wait_s,
+                                               gone=_hung_up(request)))
 
     @post("/outcomes", operation_id="reportOutcomes", status_code=200, security=SECURITY, tags=["workers"],
           request_max_body_size=ctx.settings.api_max_batch_body_bytes,
