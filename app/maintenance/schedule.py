@@ -21,6 +21,8 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from app.store.store import Store
 
 log = logging.getLogger(__name__)
+# APScheduler logs every run of every job at INFO: once a second here.
+logging.getLogger("apscheduler").setLevel(logging.WARNING)
 
 
 class MaintenanceSchedule:
