@@ -351,14 +351,21 @@ class _Run:
                                 result=msgspec.Raw(msgspec.json.encode(lj.replay.result)))
             await self.report(run, "complete", outcome, "job_replayed", ids)
             return
-        keep_alive = asyncio.create_task(self.keep_alive(run))
-        log.debug("job_started", **self.fields(**ids))
+        # Heartbeats start a third of the claim period in (a timer costs less
+        # than a task, and most jobs are done by then).
+        keep_alive: list[asyncio.Task] = []
+        timer = asyncio.get_running_loop().call_later(
+            job.claim_s / 3, lambda: keep_alive.append(asyncio.ensure_future(self.keep_alive(run))))
+        if log.isEnabledFor(logging.DEBUG):             # per job: skip building the fields when off
+            log.debug("job_started", **self.fields(**ids))
         try:
             outcome, event = await self.call_handler(run, lj)
         finally:
             run.handler_done = True
             self.slots.give(1)
-            keep_alive.cancel()
+            timer.cancel()
+            for task in keep_alive:
+                task.cancel()
         kind = "complete" if isinstance(outcome, Completed) else "fail"
         await self.report(run, kind, outcome, event, ids)
 
@@ -400,14 +407,16 @@ class _Run:
         answer = await run.outbox.send(kind, outcome)
         if answer is not None and answer.ok:
             level = logging.WARNING if kind == "fail" else logging.INFO
-            log.log(level, event, **self.fields(**ids, duration_ms=duration, error=error, state=answer.state))
+            if log.isEnabledFor(level):
+                log.log(level, event, **self.fields(**ids, duration_ms=duration, error=error, state=answer.state))
 
     async def keep_alive(self, run: _Running) -> None:
-        """Heartbeat every third of the claim period while the handler runs; a
+        """Heartbeat every third of the claim period while the handler runs
+        (started a third of the way in: the first beat goes at once); a
         claim that lapses or is refused marks the job lost."""
         job = run.job
         period = job.claim_s / 3
-        next_beat = time.monotonic() + period
+        next_beat = time.monotonic()
         while True:
             now = time.monotonic()
             await asyncio.sleep(max(0.0, min(next_beat, run.deadline) - now))
