@@ -79,8 +79,9 @@ class Process:
 class Server(Process):
     """`minutehand serve` (API + dispatcher) or `minutehand dispatcher` on dsn."""
 
-    def __init__(self, dsn: str, *extra: str, role: str = "serve", name: str | None = None):
-        self.port = free_port()
+    def __init__(self, dsn: str, *extra: str, role: str = "serve", name: str | None = None,
+                 port: int | None = None):
+        self.port = port or free_port()              # a port: e.g. a restart where the workers expect it
         self.url = f"http://127.0.0.1:{self.port}"
         self.name = name or f"{role}-{self.port}"
         super().__init__([sys.executable, "-m", "app.cli.main", role, "--database-url", dsn,

@@ -1,0 +1,432 @@
+"""Crashes, failover and chaos with real processes (issue 4): `minutehand
+serve` / `minutehand dispatcher` and `minutehand worker` children on a real
+database, killed with SIGKILL or paused with SIGSTOP. No mocks.
+
+- a worker killed mid-job: the job comes back when its claim expires and
+  succeeds on another worker, on attempt 2;
+- heartbeats keep a 30 s job on a 5 s claim: one attempt, one run;
+- a dispatcher killed: the survivor owns every shard within one lease
+  period (plus a renewal tick), and every job still succeeds;
+- a dispatcher paused past its lease (SIGSTOP) and resumed: it claims
+  nothing under its old epochs, nothing is delivered twice;
+- chaos: 20,000 jobs, workers killed every ~2 s and a dispatcher once:
+  every job succeeds, no job ran more often than it was delivered, every
+  guarded side effect happened exactly once;
+- a dead worker's open long-poll does not swallow a job: the job goes to
+  a live worker on its first attempt.
+
+The handlers (tests/worker_apps.py) record every run in table `runs` and
+guarded effects in `side_effects`; here both live in the test's database.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import random
+import re
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from app.store.records import JobSpec
+from tests.processes import Process, Server, WorkerProcess, logs, wait_until
+from tests.support import make_store
+from tests.worker_apps import RUNS_DDL
+
+SHARDS = 256
+TEAM = "t"
+
+
+class ClaimsNeverExpire(AssertionError):
+    """Claims long past their expiry were never returned to the due pool."""
+
+
+class Fleet:
+    """Every process a test starts, stopped (workers first) at its end, and
+    the database the test reads its verdicts from."""
+
+    def __init__(self, dsn: str):
+        self.dsn = dsn
+        self.db = psycopg.connect(dsn, autocommit=True)
+        self.db.execute(RUNS_DDL)
+        self.store = make_store(dsn, clock=None)
+        self.store.create_team(TEAM, quota=100_000)
+        self.token = self.store.create_worker_token("fleet")
+        self.procs: list[Process] = []
+
+    # ------------------------------------------------------------ processes
+    def server(self, *extra: str, role: str = "serve", name: str | None = None,
+               port: int | None = None) -> Server:
+        s = Server(self.dsn, *extra, role=role, name=name, port=port)
+        self.procs.append(s)
+        return s
+
+    def worker(self, urls: list[str], concurrency: int = 10, label: str = "worker") -> WorkerProcess:
+        w = WorkerProcess("recorder", urls, self.token, concurrency=concurrency, label=label,
+                          env={"MINUTEHAND_TEST_EFFECTS_DSN": self.dsn, "MINUTEHAND_WORKER_GRACE_S": "1"})
+        self.procs.append(w)
+        return w
+
+    def logs(self, tail: int = 60, live_only: bool = False) -> str:
+        """Every process's last lines (live_only: the dispatchers' and the live workers')."""
+        return logs(*[p for p in self.procs if not live_only or p.alive() or not isinstance(p, WorkerProcess)],
+                    tail=tail)
+
+    def stop(self) -> None:
+        for p in sorted(self.procs, key=lambda p: not isinstance(p, WorkerProcess)):
+            try:
+                p.stop(timeout_s=15)
+            except Exception:                       # noqa: BLE001 - stop the others anyway
+                p.kill()
+        self.store.close()
+        self.db.close()
+
+    # ------------------------------------------------------------ jobs
+    def submit(self, specs: list[JobSpec], batch: int = 1000) -> list[int]:
+        ids = []
+        for i in range(0, len(specs), batch):
+            items = self.store.submit_many(TEAM, specs[i:i + batch])
+            bad = [it.error for it in items if it.error]
+            assert not bad, bad[:5]
+            ids += [it.job_id for it in items]
+        return ids
+
+    def one(self, sql: str, *args):
+        return self.db.execute(sql, args).fetchone()
+
+    def states(self) -> dict[str, int]:
+        return dict(self.db.execute("SELECT state::text, count(*) FROM jobs GROUP BY 1").fetchall())
+
+    def all_succeeded(self, n: int) -> bool:
+        return self.states() == {"succeeded": n}
+
+    def runs(self, job_id: int) -> list[tuple[int, int]]:
+        """(attempt, pid) of each run of the job, in order."""
+        return self.db.execute("SELECT attempt, pid FROM runs WHERE job_id = %s ORDER BY at",
+                               (job_id,)).fetchall()
+
+    def owners(self) -> dict[str | None, int]:
+        """Shards per current (unexpired) lease holder; None: free or expired."""
+        return dict(self.db.execute(
+            "SELECT CASE WHEN lease_expires_at > now() THEN owner END, count(*) FROM shards GROUP BY 1"
+        ).fetchall())
+
+    def stale_claims(self, grace_s: float = 15.0) -> int:
+        """Claims more than grace_s past their expiry: maintenance returns
+        expired claims every second, so there should be none."""
+        return self.one("SELECT count(*) FROM jobs WHERE state IN ('claimed', 'running') "
+                        "AND claim_expires_at < now() - make_interval(secs => %s)", grace_s)[0]
+
+    def done_or_stuck(self, n: int) -> bool:
+        """All n jobs succeeded; raises ClaimsNeverExpire if expired claims are not being returned."""
+        if stale := self.stale_claims():
+            raise ClaimsNeverExpire(f"{stale} claims expired long ago and were never returned to the due pool")
+        return self.all_succeeded(n)
+
+    def split(self, *names: str) -> bool:
+        """Every shard leased, each of the named dispatchers holding some."""
+        o = self.owners()
+        return sum(o.get(n, 0) for n in names) == SHARDS and all(o.get(n, 0) > 0 for n in names)
+
+    def overdelivered(self) -> list[tuple]:
+        """Jobs that ran more often than they were delivered, or never ran."""
+        return self.db.execute(
+            """SELECT j.id, j.attempts, count(r.job_id) AS runs FROM jobs j
+                 LEFT JOIN runs r ON r.job_id = j.id
+                GROUP BY j.id, j.attempts HAVING count(r.job_id) > j.attempts OR count(r.job_id) = 0
+                LIMIT 20""").fetchall()
+
+
+@pytest.fixture
+def fleet(db_dsn: str) -> Iterator[Fleet]:
+    f = Fleet(db_dsn)
+    try:
+        yield f
+    finally:
+        f.stop()
+
+
+def work(n: int, **payload) -> list[JobSpec]:
+    return [JobSpec(name="work", payload=dict(payload)) for _ in range(n)]
+
+
+def wait_or_fail(fleet: Fleet, check, timeout_s: float, what: str):
+    """wait_until, with every process's log in the failure."""
+    try:
+        return wait_until(check, timeout_s, what, every_s=0.1)
+    except AssertionError as exc:                   # the same type (ClaimsNeverExpire), more detail
+        raise type(exc)(f"{exc}\njobs: {fleet.states()}\n{fleet.logs()}") from None
+
+
+# ---------------------------------------------------------------- 1. a worker killed mid-job
+def test_worker_killed_mid_job_is_run_again_elsewhere(fleet: Fleet):
+    server = fleet.server("--claim-lease-s", "3")
+    # One slot, busy with the job: A has no long-poll open when it dies, so
+    # the attempt count is exact (an open one is dropped when its worker hangs
+    # up: test_a_dead_workers_open_long_poll_does_not_swallow_jobs).
+    a = fleet.worker([server.url], concurrency=1, label="worker-a")
+    [job] = fleet.submit([JobSpec(name="work", payload={"sleep_s": 4})])
+
+    wait_or_fail(fleet, lambda: fleet.runs(job), 30, "worker A to start the job")
+    assert fleet.runs(job) == [(1, a.pid)]
+    killed_at = time.monotonic()
+    a.kill()
+    b = fleet.worker([server.url], label="worker-b")
+
+    wait_or_fail(fleet, lambda: fleet.done_or_stuck(1), 40, "the job to succeed on worker B")
+    took = time.monotonic() - killed_at
+    row = fleet.one("SELECT state::text, attempts, claimed_by, last_error FROM jobs WHERE id = %s", job)
+    runs = fleet.runs(job)
+    print(f"\njob back and done {took:.1f} s after the kill; runs {runs}; {row}")
+    assert row[0] == "succeeded" and row[1] == 2, fleet.logs()
+    assert runs == [(1, a.pid), (2, b.pid)], fleet.logs()
+    assert (row[2] or "").endswith(f":{b.pid}"), row          # claimed_by: worker B's id (host:pid)
+
+
+def test_a_dead_workers_open_long_poll_does_not_swallow_jobs(fleet: Fleet):
+    """A worker killed while its long-poll is open: a job due right after
+    must go to a live worker on its first attempt, not to the dead poll
+    (which would cost it an attempt and a claim period)."""
+    server = fleet.server("--claim-lease-s", "3")
+    a = fleet.worker([server.url], concurrency=1, label="worker-a")
+    wait_or_fail(fleet, lambda: "worker_started" in a.output(), 30, "worker A to start")
+    time.sleep(1.0)                                   # A's first long-poll (wait_s 10) is open
+    a.kill()
+    [job] = fleet.submit([JobSpec(name="work")])
+    b = fleet.worker([server.url], label="worker-b")
+
+    wait_or_fail(fleet, lambda: fleet.all_succeeded(1), 30, "the job to succeed on worker B")
+    attempts, last_error = fleet.one("SELECT attempts, last_error FROM jobs WHERE id = %s", job)
+    print(f"\nattempts {attempts}, runs {fleet.runs(job)}, last error {last_error!r}")
+    assert (attempts, fleet.runs(job)) == (1, [(1, b.pid)]), last_error
+
+
+# ---------------------------------------------------------------- 2. heartbeats
+def test_heartbeats_keep_a_30s_job_alive_on_a_5s_claim(fleet: Fleet):
+    """Slow-ish (~35 s): a 30 s job on a 5 s claim, renewed by heartbeat."""
+    server = fleet.server("--claim-lease-s", "5")
+    w = fleet.worker([server.url])
+    [job] = fleet.submit([JobSpec(name="work", payload={"sleep_s": 30})])
+
+    wait_or_fail(fleet, lambda: fleet.runs(job), 30, "the job to start")
+    claimed_at, first_expiry = fleet.one("SELECT claimed_at, claim_expires_at FROM jobs WHERE id = %s", job)
+    assert first_expiry <= claimed_at + dt.timedelta(seconds=5.5)
+    # The claim keeps moving forward while the handler sleeps, never more than a claim ahead.
+    expiries = []
+    for _ in range(25):
+        time.sleep(1)
+        state, expires, now = fleet.one("SELECT state::text, claim_expires_at, now() FROM jobs WHERE id = %s", job)
+        if state != "claimed":
+            break
+        assert expires > now, f"the claim lapsed while the job ran\n{fleet.logs()}"
+        expiries.append(expires)
+    assert len(expiries) >= 20 and expiries[-1] >= claimed_at + dt.timedelta(seconds=20), (expiries, fleet.logs())
+
+    wait_or_fail(fleet, lambda: fleet.all_succeeded(1), 30, "the job to succeed")
+    state, attempts, last_error = fleet.one("SELECT state::text, attempts, last_error FROM jobs WHERE id = %s", job)
+    assert (state, attempts, last_error) == ("succeeded", 1, None), fleet.logs()
+    assert fleet.runs(job) == [(1, w.pid)], fleet.logs()
+
+
+# ---------------------------------------------------------------- 3. a dispatcher killed
+def test_dispatcher_killed_its_shards_are_taken_over_within_a_lease(fleet: Fleet):
+    lease_s = 3.0
+    flags = ("--shard-lease-s", str(lease_s), "--claim-lease-s", "5")
+    d1 = fleet.server(*flags, role="dispatcher", name="d1")
+    d2 = fleet.server(*flags, role="dispatcher", name="d2")
+    workers = [fleet.worker([d1.url, d2.url], label=f"worker-{i}") for i in range(2)]
+    wait_or_fail(fleet, lambda: fleet.split("d1", "d2"), 20, "d1 and d2 to split the shards")
+    print(f"\nbefore the kill: {fleet.owners()}")
+
+    n = 3000
+    fleet.submit(work(n, sleep_s=0.01))
+    wait_or_fail(fleet, lambda: fleet.states().get("succeeded", 0) >= n // 4, 60, "a quarter of the jobs done")
+    in_flight = fleet.states()
+
+    d1.kill()
+    killed = time.monotonic()
+    wait_or_fail(fleet, lambda: fleet.owners().get("d2") == SHARDS, lease_s * 3, "d2 to own every shard")
+    takeover = time.monotonic() - killed
+    print(f"jobs at the kill: {in_flight}; d2 owns all {SHARDS} shards {takeover:.2f} s after the SIGKILL of d1")
+    assert takeover <= lease_s * 1.2 + 1.0, f"takeover took {takeover:.2f} s\n{fleet.logs()}"
+
+    wait_or_fail(fleet, lambda: fleet.done_or_stuck(n), 60, "every job to succeed")
+    assert not fleet.overdelivered(), (fleet.overdelivered(), fleet.logs())
+    assert all(w.alive() for w in workers), fleet.logs()
+
+
+# ---------------------------------------------------------------- 4. a dispatcher paused, then resumed
+class LeaseHistory:
+    """Every (owner, epoch) each shard's lease had, and when (database time)
+    it was first seen; sampled every 20 ms in a thread."""
+
+    def __init__(self, dsn: str):
+        self.seen: dict[tuple[int, str | None, int], dt.datetime] = {}
+        self._stop = threading.Event()
+        self._conn = psycopg.connect(dsn, autocommit=True)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            rows = self._conn.execute(
+                "SELECT mh_now(), shard, CASE WHEN lease_expires_at > mh_now() THEN owner END, epoch FROM shards"
+            ).fetchall()
+            for now, shard, owner, epoch in rows:
+                self.seen.setdefault((shard, owner, epoch), now)
+            self._stop.wait(0.02)
+
+    def first_held(self, shard: int, owner: str, above_epoch: int) -> dt.datetime | None:
+        """When `owner` was first seen holding `shard` with an epoch above `above_epoch`."""
+        times = [t for (s, o, e), t in self.seen.items() if s == shard and o == owner and e > above_epoch]
+        return min(times, default=None)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._conn.close()
+
+
+def test_paused_dispatcher_claims_nothing_under_its_old_epoch(fleet: Fleet):
+    lease_s = 3.0
+    flags = ("--shard-lease-s", str(lease_s), "--claim-lease-s", "10")
+    a = fleet.server(*flags, role="dispatcher", name="a")
+    b = fleet.server(*flags, role="dispatcher", name="b")
+    # One worker per dispatcher: the pid in `runs` tells which dispatcher delivered a job.
+    wa = fleet.worker([a.url], concurrency=5, label="worker-a")
+    wb = fleet.worker([b.url], concurrency=5, label="worker-b")
+    wait_or_fail(fleet, lambda: fleet.split("a", "b"), 20, "a and b to split the shards")
+    history = LeaseHistory(fleet.dsn)
+    try:
+        a.signal(signal.SIGSTOP)
+        log_at_pause = len(a.output())
+        old = dict(fleet.db.execute("SELECT shard, epoch FROM shards").fetchall())
+        owned_by_a = {s for s, o in fleet.db.execute("SELECT shard, owner FROM shards").fetchall() if o == "a"}
+        paused = time.monotonic()
+        wait_or_fail(fleet, lambda: fleet.owners().get("b") == SHARDS, lease_s * 3, "b to take every shard")
+        print(f"\nb took a's {len(owned_by_a)} shards {time.monotonic() - paused:.2f} s after SIGSTOP")
+        epochs = dict(fleet.db.execute("SELECT shard, epoch FROM shards").fetchall())
+        assert all(epochs[s] > old[s] for s in owned_by_a), "takeover must raise the fencing epoch"
+
+        n = 600
+        ids = fleet.submit(work(n, sleep_s=0.05))
+        time.sleep(1.0)                               # b is dispatching them; a wakes to stale leases
+        a.signal(signal.SIGCONT)
+        resumed = time.monotonic()
+        wait_or_fail(fleet, lambda: fleet.done_or_stuck(n), 90, "every job to succeed")
+        print(f"all {n} done {time.monotonic() - resumed:.1f} s after SIGCONT; shards now {fleet.owners()}")
+    finally:
+        history.stop()
+
+    rows = fleet.db.execute(
+        """SELECT j.id, j.shard, j.attempts, j.claimed_at, array_agg(r.pid ORDER BY r.at)
+             FROM jobs j LEFT JOIN runs r ON r.job_id = j.id GROUP BY j.shard, j.id""").fetchall()
+    assert len(rows) == n and {r[0] for r in rows} == set(ids)
+    twice = [r for r in rows if r[2] != 1 or len(r[4]) != 1]
+    assert not twice, f"delivered more than once or not at all: {twice[:10]}\n{fleet.logs()}"
+
+    # Every job a delivered (run by its worker) was claimed under a lease a
+    # took after its pause, with a new epoch; never under the old one.
+    by_a = [r for r in rows if r[4] == [wa.pid]]
+    stale = []
+    for job_id, shard, _, claimed_at, _ in by_a:
+        since = history.first_held(shard, "a", old[shard])
+        if since is None or claimed_at < since - dt.timedelta(seconds=0.1):
+            stale.append((job_id, shard, claimed_at, since))
+    print(f"a delivered {len(by_a)} jobs after rejoining, b {sum(r[4] == [wb.pid] for r in rows)}")
+    assert not stale, f"a claimed under a stale lease: {stale[:10]}\n{fleet.logs()}"
+    assert by_a, f"a never dispatched again after rejoining\n{fleet.logs()}"
+
+    # What a wrote after its pause: refused claims (stale epochs) or shards lost.
+    after = [ln for ln in a.output()[log_at_pause:].splitlines() if "refused" in ln or "shards:" in ln]
+    print("a's log after the pause:", *after[:8], sep="\n  ")
+    assert any(re.search(r"claims refused on \d+ shards|shards: \d+ owned \(\+\d+ -[1-9]", ln) for ln in after), \
+        f"a's log shows neither refused claims nor lost shards after its pause\n{fleet.logs()}"
+
+
+# ---------------------------------------------------------------- 5. chaos
+def test_chaos_20000_jobs_with_workers_and_a_dispatcher_killed(fleet: Fleet):
+    n, deadline_s = 20_000, 240.0
+    rng = random.Random()
+    flags = ("--shard-lease-s", "3", "--claim-lease-s", "5")
+    dispatchers = [fleet.server(*flags, role="dispatcher", name=f"d{i}") for i in range(2)]
+    urls = [d.url for d in dispatchers]
+    workers = [fleet.worker(urls, concurrency=10, label=f"worker-{i}") for i in range(4)]
+    wait_or_fail(fleet, lambda: fleet.split("d0", "d1"), 20, "the dispatchers to split the shards")
+
+    started = time.monotonic()
+    # Half guarded (exactly-once effect, idempotency key); enough attempts that
+    # a job caught in several kills in a row is not set aside as dead.
+    specs = [JobSpec(name="work", payload={"guarded": True, "i": i}, idempotency_key=f"chaos-{i}",
+                     max_attempts=20) if i % 2 else JobSpec(name="work", payload={"i": i}, max_attempts=20)
+             for i in range(n)]
+    submit_errors: list[BaseException] = []
+
+    def submit_all() -> None:
+        try:
+            fleet.submit(specs)
+        except BaseException as exc:                # noqa: BLE001 - raised in the test below
+            submit_errors.append(exc)
+
+    submitter = threading.Thread(target=submit_all, daemon=True)
+    submitter.start()
+
+    def chaos_logs() -> str:
+        return f"{worker_kills} workers and {dispatcher_kills} dispatcher killed\n" + fleet.logs(30, live_only=True)
+
+    worker_kills = dispatcher_kills = 0
+    next_kill = time.monotonic() + rng.uniform(1.5, 2.5)
+    dispatcher_kill_at = time.monotonic() + 6.0
+    try:
+        while True:
+            if submit_errors:
+                raise submit_errors[0]
+            states = fleet.states()
+            done = states.get("succeeded", 0)
+            if done == n and not submitter.is_alive():
+                break
+            now = time.monotonic()
+            assert now - started < deadline_s, f"not done after {deadline_s} s: {states}\n{chaos_logs()}"
+            assert not (states.keys() - {"scheduled", "claimed", "running", "retrying", "succeeded"}), \
+                f"{states}\n{chaos_logs()}"
+            if stale := fleet.stale_claims():
+                raise ClaimsNeverExpire(f"{stale} expired claims never returned: {states}\n{chaos_logs()}")
+            if now >= dispatcher_kill_at and not dispatcher_kills:
+                victim = rng.randrange(len(dispatchers))
+                old = dispatchers[victim]
+                old.kill()
+                dispatcher_kills += 1
+                # Back on the same port (the workers know that URL), under a new name.
+                dispatchers[victim] = fleet.server(*flags, role="dispatcher", name=f"d{victim}-again",
+                                                   port=old.port)
+            if now >= next_kill and n - done > 1000:
+                i = rng.randrange(len(workers))
+                workers[i].kill()
+                worker_kills += 1
+                workers[i] = fleet.worker(urls, concurrency=10, label=f"worker-{i}-{worker_kills}")
+                next_kill = now + rng.uniform(1.5, 2.5)
+            time.sleep(0.5)
+    finally:
+        submitter.join(60)
+    elapsed = time.monotonic() - started
+    print(f"\n{n} jobs succeeded in {elapsed:.1f} s; {worker_kills} workers and "
+          f"{dispatcher_kills} dispatcher SIGKILLed")
+
+    assert fleet.states() == {"succeeded": n}
+    assert not fleet.overdelivered(), (fleet.overdelivered(), chaos_logs())
+    effects = fleet.db.execute(
+        """SELECT j.id, count(s.job_id) FROM jobs j LEFT JOIN side_effects s ON s.job_id = j.id
+            WHERE (j.payload->>'guarded')::boolean IS NOT DISTINCT FROM true
+            GROUP BY j.id HAVING count(s.job_id) <> 1 LIMIT 20""").fetchall()
+    assert not effects, f"guarded jobs without exactly one side effect: {effects}"
+    guarded, unguarded_effects = fleet.one(
+        """SELECT (SELECT count(*) FROM jobs WHERE payload ? 'guarded'),
+                  (SELECT count(*) FROM side_effects s JOIN jobs j ON j.id = s.job_id
+                    WHERE NOT j.payload ? 'guarded')""")
+    assert (guarded, unguarded_effects) == (n // 2, 0)
+    stats = fleet.one("SELECT count(*) FILTER (WHERE attempts > 1), max(attempts), "
+                      "(SELECT count(*) FROM runs) FROM jobs")
+    print(f"jobs delivered more than once: {stats[0]}, most attempts {stats[1]}, runs {stats[2]}")
