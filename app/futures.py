@@ -1,12 +1,18 @@
-"""Answering asyncio futures from worker threads: the store is synchronous,
-so batches are written by threads, and each request waiting on its
-future (in an event loop) is resolved with one wake-up per loop."""
+"""Requests answered in batches by threads: the store is synchronous, so
+what many requests ask for is written by a few threads, each taking all
+that has queued up as one batch (BatchThreads), and each request waiting
+on its future (in an event loop) is resolved with one wake-up per loop
+(settle)."""
 from __future__ import annotations
 
 import asyncio
 import logging
+import queue
+import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -50,3 +56,47 @@ class _resolver:
 def _run_all(resolvers: list[Callable[[], None]]) -> None:
     for r in resolvers:
         r()
+
+
+class BatchThreads(Generic[T]):
+    """`threads` threads calling handle(batch) with what has been put: each
+    waits for one item, then takes whatever else is queued, up to `limit`
+    (counted by size(item)), without waiting for more. Nothing waits to
+    fill a batch: a lone item goes at once; under load, batches grow."""
+
+    def __init__(self, name: str, threads: int, handle: Callable[[list[T]], None], limit: int,
+                 size: Callable[[T], int] = lambda _: 1):
+        self._queue: queue.SimpleQueue[T | None] = queue.SimpleQueue()
+        self._handle, self._limit, self._size = handle, limit, size
+        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
+                         for i in range(threads)]
+        for t in self._threads:
+            t.start()
+
+    def put(self, item: T) -> None:
+        self._queue.put(item)
+
+    def close(self) -> None:
+        """Finish what is queued, then stop the threads."""
+        for _ in self._threads:
+            self._queue.put(None)
+        for t in self._threads:
+            t.join(timeout=10)
+
+    def _work(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch, n = [first], self._size(first)
+            while n < self._limit:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:                  # closing: this batch first, then stop
+                    self._queue.put(None)
+                    break
+                batch.append(item)
+                n += self._size(item)
+            self._handle(batch)

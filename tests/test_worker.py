@@ -204,7 +204,7 @@ def test_outcomes_go_through_another_dispatcher_when_theirs_is_frozen(db_dsn, st
 
         job_id = submit(store, "x")
         with caplog.at_level("INFO", logger="minutehand.worker"), running(worker):
-            wait_until(lambda: all_in(store, [job_id], {"succeeded"}), 20, "the job to succeed")
+            wait_until(lambda: all_in(store, [job_id], {"succeeded"}), 20, f"the job to succeed (frozen {frozen})")
             servers[frozen[0]].signal(signal.SIGCONT)
         assert store.status(job_id).attempts == 1
         assert any(r.getMessage() == "dispatcher_unavailable" and r.url == servers[frozen[0]].url
@@ -563,3 +563,23 @@ def test_after_the_grace_period_running_jobs_are_abandoned(server, store, token)
     assert time.monotonic() - t0 < 5
     assert [e["job_id"] for e in events if e["event"] == "job_abandoned"] == [job_id]
     assert store.status(job_id).state in ("claimed", "running")        # its claim expiry brings it back
+
+
+def test_one_slot_and_two_dispatchers_serves_both(db_dsn, store, token, db):
+    """With fewer slots than dispatchers, the slot goes round: jobs on either
+    dispatcher's shards all run (one poll loop must not keep the slot)."""
+    servers = [Server(db_dsn, name=name) for name in "cd"]
+    try:
+        wait_until(lambda: {o for (o,) in db.execute("SELECT DISTINCT owner FROM shards")} == {"c", "d"},
+                   30, "the two dispatchers to split the shards")
+        worker = Worker(urls=[s.url for s in servers], token=token, wait_s=1, concurrency=1, grace_s=5)
+        worker.job("x")(lambda job: None)
+        ids = [submit(store, "x") for _ in range(20)]
+        owners = {o for (o,) in db.execute("SELECT DISTINCT owner FROM shards WHERE shard = ANY(%s)",
+                                           ([i & 1023 for i in ids],))}
+        assert owners == {"c", "d"}                  # jobs on both dispatchers' shards
+        with running(worker):
+            wait_until(lambda: all_in(store, ids, {"succeeded"}), 20, "every job to succeed")
+    finally:
+        for s in servers:
+            s.stop()

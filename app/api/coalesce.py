@@ -19,14 +19,12 @@ second names the first's job).
 from __future__ import annotations
 
 import asyncio
-import queue
-import threading
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
-from app.futures import settle
+from app.futures import BatchThreads, settle
 from app.store.records import JobSpec, Submitted
 from app.store.store import Store
 
@@ -42,46 +40,24 @@ class _Pending:
 class SubmitCoalescer:
     def __init__(self, store: Store, workers: int = 4, max_batch: int = 1000):
         self.store = store
-        self.max_batch = max_batch
-        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._work, name=f"submit-{i}", daemon=True)
-                         for i in range(workers)]
-        for t in self._threads:
-            t.start()
+        self._threads = BatchThreads("submit", workers, self._send, max_batch)
 
     async def submit(self, team: str, spec: JobSpec) -> Submitted:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._queue.put(_Pending(team, spec, future, loop))
+        self._threads.put(_Pending(team, spec, future, loop))
         return await future
 
     def close(self) -> None:
-        for _ in self._threads:
-            self._queue.put(None)
-        for t in self._threads:
-            t.join(timeout=10)
+        self._threads.close()
 
     # ------------------------------------------------------------ workers
-    def _work(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            batch = [first]
-            while len(batch) < self.max_batch:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:                  # closing: finish this batch, then stop
-                    self._queue.put(None)
-                    break
-                batch.append(item)
-            by_team: dict[str, list[_Pending]] = {}
-            for p in batch:
-                by_team.setdefault(p.team, []).append(p)
-            for team, group in by_team.items():
-                self._settle(group, self._submit(team, group))
+    def _send(self, batch: list[_Pending]) -> None:
+        by_team: dict[str, list[_Pending]] = {}
+        for p in batch:
+            by_team.setdefault(p.team, []).append(p)
+        for team, group in by_team.items():
+            self._settle(group, self._submit(team, group))
 
     def _submit(self, team: str, group: list[_Pending]) -> list[tuple[Any, BaseException | None]]:
         """(result, exception) per item of the group, in order."""

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
-import threading
 from dataclasses import dataclass
 
 import psycopg
 
-from app.futures import settle
+from app.futures import BatchThreads, settle
 from app.store.records import Outcome
 from app.store.store import Store
 
@@ -39,12 +37,7 @@ class OutcomeWriter:
     def __init__(self, store: Store, *, extend_s: float, threads: int = 2, max_items: int = 5000):
         self.store = store
         self.extend_s = extend_s
-        self.max_items = max_items
-        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._work, name=f"outcomes-{i}", daemon=True)
-                         for i in range(threads)]
-        for t in self._threads:
-            t.start()
+        self._threads = BatchThreads("outcomes", threads, self._send, max_items, size=lambda p: len(p.items))
 
     async def write(self, kind: str, items: list[tuple], extend_s: float | None = None) -> list[Outcome]:
         """items per kind: heartbeat/release (id, token); complete (id, token,
@@ -53,42 +46,24 @@ class OutcomeWriter:
             return []
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._queue.put(_Pending(kind, items, extend_s, future, loop))
+        self._threads.put(_Pending(kind, items, extend_s, future, loop))
         return await future
 
     def release_later(self, items: list[tuple]) -> None:
         """Give jobs back without waiting for the answer."""
         if items:
-            self._queue.put(_Pending("release", items, None, None, None))
+            self._threads.put(_Pending("release", items, None, None, None))
 
     def close(self) -> None:
-        for _ in self._threads:
-            self._queue.put(None)
-        for t in self._threads:
-            t.join(timeout=10)
+        self._threads.close()
 
-    def _work(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            batch, size = [first], len(first.items)
-            while size < self.max_items:
-                try:
-                    p = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if p is None:                     # closing: write this batch, then stop
-                    self._queue.put(None)
-                    break
-                batch.append(p)
-                size += len(p.items)
-            groups: dict[tuple[str, float | None], list[_Pending]] = {}
-            for p in batch:
-                key = (p.kind, (p.extend_s or self.extend_s) if p.kind == "heartbeat" else None)
-                groups.setdefault(key, []).append(p)
-            for (kind, extend_s), group in groups.items():
-                self._write(kind, extend_s, group)
+    def _send(self, batch: list[_Pending]) -> None:
+        groups: dict[tuple[str, float | None], list[_Pending]] = {}
+        for p in batch:
+            key = (p.kind, (p.extend_s or self.extend_s) if p.kind == "heartbeat" else None)
+            groups.setdefault(key, []).append(p)
+        for (kind, extend_s), group in groups.items():
+            self._write(kind, extend_s, group)
 
     def _write(self, kind: str, extend_s: float | None, group: list[_Pending]) -> None:
         items = [i for p in group for i in p.items]

@@ -304,6 +304,11 @@ class _Run:
             jobs, extra = out.jobs[:got], out.jobs[got:]
             self.slots.give(got - len(jobs))
             self.productive[client.url] = bool(jobs)
+            if not jobs:
+                # Let a poll waiting for a slot (another dispatcher's) take the one
+                # just given back before this loop takes it again: with fewer
+                # slots than dispatchers, one loop could otherwise keep them all.
+                await asyncio.sleep(0)
             if jobs:
                 outbox.claim_s = jobs[0].claim_s
             for lj in extra:                            # more than asked for: not ours to run

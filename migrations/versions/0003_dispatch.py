@@ -5,8 +5,6 @@ give-back of unstarted jobs.
 Revision ID: 0003
 Revises: 0002
 """
-from alembic import op
-
 from app.store import sqlfiles
 
 revision = "0003"
@@ -15,14 +13,9 @@ branch_labels = None
 depends_on = None
 
 
-def _run(name: str) -> None:
-    # Through the psycopg connection, as in 0001 (PL/pgSQL bodies hold `:name`).
-    op.get_bind().connection.driver_connection.execute(sqlfiles.read(name))
-
-
 def upgrade() -> None:
-    _run("008_dispatch.sql")
+    sqlfiles.apply("008_dispatch.sql")
 
 
 def downgrade() -> None:
-    _run("undo/0003_dispatch.sql")
+    sqlfiles.apply("undo/0003_dispatch.sql")
