@@ -63,16 +63,17 @@ class Dispatcher:
         self.store = store
         self.name = settings.dispatcher_name or f"{socket.gethostname()}:{os.getpid()}"
         self.claim_s = settings.claim_lease_s
-        self.writer = OutcomeWriter(store, extend_s=settings.claim_lease_s)
-        self.keeper = ShardKeeper(store, self.name, len(store.shard_owners()), settings.shard_lease_s,
-                                  self._leases_changed)
-        self.maintenance = MaintenanceSchedule(store, self.name, lambda: sorted(self._leases))
+        # Made by start(): building the app (and its OpenAPI schema) needs no database.
+        self.writer: OutcomeWriter | None = None
+        self.keeper: ShardKeeper | None = None
+        self.maintenance: MaintenanceSchedule | None = None
         self._cond = threading.Condition()
         self._waiters: deque[Waiter] = deque()
         self._leases: dict[int, int] = {}
         self._due: dict[int, float] = {}          # shard -> next run time known (epoch s); absent: none soon
         self._recheck: set[int] = set()          # shards whose next run time must be read again
         self._generation = 0                      # bumped by every event that may make jobs claimable
+        self._marked: dict[int, int] = {}         # shard -> generation a NOTIFY last marked it due at
         self._empty: dict[tuple[str, ...] | None, int] = {}   # names -> generation they found nothing at
         self._next_refresh = 0.0
         self._cursor = 0
@@ -83,6 +84,10 @@ class Dispatcher:
 
     # ------------------------------------------------------------ life
     def start(self) -> None:
+        self.writer = OutcomeWriter(self.store, extend_s=self.claim_s)
+        self.keeper = ShardKeeper(self.store, self.name, len(self.store.shard_owners()),
+                                  self.settings.shard_lease_s, self._leases_changed)
+        self.maintenance = MaintenanceSchedule(self.store, self.name, lambda: sorted(self._leases))
         for t in self._threads:
             t.start()
         self.keeper.start()
@@ -149,9 +154,10 @@ class Dispatcher:
     def _mark_due(self, shards: set[int] | None) -> None:
         """Shards (None: all) got rows due now."""
         with self._cond:
+            self._generation += 1
             for s in (self._leases if shards is None else shards & self._leases.keys()):
                 self._due[s] = 0.0
-            self._generation += 1
+                self._marked[s] = self._generation
             self._cond.notify()
 
     def _drop(self, refused: dict[int, str]) -> None:
@@ -186,12 +192,14 @@ class Dispatcher:
             else:
                 shards = self._recheck & self._leases.keys()
             self._recheck.clear()
+            asked_at = self._generation
         if not shards:
             return
         times = self.store.next_due_many(sorted(shards))
         with self._cond:
             for s, t in times.items():
-                if s not in self._leases:
+                # A wake-up that came while the query ran is newer than its answer.
+                if s not in self._leases or self._marked.get(s, -1) > asked_at:
                     continue
                 if t is None:
                     self._due.pop(s, None)
@@ -273,9 +281,10 @@ class Dispatcher:
                     queue.append(s)               # may hold more, for the next one
         answers = []
         with self._cond:
-            self._recheck |= short
             for s in short:
-                self._due.pop(s, None)            # until its next run time is read again
+                if self._marked.get(s, -1) <= generation:   # no wake-up for it since this round began
+                    self._due.pop(s, None)        # until its next run time is read again
+                    self._recheck.add(s)
             for w in reversed(waiters):
                 if got[id(w)]:
                     w.state = "done"
