@@ -255,6 +255,7 @@ def test_worker_endpoints_refuse_bad_requests_with_a_clear_4xx_and_change_nothin
         ("/v1/worker/lease", {**lease, "wait_s": -1}, token, 422, "invalid-input"),
         ("/v1/worker/lease", {**lease, "worker": ""}, token, 422, "invalid-input"),
         ("/v1/worker/lease", {**lease, "names": ["x"] * 101}, token, 422, "invalid-input"),
+        ("/v1/worker/lease", {**lease, "names": []}, token, 422, "invalid-input"),      # handles nothing
         ("/v1/worker/lease", {**lease, "surprise": 1}, token, 422, "invalid-input"),
         ("/v1/worker/lease", b"{not json", token, 400, "malformed-request"),
         ("/v1/worker/jobs/123/complete", {"lease_token": str(uuid.uuid4())}, token, 404, "not-found"),

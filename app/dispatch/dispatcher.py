@@ -55,6 +55,7 @@ class Waiter:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     state: str = "waiting"               # waiting -> taken (being served) | gone (timed out)
+    expired: bool = False                # its wait ran out while it was being served
 
 
 class Dispatcher:
@@ -136,10 +137,13 @@ class Dispatcher:
                 waiter.state = "gone"
                 self._waiters.remove(waiter)
                 return []
-        if watch is not None and watch in done:   # being served for a worker that left: its jobs go back
+            # Being served right now: the answer is moments away (jobs, or
+            # none: then the round answers at once rather than queueing it again).
+            waiter.expired = True
+        if watch is not None and watch in done:   # the worker left: what is claimed for it goes back
             waiter.future.cancel()
             return []
-        return await waiter.future               # being served right now: the answer is moments away
+        return await waiter.future
 
     # ------------------------------------------------------------ events
     def _leases_changed(self, leases: dict[int, int]) -> None:
@@ -231,12 +235,17 @@ class Dispatcher:
 
     def _requeue_taken(self) -> None:
         """After a failed round: the waiters being served wait again."""
+        expired = []
         with self._cond:
             for w in reversed(self._taken):
-                if w.state == "taken":
+                if w.state == "taken" and w.expired:
+                    w.state = "done"
+                    expired.append(w)
+                elif w.state == "taken":
                     w.state = "waiting"
                     self._waiters.appendleft(w)
             self._taken = []
+        settle((w.future, w.loop, [], None) for w in expired)
 
     def _serve(self, waiters: list[Waiter]) -> None:
         """Claim for several waiters at once, each from shards of its own, in
@@ -286,7 +295,7 @@ class Dispatcher:
                     self._due.pop(s, None)        # until its next run time is read again
                     self._recheck.add(s)
             for w in reversed(waiters):
-                if got[id(w)]:
+                if got[id(w)] or w.expired:
                     w.state = "done"
                     answers.append((w, got[id(w)]))
                 else:                             # keeps its place; tried again after the next event

@@ -38,7 +38,8 @@ class LeaseIn(Struct, forbid_unknown_fields=True):
     up to wait_s seconds for the first one."""
     worker: Worker
     capacity: Annotated[int, Meta(ge=1, le=MAX_CAPACITY, description="how many jobs the worker has room for")]
-    names: Annotated[list[JobName], Meta(max_length=100)] | None = None
+    names: Annotated[list[JobName], Meta(min_length=1, max_length=100,
+                                         description="the job names it handles; null: any")] | None = None
     wait_s: Annotated[float, Meta(ge=0, le=MAX_WAIT_S, description="long-poll limit")] = 20.0
 
 

@@ -76,7 +76,9 @@ def _one(o: Outcome) -> OutcomeOut:
 
 def router(ctx: Context, dispatcher: Dispatcher) -> Router:
     tokens = TokenCache(ctx.settings.api_token_cache_s)
-    writer = dispatcher.writer
+
+    async def write(kind: str, items: list[tuple], extend_s: float | None = None) -> list[Outcome]:
+        return await dispatcher.writer.write(kind, items, extend_s)
 
     async def worker_credential(request: Request) -> str:
         token_hash = bearer_hash(request)
@@ -113,7 +115,7 @@ def router(ctx: Context, dispatcher: Dispatcher) -> Router:
                             ("complete", [(_job_id(c.job_id), c.lease_token, _result(c.result)) for c in body.complete]),
                             ("fail", [(_job_id(f.job_id), f.lease_token, f.error, f.retryable) for f in body.fail]),
                             ("release", [(_job_id(r.job_id), r.lease_token) for r in body.release])):
-            answers[kind] = [_out(o) for o in await writer.write(kind, items, body.extend_s)]
+            answers[kind] = [_out(o) for o in await write(kind, items, body.extend_s)]
         return OutcomesOut(**answers)
 
     one = problems.responses(*COMMON, INVALID, NOT_FOUND, STALE_CLAIM)
@@ -122,25 +124,25 @@ def router(ctx: Context, dispatcher: Dispatcher) -> Router:
           tags=["workers"], summary="Extend one job's claim", responses=one)
     async def heartbeat(request: Request, credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
         body: HeldIn = problems.decode(HELD, await request.body())
-        return _one((await writer.write("heartbeat", [(job_id, body.lease_token)], body.extend_s))[0])
+        return _one((await write("heartbeat", [(job_id, body.lease_token)], body.extend_s))[0])
 
     @post("/jobs/{job_id:int}/complete", operation_id="completeJob", status_code=200, security=SECURITY,
           tags=["workers"], summary="One job succeeded", responses=one)
     async def complete(request: Request, credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
         body: CompleteIn = problems.decode(COMPLETE, await request.body())
-        return _one((await writer.write("complete", [(job_id, body.lease_token, _result(body.result))]))[0])
+        return _one((await write("complete", [(job_id, body.lease_token, _result(body.result))]))[0])
 
     @post("/jobs/{job_id:int}/fail", operation_id="failJob", status_code=200, security=SECURITY,
           tags=["workers"], summary="One job failed (retried after backoff, or dead)", responses=one)
     async def fail(request: Request, credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
         body: FailIn = problems.decode(FAIL, await request.body())
-        return _one((await writer.write("fail", [(job_id, body.lease_token, body.error, body.retryable)]))[0])
+        return _one((await write("fail", [(job_id, body.lease_token, body.error, body.retryable)]))[0])
 
     @post("/jobs/{job_id:int}/release", operation_id="releaseJob", status_code=200, security=SECURITY,
           tags=["workers"], summary="Give back a job that was not started", responses=one)
     async def release(request: Request, credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
         body: HeldIn = problems.decode(HELD, await request.body())
-        return _one((await writer.write("release", [(job_id, body.lease_token)]))[0])
+        return _one((await write("release", [(job_id, body.lease_token)]))[0])
 
     return Router("/v1/worker", route_handlers=[lease, outcomes, heartbeat, complete, fail, release],
                   dependencies={"credential": Provide(worker_credential)})
