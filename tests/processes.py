@@ -1,6 +1,8 @@
 """Real processes for end-to-end tests: `minutehand serve` / `minutehand
 dispatcher` and `minutehand worker` as child processes on a test database,
-each logging to a file (printed by the test on failure, see `logs`)."""
+each logging to a file (printed by the test on failure, see `logs`); an app
+served by uvicorn in a thread (`serving`); and the fixtures those tests
+share (`store` on the real clock with team "t", a worker `token`)."""
 from __future__ import annotations
 
 import os
@@ -9,10 +11,17 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
+import uvicorn
+
+from tests.support import make_store
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -115,3 +124,35 @@ def logs(*procs: Process, tail: int = 60) -> str:
         lines = p.output().splitlines()[-tail:]
         parts.append(f"--- {p.label} (pid {p.pid}) ---\n" + "\n".join(lines))
     return "\n".join(parts)
+
+
+@contextmanager
+def serving(app, join_s: float = 10) -> Iterator[str]:
+    """An ASGI app served by uvicorn in a thread of this process on
+    127.0.0.1 (lifespan on); yields its base URL, stops it on exit."""
+    port = free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    wait_until(lambda: srv.started, 20, "uvicorn to start")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(join_s)
+
+
+@pytest.fixture
+def store(db_dsn):
+    """A store on the real clock (the servers' clock), with team "t"."""
+    s = make_store(db_dsn, clock=None)
+    s.create_team("t")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def token(store) -> str:
+    """A worker (fleet) token."""
+    return store.create_worker_token("fleet")
+

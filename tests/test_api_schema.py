@@ -6,15 +6,11 @@ stays fast; the refusal tests of test_api.py cover the edges by hand."""
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 import urllib.request
 
 import pytest
 import schemathesis
 from schemathesis import GenerationMode
-import uvicorn
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
@@ -25,16 +21,11 @@ from app.settings import Settings
 from app.store import migrate
 from app.store.store import Store, hash_token
 from reused_db import RESET, module_conn, module_dsn  # noqa: F401 (fixtures)
+from tests.processes import serving
 
 ADMIN = "admin-secret-token"
 TEAM_TOKEN = "tok-team-t"
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -42,18 +33,8 @@ def server(module_dsn, module_conn):
     module_conn.execute(RESET)                                   # teams 't' and 'u'
     module_conn.execute("UPDATE teams SET token_hash = %s WHERE name = 't'", (hash_token(TEAM_TOKEN),))
     store = Store(module_dsn, max_size=4, pool_options={"timeout": 5})
-    app = create_app(Settings(admin_token=ADMIN), store, head=migrate.head())
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(10)
+    with serving(create_app(Settings(admin_token=ADMIN), store, head=migrate.head())) as url:
+        yield url
     store.close()
 
 

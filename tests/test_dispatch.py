@@ -21,22 +21,8 @@ import pytest
 
 from app.dispatch.shards import assign
 from app.store.records import JobSpec
-from tests.processes import Server, WorkerProcess, logs, wait_until
-from tests.support import make_store
+from tests.processes import Server, WorkerProcess, logs, store, token, wait_until  # noqa: F401 (fixtures)
 from tests.worker_apps import RUNS_DDL
-
-
-@pytest.fixture
-def store(db_dsn):
-    s = make_store(db_dsn, clock=None)
-    s.create_team("t")
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def token(store) -> str:
-    return store.create_worker_token("fleet")
 
 
 @pytest.fixture

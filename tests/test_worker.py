@@ -22,24 +22,11 @@ import psycopg
 import pytest
 
 from app.worker import Job, NonRetryable, Worker, effects
-from tests.processes import ROOT, Server, free_port, wait_until
-from tests.support import make_store, submit_store
+from tests.processes import ROOT, Server, free_port, store, token, wait_until  # noqa: F401 (fixtures)
+from tests.support import submit_store
 
 
 # ---------------------------------------------------------------- a server, a team, a worker token
-@pytest.fixture
-def store(db_dsn):
-    s = make_store(db_dsn, clock=None)             # real time: the server's clock
-    s.create_team("t")
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def token(store) -> str:
-    return store.create_worker_token("test-fleet")
-
-
 def start_server(dsn: str, *extra: str) -> Server:
     """`minutehand serve` (API + dispatcher) on the test database, as a child process."""
     return Server(dsn, *extra)

@@ -6,13 +6,10 @@ tokens, unknown fields). Jobs are due, so leases really claim some."""
 from __future__ import annotations
 
 import json
-import threading
-import time
 import urllib.request
 
 import pytest
 import schemathesis
-import uvicorn
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
@@ -25,7 +22,7 @@ from app.store import migrate
 from app.store.records import JobSpec
 from app.store.store import Store
 from reused_db import RESET, module_conn, module_dsn  # noqa: F401 (fixtures)
-from tests.processes import free_port
+from tests.processes import serving
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 SETTINGS = Settings(dispatcher_name="schema", shard_lease_s=5)
@@ -42,18 +39,8 @@ def served(module_dsn, module_conn):
     store = Store(module_dsn, max_size=6, pool_options={"timeout": 5})
     token = store.create_worker_token("schema-fleet")
     store.submit_many("t", [JobSpec(name="x")] * 200)
-    app = dispatcher_app(store)
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", token
-    srv.should_exit = True
-    thread.join(15)
+    with serving(dispatcher_app(store), join_s=15) as url:
+        yield url, token
     store.close()
 
 
