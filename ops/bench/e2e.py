@@ -12,7 +12,8 @@ Figures, all from one run on the same server:
   max(finished_at) of the jobs), verified by counting succeeded rows;
   with the peers' figure in the same shape (2 worker processes,
   concurrency 10), and with a worker setting that suits no-op jobs;
-- the floor of any PostgreSQL queue on the server (pgbench, run.sh);
+- the floor of any PostgreSQL queue on the server (pgbench,
+  ops/bench/floor/run.sh);
 - Procrastinate and PgQueuer on the same workload (ops/bench/peers.py);
 - start lag (claim time - run time) p50/p99 at a steady 1,000 jobs/s.
 """

@@ -1,6 +1,8 @@
 """Store benchmark: submit, claim+complete, pending-set invariance, long
 transactions — each also as a ratio to the floor of any PostgreSQL queue on
-the same server, measured in the same run (../shared/bench/pg-floor/run.sh).
+the same server, measured in the same run (ops/bench/floor/run.sh: pgbench
+over a one-table SKIP LOCKED queue, single-row enqueue and claim+delete in
+batches of 100).
 
     python -m ops.bench.store                # a fresh local cluster, durable (fsync on)
     python -m ops.bench.store --dsn URL      # a server of yours (its database `mh_bench` is recreated)
@@ -30,8 +32,7 @@ from ops.bench.server import bench_server
 from app.store.records import JobSpec
 from app.store.store import Store
 
-ROOT = Path(__file__).resolve().parents[2]
-FLOOR = ROOT.parent / "shared" / "bench" / "pg-floor" / "run.sh"
+FLOOR = Path(__file__).with_name("floor") / "run.sh"
 PGBENCH_LIFECYCLE = Path(__file__).with_name("lifecycle.pgbench.sql")
 TEAM = "bench"
 CLIENTS = 4
@@ -50,9 +51,10 @@ def recreate(dsn: str, dbname: str) -> str:
 
 
 def floor(dsn: str, seconds: int) -> dict[str, int]:
+    """The floor's two figures (ops/bench/floor/run.sh), in a recreated database `mh_floor`."""
     url = recreate(dsn, "mh_floor")
     out = subprocess.run(["bash", str(FLOOR), url, str(seconds)], check=True,
-                         capture_output=True, text=True).stdout
+                         stdout=subprocess.PIPE, text=True).stdout
     return {k: int(v) for k, v in (line.split("=") for line in out.split() if "=" in line)}
 
 
