@@ -1,8 +1,11 @@
 -- minutehand core: constants, the clock, job ids, and the tables every other
 -- file builds on. Applied by migrations/versions/0001_foundation.py.
 --
--- Citus-readiness (DESIGN.md): every distributed table carries `shard` and
--- every unique key includes it; `teams` would be a reference table.
+-- Citus-readiness: the tables are shaped so that Citus could distribute
+-- them by `shard` (not built yet: running on a Citus cluster). Citus needs
+-- the distribution column in every primary and unique key, so every
+-- distributed table carries `shard` and every unique key includes it;
+-- `teams`, small and read everywhere, would be a reference table.
 
 -- ---------------------------------------------------------------- constants
 -- Immutable functions rather than a settings table: they are inlined into

@@ -1,12 +1,14 @@
 -- Repeating jobs: a series row and its first run. Applied by
 -- migrations/versions/0002_series.py; undone by sql/undo/0002_series.sql.
 --
--- A series is a chain of ordinary jobs (DESIGN.md, Flow 5): each run is a
--- row of `jobs` whose series_id names the series, on the series' own shard,
--- so (shard, series_id, due_at) — the unique index jobs_series_run of
--- 001_core.sql — stops any run from being created twice. This revision
--- stores the series with its first run; creating run N+1 from run N comes
--- with the repeating-jobs issue and reads the columns marked "chain" below.
+-- A series is a chain of ordinary jobs: each run is a row of `jobs` whose
+-- series_id names the series, on the series' own shard, so (shard,
+-- series_id, due_at) — the unique index jobs_series_run of 001_core.sql —
+-- stops any run from being created twice. This revision stores the series
+-- with its first run only, so a series runs once. Not built yet: continuing
+-- the chain — creating run N+1 (due at the next fire time after
+-- last_due_at) from run N, unless cancelled_at is set — which will read and
+-- advance the columns marked "chain" below.
 --
 -- Fire times are computed in Python (APScheduler: cron in an IANA zone,
 -- DST included); the procedures take them as values. What SQL can check

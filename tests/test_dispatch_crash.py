@@ -1,5 +1,5 @@
-"""Crashes, failover and chaos with real processes (issue 4): `minutehand
-serve` / `minutehand dispatcher` and `minutehand worker` children on a real
+"""Crashes, failover and chaos with real processes: `minutehand serve` /
+`minutehand dispatcher` and `minutehand worker` children on a real
 database, killed with SIGKILL or paused with SIGSTOP. No mocks.
 
 - a worker killed mid-job: the job comes back when its claim expires and

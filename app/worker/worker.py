@@ -10,7 +10,7 @@ handlers, keeps their claims alive, and reports outcomes in batches.
 
     worker.run()        # until SIGTERM / SIGINT; or `minutehand worker module:worker`
 
-How it keeps the invariants (DESIGN.md "Flow" 3-4):
+How it keeps its invariants:
 - Never more handlers running than `concurrency`: a slot is reserved before
   a lease is asked for (capacity = the slots reserved) and given back when
   the handler returns, or at once if the dispatcher had fewer jobs.
