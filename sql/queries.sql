@@ -71,6 +71,11 @@ SELECT j.id AS job_id, t.name AS team, j.name, j.state, j.priority, j.due_at, j.
  WHERE j.shard = mh_shard_of(%(job_id)s::bigint) AND j.id = %(job_id)s::bigint
    AND (%(team)s::text IS NULL OR t.name = %(team)s)
 
+-- name: job_team
+-- The team a job belongs to (an administrator's cancel acts as it).
+SELECT t.name AS team FROM jobs j JOIN teams t ON t.id = j.team_id
+ WHERE j.shard = mh_shard_of(%(job_id)s::bigint) AND j.id = %(job_id)s::bigint
+
 -- name: create_team
 -- A new team with its token's hash; no row if the name is taken.
 INSERT INTO teams (name, quota, weight, token_hash) VALUES (%(name)s, %(quota)s, %(weight)s, %(token_hash)s)
@@ -174,10 +179,11 @@ SELECT (SELECT version_num FROM alembic_version LIMIT 1) AS revision
 
 -- name: claim_for_worker
 -- Claim up to limit due jobs of one shard for one worker, of the given names
--- (NULL: any); a stale lease is one row with `refused` set. The payload and a
--- replayed result come as JSON text: the dispatcher hands them on as they are.
+-- and teams (NULL: any); a stale lease is one row with `refused` set. The
+-- payload and a replayed result come as JSON text: the dispatcher hands them
+-- on as they are.
 SELECT * FROM claim_for_worker(%(shard)s::int, %(limit)s::int, %(owner)s::text, %(epoch)s::bigint,
-                               %(lease_s)s::real, %(worker)s::text, %(names)s::text[])
+                               %(lease_s)s::real, %(worker)s::text, %(names)s::text[], %(teams)s::text[])
 
 -- name: release_many
 -- Give back claimed jobs that were not started (due again at once, the attempt not counted).

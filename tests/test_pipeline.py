@@ -6,6 +6,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from app.store.errors import StaleLease
+from app.store.records import ClaimRequest, JobSpec
 from app.store.store import Store
 from tests.support import lease_all, make_store
 
@@ -22,32 +24,52 @@ def test_each_statement_is_a_transaction_of_its_own(conn):
     assert len({r[0]["txid"] for r in rows}) == 5
 
 
-def test_one_failing_statement_fails_alone_and_the_connection_is_discarded(db_dsn):
+def test_one_failing_statement_fails_alone_and_the_others_are_read(db_dsn):
     conn = psycopg.connect(db_dsn, autocommit=True)
     conn.execute("CREATE TABLE t (i int)")
-    with pytest.raises(psycopg.errors.DivisionByZero):
-        Store.each_alone(conn, "INSERT INTO t VALUES (10 / %(d)s) RETURNING i",
-                         [{"d": 1}, {"d": 0}, {"d": 2}, {"d": 5}])
-    assert conn.closed                          # results left unread: not handed to anyone else
-    with psycopg.connect(db_dsn) as check:      # the others committed, each on its own
-        assert sorted(r[0] for r in check.execute("SELECT i FROM t")) == [2, 5, 10]
+    results = Store.each_alone(conn, "INSERT INTO t VALUES (10 / %(d)s) RETURNING i",
+                               [{"d": 1}, {"d": 0}, {"d": 2}, {"d": 5}])
+    assert isinstance(results[1], psycopg.errors.DivisionByZero)
+    assert [r for i, r in enumerate(results) if i != 1] == [[(10,)], [(5,)], [(2,)]]
+    assert conn.execute("SELECT count(*) FROM t").fetchone()[0] == 3     # each committed on its own
+    assert conn.execute("SELECT 1").fetchone() == (1,)                    # and the connection is usable
+    conn.close()
+
+
+def test_many_failures_in_one_round_trip_leave_every_good_result_readable(db_dsn):
+    """psycopg raises server errors at whatever statement it is sending when a
+    result comes back, and reports only some of them: nothing sent after an
+    error may be lost, and each failed item is marked as failed."""
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (i int)")
+        results = Store.each_alone(conn, "INSERT INTO t VALUES (10 / (%(i)s %% 2)) RETURNING %(i)s::int",
+                                   [{"i": i} for i in range(300)])
+        assert [r for r in results[1::2]] == [[(i,)] for i in range(1, 300, 2)]
+        assert all(isinstance(r, psycopg.errors.DivisionByZero) for r in results[0::2])
+        assert conn.execute("SELECT count(*) FROM t").fetchone()[0] == 150
+
+
+def test_a_value_that_cannot_be_sent_fails_alone(db_dsn):
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        results = Store.each_alone(conn, "SELECT %(s)s::text", [{"s": "a"}, {"s": "b\x00"}, {"s": "c"}])
+        assert results[0] == [("a",)] and results[2] == [("c",)]
+        assert isinstance(results[1], psycopg.DataError) and "NUL" in str(results[1])
 
 
 def test_a_stale_shard_is_refused_alone_and_the_others_claim(db_dsn):
     store = make_store(db_dsn, clock=None)
     store.create_team("t")
-    from app.store.records import JobSpec
     store.submit_many("t", [JobSpec(name="x")] * 5000)    # ~20 on every shard
     leases = lease_all(store, owner="d1")
     shards = sorted(leases)[:6]
     stale = {shards[1]: leases[shards[1]] - 1, shards[4]: leases[shards[4]] + 7}
-    requests = [(s, stale.get(s, leases[s]), 100, "w", None) for s in shards]
+    requests = [ClaimRequest(s, stale.get(s, leases[s]), 100, "w") for s in shards]
     results, refused = store.claim_for_workers(requests, "d1", 30)
     assert set(refused) == set(stale)
     assert all("does not hold a current lease" in why for why in refused.values())
-    for (s, *_), rows in zip(requests, results):
-        if s in stale:
-            assert rows is None
+    for r, rows in zip(requests, results):
+        if r.shard in stale:
+            assert isinstance(rows, StaleLease)
         else:
-            assert rows and all(r["job_id"] & 1023 == s for r in rows)
+            assert rows and all(row["job_id"] & 1023 == r.shard and row["team"] == "t" for row in rows)
     store.close()

@@ -212,8 +212,8 @@ def assert_problem(r, status: int, slug: str, detail: str = "") -> dict:
     ({"cron": "61 * * * *"}, "not a 5-field crontab"),
     ({"cron": "0 3 * * *", "timezone": "Mars/Olympus"}, "IANA time zone"),
     ({"cron": "0 3 * * *", "timezone": "CEST"}, "IANA time zone"),
-    ({"cron": "0 0 31 2 *"}, "never fires"),
-    ({"cron": "0 0 29 2 *"}, "more than 366 days ahead"),      # the next 29 February is in 2032
+    ({"cron": "0 0 31 2 *"}, "does not fire within 366 days"),   # never: searched to the horizon only
+    ({"cron": "0 0 29 2 *"}, "does not fire within 366 days"),   # the next 29 February is in 2032
     ({"every_s": "60"}, "expected `int | null`"),
     ({"every_s": 60, "day": 1}, "unknown field `day`"),
 ])
@@ -325,7 +325,7 @@ def test_batch_items_with_repeat_make_series_with_the_rest(client, conn):
     assert [i["idx"] for i in items] == list(range(len(jobs)))
     assert [i["error"] is None for i in items] == [True, True, True, False, False, False, True, True, False,
                                                   True, False]
-    assert "between 1 and" in items[3]["error"] and "never fires" in items[4]["error"]
+    assert "between 1 and" in items[3]["error"] and "does not fire within" in items[4]["error"]
     assert "name must be" in items[5]["error"]
     assert "different request" in items[8]["error"] and "different request" in items[10]["error"]
     assert items[0]["series_id"] is None and items[9]["series_id"] is None
@@ -364,7 +364,7 @@ def test_store_submit_routes_a_repeat_to_its_series(conn, store):
     assert_one_series_with_its_run(conn, got.series_id, got.job_id, T0 + H)
     status = store.status(got.job_id)
     assert status.series_id == got.series_id and status.repeat == Repeat(every_s=30)
-    with pytest.raises(errors.InvalidInput, match="never fires"):
+    with pytest.raises(errors.InvalidInput, match="does not fire within 366 days"):
         store.submit("t", JobSpec(name="s", repeat=Repeat(cron="0 0 30 2 *")))
 
 

@@ -23,6 +23,13 @@ def api_store(settings: Settings) -> Store:
                                "reconnect_timeout": settings.api_db_wait_s})
 
 
+def dispatcher_store(settings: Settings) -> Store:
+    """The dispatcher's own store: a connection attempt gives up after 5 s,
+    and a lost connection is replaced on demand."""
+    return Store(make_conninfo(settings.database_url, connect_timeout=5), min_size=min(2, settings.pool_size),
+                 max_size=settings.pool_size, pool_options={"timeout": 10.0, "reconnect_timeout": 10.0})
+
+
 def quiet_gc() -> None:
     """Fewer, cheaper garbage collections: the objects alive at start-up (the
     app, its routes and schema, the modules) are frozen out of every future
@@ -44,8 +51,12 @@ def serve(settings: Settings, *, submit_api: bool = True, dispatch: bool = True)
     from app.api.app import create_app
     from app.dispatch.dispatcher import Dispatcher
     store = api_store(settings)
+    # The dispatcher's leases, claims, outcomes and maintenance have a pool of
+    # their own: requests that hold the API's connections (slow submissions,
+    # a flood) must never keep a dispatcher from renewing its shard leases.
+    dispatch_store = dispatcher_store(settings) if dispatch else None
     try:
-        dispatcher = Dispatcher(settings, store) if dispatch else None
+        dispatcher = Dispatcher(settings, dispatch_store) if dispatch else None
         app = create_app(settings, store, submit_api=submit_api, dispatcher=dispatcher)
         quiet_gc()
         uvicorn.run(app, host=settings.http_host, port=settings.http_port,
@@ -53,4 +64,6 @@ def serve(settings: Settings, *, submit_api: bool = True, dispatch: bool = True)
                     timeout_graceful_shutdown=10)
     finally:
         store.close()
+        if dispatch_store is not None:
+            dispatch_store.close()
         logging.getLogger(__name__).info("stopped")

@@ -1,8 +1,9 @@
 """The dispatcher: hands due jobs of its shards to workers that ask.
 
 Workers long-poll (routes.py): each request becomes a Waiter with room for
-`capacity` jobs. One thread claims for the waiters in turn, from the shards
-this dispatcher leases (shards.py), and answers each with what it got.
+`capacity` jobs, perhaps only of some job names or teams (its filter). One
+thread claims for the waiters in turn, from the shards this dispatcher
+leases (shards.py), and answers each with what it got.
 
 It never polls empty buckets. For each shard it knows the next run time
 among the rows of its current and next minute buckets (next_due), and
@@ -11,14 +12,23 @@ sleeps until the earliest, or until:
   listener thread marks those shards due),
 - the minute turns (every shard's next run time is read again: the wheel
   moved a bucket on), or the shard set changed.
-A claim that comes back short means the shard is drained for now: its next
-run time is read again. A waiter that got nothing is not tried again until
-one of the events above, so a worker whose job names have no due rows does
-not spin.
+An unfiltered claim that comes back short means the shard is drained for
+now: its next run time is read again. A filtered claim that comes back
+short says only that nothing of that filter is due there: the shard stays
+due for the others, and is skipped for that filter until a wake-up names
+the shard, the minute turns, or FILTERED_RECHECK_S passes (rows of the
+filter that became due by the clock alone). So a worker whose job names
+have nothing due neither spins nor stands in the way of the others.
+
+What a round claimed is never lost: a job that cannot be handed out (its
+worker went away, the round failed) is given back at once, the attempt not
+counted; a row that cannot be delivered at all (a value no client can
+read) fails alone, set aside as dead with the reason.
 """
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 import math
 import os
@@ -38,6 +48,8 @@ from app.dispatch.shards import ShardKeeper
 from app.futures import settle
 from app.maintenance.schedule import MaintenanceSchedule
 from app.settings import Settings
+from app.store import errors
+from app.store.records import ClaimRequest
 from app.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -45,17 +57,29 @@ log = logging.getLogger(__name__)
 CHANNEL = "minutehand_due"
 MAX_SHARDS_PER_WAITER = 64      # claims for one waiter in one round trip
 MAX_WAITERS_PER_ROUND = 32
+FILTERED_RECHECK_S = 1.0        # a shard found empty for a filter is tried again for it after this
+
+# What a waiter takes: (job names, teams); None for either means any.
+Filter = tuple[tuple[str, ...] | None, tuple[str, ...] | None]
 
 
 @dataclass(eq=False)
 class Waiter:
     worker: str
     capacity: int
-    names: tuple[str, ...] | None
+    filter: Filter
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     state: str = "waiting"               # waiting -> taken (being served) | gone (timed out)
     expired: bool = False                # its wait ran out while it was being served
+
+    @property
+    def filtered(self) -> bool:
+        return self.filter != (None, None)
+
+
+def _key(values: list[str] | None) -> tuple[str, ...] | None:
+    return tuple(sorted(set(values))) if values is not None else None
 
 
 class Dispatcher:
@@ -75,7 +99,9 @@ class Dispatcher:
         self._recheck: set[int] = set()          # shards whose next run time must be read again
         self._generation = 0                      # bumped by every event that may make jobs claimable
         self._marked: dict[int, int] = {}         # shard -> generation a NOTIFY last marked it due at
-        self._empty: dict[tuple[str, ...] | None, int] = {}   # names -> generation they found nothing at
+        self._woken_at: dict[int, float] = {}     # shard -> when (monotonic) a NOTIFY last marked it due
+        self._refreshed_at = 0.0                  # when every shard's next run time was last read
+        self._empty: dict[Filter, dict[int, float]] = {}   # filter -> {shard: when a claim for it came up short}
         self._next_refresh = 0.0
         self._cursor = 0
         self._taken: list[Waiter] = []           # the waiters being served (put back if the round fails)
@@ -111,13 +137,15 @@ class Dispatcher:
 
     # ------------------------------------------------------------ workers ask
     async def lease(self, worker: str, capacity: int, names: list[str] | None, wait_s: float,
-                    gone: Awaitable[object] | None = None) -> list[LeasedJob]:
-        """Up to `capacity` jobs for this worker, waiting up to wait_s for them.
-        `gone` completes if the worker hangs up first: then nothing is
-        claimed for it, or what was claimed is given back at once."""
+                    gone: Awaitable[object] | None = None, teams: list[str] | None = None) -> list[LeasedJob]:
+        """Up to `capacity` jobs for this worker, of these job names and teams
+        (None: any), waiting up to wait_s for them. `gone` completes if the
+        worker hangs up first: then nothing is claimed for it, or what was
+        claimed is given back at once. A claim that fails for this worker's
+        request alone raises here, and fails no other worker's."""
         loop = asyncio.get_running_loop()
-        waiter = Waiter(worker, min(capacity, self.settings.dispatch_batch),
-                        tuple(sorted(set(names))) if names is not None else None, loop.create_future(), loop)
+        waiter = Waiter(worker, min(capacity, self.settings.dispatch_batch), (_key(names), _key(teams)),
+                        loop.create_future(), loop)
         with self._cond:
             if self._stopping.is_set():
                 return []
@@ -159,10 +187,19 @@ class Dispatcher:
         """Shards (None: all) got rows due now."""
         with self._cond:
             self._generation += 1
+            woken = time.monotonic()
             for s in (self._leases if shards is None else shards & self._leases.keys()):
                 self._due[s] = 0.0
                 self._marked[s] = self._generation
+                self._woken_at[s] = woken
             self._cond.notify()
+
+    def _empty_for(self, filter_: Filter, shard: int, now: float) -> bool:
+        """Whether a claim of this filter found the shard empty since anything
+        could have made its rows due (called holding the lock)."""
+        since = self._empty.get(filter_, {}).get(shard)
+        return (since is not None and now - since < FILTERED_RECHECK_S
+                and since >= self._woken_at.get(shard, 0.0) and since >= self._refreshed_at)
 
     def _drop(self, refused: dict[int, str]) -> None:
         log.warning("claims refused on %d shards (another dispatcher owns them now): %s",
@@ -193,6 +230,8 @@ class Dispatcher:
             if now >= self._next_refresh:
                 shards = set(self._leases)
                 self._next_refresh = (math.floor(now / 60) + 1) * 60 + 0.2
+                self._refreshed_at = time.monotonic()
+                self._empty.clear()
             else:
                 shards = self._recheck & self._leases.keys()
             self._recheck.clear()
@@ -212,13 +251,22 @@ class Dispatcher:
             self._generation += 1
 
     def _ready_waiters(self) -> list[Waiter]:
-        """The waiters there may be jobs for (at most MAX_WAITERS_PER_ROUND),
-        marked taken; none after sleeping until something changes."""
+        """The waiters there may be jobs for (at most MAX_WAITERS_PER_ROUND,
+        in queue order), marked taken: those with a due shard their filter
+        has not found empty. None after sleeping until something changes."""
         with self._cond:
-            now = time.time()
-            if any(t <= now for t in self._due.values()):
-                ready = [w for w in self._waiters
-                         if self._empty.get(w.names) != self._generation][:MAX_WAITERS_PER_ROUND]
+            now, mono = time.time(), time.monotonic()
+            due = [s for s, t in self._due.items() if t <= now]
+            if due:
+                open_for: dict[Filter, bool] = {}
+                ready = []
+                for w in self._waiters:
+                    if w.filter not in open_for:
+                        open_for[w.filter] = any(not self._empty_for(w.filter, s, mono) for s in due)
+                    if open_for[w.filter]:
+                        ready.append(w)
+                        if len(ready) == MAX_WAITERS_PER_ROUND:
+                            break
                 if ready:
                     for w in ready:
                         self._waiters.remove(w)
@@ -228,6 +276,10 @@ class Dispatcher:
             if self._recheck:
                 return []
             wake = min([t for t in self._due.values() if t > now] + [self._next_refresh])
+            if due and self._waiters:             # filters that found due shards empty look again
+                marks = [m for f in {w.filter for w in self._waiters} for m in self._empty.get(f, {}).values()]
+                if marks:
+                    wake = min(wake, now + max(0.0, min(marks) + FILTERED_RECHECK_S - mono))
             self._cond.wait(max(0.0, wake - now))
             if time.time() >= wake - 0.001:
                 self._generation += 1             # a run time came, or the minute turned
@@ -250,66 +302,104 @@ class Dispatcher:
     def _serve(self, waiters: list[Waiter]) -> None:
         """Claim for several waiters at once, each from shards of its own, in
         one round trip per pass: first one shard each (a shard usually
-        holds enough), then a few more each for those still short."""
+        holds enough), then a few more each for those still short. Waiters
+        with the same filter share the due shards; each filter skips the
+        shards it found empty."""
         with self._cond:
-            now = time.time()
+            now, mono = time.time(), time.monotonic()
             shards = [s for s, t in self._due.items() if t <= now and s in self._leases]
             leases = dict(self._leases)
             generation = self._generation
-        if shards:
-            self._cursor = (self._cursor + 1) % len(shards)
-            shards = shards[self._cursor:] + shards[:self._cursor]     # every shard gets its turn first
-        queue = deque(shards)                     # shards that may still hold due rows
+            if shards:
+                self._cursor = (self._cursor + 1) % len(shards)
+                shards = shards[self._cursor:] + shards[:self._cursor]     # every shard gets its turn first
+            queues = {f: deque(s for s in shards if not self._empty_for(f, s, mono))
+                      for f in {w.filter for w in waiters}}       # shards that may still hold due rows
         got: dict[int, list[dict]] = {id(w): [] for w in waiters}
-        short: set[int] = set()
+        failed: dict[int, Exception] = {}
+        drained: set[int] = set()                 # unfiltered claims came up short: nothing due there
+        empty: dict[Filter, set[int]] = {}        # filtered claims came up short
         per_waiter = 1                            # grows while shards come up short (sparse rows)
-        while queue:
-            requests, whose = [], []
-            for w in waiters:
-                left = w.capacity - len(got[id(w)])
-                picks = [queue.popleft() for _ in range(min(per_waiter, left, len(queue)))]
-                if not picks:
-                    continue
-                each, extra = divmod(left, len(picks))
-                for k, s in enumerate(picks):
-                    requests.append((s, leases[s], each + (1 if k < extra else 0), w.worker, w.names))
-                    whose.append(w)
-            if not requests:
-                break
-            per_waiter = min(per_waiter * 4, MAX_SHARDS_PER_WAITER)
-            results, refused = self.store.claim_for_workers(requests, self.name, self.claim_s)
-            if refused:
-                self._drop(refused)
-            for (s, _, asked, *_), w, rows in zip(requests, whose, results):
-                if rows is None:
-                    continue
-                got[id(w)].extend(rows)
-                if len(rows) < asked:
-                    short.add(s)                  # drained for now
-                else:
-                    queue.append(s)               # may hold more, for the next one
-        answers = []
+        try:
+            while True:
+                requests, whose = [], []
+                for w in waiters:
+                    queue = queues[w.filter]
+                    left = 0 if id(w) in failed else w.capacity - len(got[id(w)])
+                    picks = [queue.popleft() for _ in range(min(per_waiter, left, len(queue)))]
+                    if not picks:
+                        continue
+                    each, extra = divmod(left, len(picks))
+                    names, teams = w.filter
+                    for k, s in enumerate(picks):
+                        requests.append(ClaimRequest(s, leases[s], each + (1 if k < extra else 0), w.worker,
+                                                     list(names) if names is not None else None,
+                                                     list(teams) if teams is not None else None))
+                        whose.append(w)
+                if not requests:
+                    break
+                per_waiter = min(per_waiter * 4, MAX_SHARDS_PER_WAITER)
+                results, refused = self.store.claim_for_workers(requests, self.name, self.claim_s)
+                if refused:
+                    self._drop(refused)
+                for r, w, rows in zip(requests, whose, results):
+                    if isinstance(rows, errors.StaleLease):
+                        continue
+                    if isinstance(rows, Exception):   # this worker's request alone
+                        log.warning("claim for worker %s failed: %s", w.worker, rows)
+                        failed.setdefault(id(w), rows)
+                        continue
+                    got[id(w)].extend(rows)
+                    if len(rows) < r.limit:
+                        (empty.setdefault(w.filter, set()) if w.filtered else drained).add(r.shard)
+                    else:
+                        queues[w.filter].append(r.shard)   # may hold more, for the next one
+            answers = [(w, self._deliverable(got[id(w)])) for w in waiters]
+        except BaseException:
+            # Claimed, committed, and not handed out: back at once, attempts not counted.
+            self.writer.later("release", [(r["job_id"], r["lease_token"]) for rows in got.values() for r in rows])
+            raise
         with self._cond:
-            for s in short:
+            mono = time.monotonic()
+            for s in drained:
                 if self._marked.get(s, -1) <= generation:   # no wake-up for it since this round began
                     self._due.pop(s, None)        # until its next run time is read again
                     self._recheck.add(s)
-            for w in reversed(waiters):
-                if got[id(w)] or w.expired:
+            for f, found_empty in empty.items():
+                marks = self._empty.setdefault(f, {})
+                for s in found_empty:
+                    if self._marked.get(s, -1) <= generation:
+                        marks[s] = mono
+            settled = []
+            for w, jobs in answers:
+                if jobs or w.expired or id(w) in failed:
                     w.state = "done"
-                    answers.append((w, got[id(w)]))
-                else:                             # keeps its place; tried again after the next event
-                    self._empty[w.names] = generation
+                    settled.append((w.future, w.loop, jobs, None if jobs else failed.get(id(w))))
+                else:                             # waits on, behind the others; tried again after the next event
                     w.state = "waiting"
-                    self._waiters.appendleft(w)
+                    self._waiters.append(w)
             self._taken = []
-        settle(((w.future, w.loop, [_leased(r, self.claim_s) for r in rows], None) for w, rows in answers),
-               on_gone=self._give_back)
+        settle(settled, on_gone=self._give_back)
+
+    def _deliverable(self, rows: list[dict]) -> list[LeasedJob]:
+        """The claimed rows as jobs for a worker. A row that cannot be sent
+        (a time no client can read) fails alone: dead at once, with the reason."""
+        jobs, undeliverable = [], []
+        for row in rows:
+            try:
+                jobs.append(_leased(row, self.claim_s))
+            except (TypeError, ValueError) as exc:
+                log.error("job %s cannot be delivered, set aside as dead: %s", row["job_id"], exc)
+                undeliverable.append((row["job_id"], row["lease_token"],
+                                      f"the job cannot be delivered to a worker: {exc}", False))
+        self.writer.later("fail", undeliverable)
+        return jobs
 
     def _give_back(self, jobs: list[LeasedJob]) -> None:
         """The request went away before its jobs reached it."""
-        log.info("worker request gone: giving back %d jobs", len(jobs))
-        self.writer.release_later([(int(j.job_id), j.lease_token) for j in jobs])
+        if jobs:
+            log.info("worker request gone: giving back %d jobs", len(jobs))
+            self.writer.later("release", [(int(j.job_id), j.lease_token) for j in jobs])
 
     # ------------------------------------------------------------ wake-ups
     def _listen(self) -> None:
@@ -335,8 +425,12 @@ class Dispatcher:
 
 
 def _leased(row: dict, claim_s: float) -> LeasedJob:
+    for column in ("claim_expires_at", "due_at", "run_at"):
+        if not isinstance(row[column], dt.datetime):      # the lenient loader's text: out of range
+            raise ValueError(f"its {column} {row[column]} is outside the range a client can read")
     replay = Replay(msgspec.Raw(row["replay"].encode())) if row["replay"] is not None else None
-    return LeasedJob(job_id=str(row["job_id"]), name=row["name"], payload=msgspec.Raw(row["payload"].encode()),
+    return LeasedJob(job_id=str(row["job_id"]), team=row["team"], name=row["name"],
+                     payload=msgspec.Raw(row["payload"].encode()),
                      attempt=row["attempt"], max_attempts=row["max_attempts"],
                      idempotency_key=row["idempotency_key"], lease_token=str(row["lease_token"]),
                      claim_expires_at=row["claim_expires_at"], claim_s=claim_s, due_at=row["due_at"],

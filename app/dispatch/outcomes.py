@@ -29,7 +29,7 @@ class _Pending:
     kind: str
     items: list[tuple]
     extend_s: float | None
-    future: asyncio.Future | None       # None: nobody waits (a give-back of a request that went away)
+    future: asyncio.Future | None       # None: nobody waits (written by the dispatcher itself)
     loop: asyncio.AbstractEventLoop | None
 
 
@@ -49,10 +49,11 @@ class OutcomeWriter:
         self._threads.put(_Pending(kind, items, extend_s, future, loop))
         return await future
 
-    def release_later(self, items: list[tuple]) -> None:
-        """Give jobs back without waiting for the answer."""
+    def later(self, kind: str, items: list[tuple]) -> None:
+        """Write outcomes without waiting for the answer (jobs given back, or
+        failed, by the dispatcher itself)."""
         if items:
-            self._threads.put(_Pending("release", items, None, None, None))
+            self._threads.put(_Pending(kind, items, None, None, None))
 
     def close(self) -> None:
         self._threads.close()

@@ -25,22 +25,35 @@ JobId = Annotated[str, Meta(pattern=r"^-?[0-9]{1,19}$", description="64-bit job 
 Token = Annotated[uuid.UUID, Meta(description="the lease token of the job's current claim")]
 Worker = Annotated[str, Meta(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@/-]+$",
                              description="the worker's id, recorded as the job's claimer")]
-JobName = Annotated[str, Meta(min_length=1, max_length=200)]
+# The job-name rule of submission (mh_job_problem in sql/009_hardening.sql):
+# a worker asks only for names a job can have.
+JOB_NAME_PATTERN = r"^[A-Za-z0-9_.:/-]{1,200}$"
+JobName = Annotated[str, Meta(pattern=JOB_NAME_PATTERN, description="a job name: 1 to 200 characters from "
+                                                                    "letters, digits and _ . : / -")]
+TeamName = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$", description="a team's name")]
 
 MAX_CAPACITY = 1000
+# A job's result, as JSON text: the same limit as a payload (mh_payload_max_bytes).
+MAX_RESULT_BYTES = 256 * 1024
 MAX_WAIT_S = 60.0
 MAX_ITEMS = 10_000
 
 
 # ---------------------------------------------------------------- lease
 class LeaseIn(Struct, forbid_unknown_fields=True):
-    """Ask for jobs: at most `capacity`, of the given names (null: any), waiting
-    up to wait_s seconds for the first one."""
+    """Ask for jobs: at most `capacity`, of the given names and teams (null:
+    any), waiting up to wait_s seconds for the first one."""
     worker: Worker
-    capacity: Annotated[int, Meta(ge=1, le=MAX_CAPACITY, description="how many jobs the worker has room for")]
+    # A JSON number with no fraction (3 or 3.0): the schema's "integer".
+    capacity: Annotated[float, Meta(ge=1, le=MAX_CAPACITY, multiple_of=1, extra_json_schema={"type": "integer"},
+                                    description="how many jobs the worker has room for")]
     names: Annotated[list[JobName], Meta(min_length=1, max_length=100,
                                          description="the job names it handles; null: any")] | None = None
     wait_s: Annotated[float, Meta(ge=0, le=MAX_WAIT_S, description="long-poll limit")] = 20.0
+    teams: Annotated[list[TeamName], Meta(min_length=1, max_length=100,
+                                          description="only jobs submitted by these teams; null: any team's. "
+                                                      "Job names are not owned by a team: a worker that acts "
+                                                      "on trusted payloads names the teams it trusts")] | None = None
 
 
 class Replay(Struct):
@@ -51,6 +64,7 @@ class Replay(Struct):
 
 class LeasedJob(Struct):
     job_id: JobId
+    team: str                          # the team that submitted it
     name: str
     payload: msgspec.Raw
     attempt: int

@@ -22,6 +22,8 @@ from app.api import problems
 from app.api.auth import TokenCache, bearer_hash, unauthorized
 from app.api.context import Context
 from app.api.problems import COMMON, INVALID, NOT_FOUND, STALE_CLAIM, ApiProblem
+from app.api.problems import TOO_LARGE, Kind
+from app.api.schemas import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_text_problem
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.protocol import (CompleteIn, FailIn, HeldIn, LeaseIn, LeaseOut, OutcomeOut, OutcomesIn,
                                    OutcomesOut)
@@ -55,10 +57,39 @@ async def _hung_up(request: Request) -> None:
         pass
 
 
+# What a result may be, for the routes' descriptions.
+RESULT_RULE = (f"A result is any JSON up to {MAX_JSON_BYTES // 1024} KiB as JSON text (as sent), nested at most "
+               f"{MAX_JSON_DEPTH} levels deep, without the escape \\u0000 (jsonb cannot hold it); a result "
+               "refused for that leaves the job unchanged, still claimed: fail it, or complete it with a "
+               "smaller result.")
+
+
+class _Refused(Exception):
+    """A result that cannot be stored: its kind of problem and why."""
+
+    def __init__(self, kind: Kind, reason: str):
+        super().__init__(reason)
+        self.kind, self.reason = kind, reason
+
+
 def _result(raw: msgspec.Raw | msgspec.UnsetType) -> bytes | None:
-    """The result's JSON text, passed to the database as it is; None for none or null."""
+    """The result's JSON text, passed to the database as it is; None for none
+    or null. _Refused if it is over the size limit (as a payload is: a
+    stored result is served back by every status read), nested too deeply
+    (the worker library and clients decode it), or not storable as jsonb."""
     text = b"null" if raw is msgspec.UNSET else bytes(raw)
+    if len(text) > MAX_JSON_BYTES:
+        raise _Refused(TOO_LARGE, f"result is {len(text):,} bytes of JSON text, over the limit of "
+                                  f"{MAX_JSON_BYTES:,} (256 KiB): store it elsewhere and return a reference. "
+                                  "The job is unchanged")
+    if reason := json_text_problem("result", text):
+        raise _Refused(INVALID, f"{reason}. The job is unchanged")
     return None if text == b"null" else text
+
+
+def _error(text: str) -> str:
+    """A failure's error text as PostgreSQL's text can hold it (no NUL)."""
+    return text.replace("\x00", "\ufffd") if "\x00" in text else text
 
 
 def _out(o: Outcome) -> OutcomeOut:
@@ -100,22 +131,36 @@ def router(ctx: Context, dispatcher: Dispatcher) -> Router:
                       "expiry: heartbeat before it, then complete or fail.", responses=responses)
     async def lease(request: Request, credential: NamedDependency[str]) -> LeaseOut:
         body = problems.decode(LEASE, await request.body())
-        return LeaseOut(await dispatcher.lease(body.worker, body.capacity, body.names, body.wait_s,
-                                               gone=_hung_up(request)))
+        return LeaseOut(await dispatcher.lease(body.worker, int(body.capacity), body.names, body.wait_s,
+                                               gone=_hung_up(request), teams=body.teams))
 
     @post("/outcomes", operation_id="reportOutcomes", status_code=200, security=SECURITY, tags=["workers"],
           request_max_body_size=ctx.settings.api_max_batch_body_bytes,
           summary="Heartbeats, completions, failures and give-backs, in one request",
           description="Each item is answered in order: ok, or refused with the reason (a stale lease token "
-                      "changes nothing).", responses=responses)
+                      "changes nothing). " + RESULT_RULE + " Here such a completion alone is refused (ok "
+                      "false, the reason giving the size and the limit); the other items are written.",
+          responses=responses)
     async def outcomes(request: Request, credential: NamedDependency[str]) -> OutcomesOut:
         body: OutcomesIn = problems.decode(OUTCOMES, await request.body())
         answers: dict[str, list[OutcomeOut]] = {}
+        refused: dict[int, OutcomeOut] = {}            # completions refused here, by position
+        completions = []
+        for n, c in enumerate(body.complete):
+            job_id = _job_id(c.job_id)
+            try:
+                completions.append((job_id, c.lease_token, _result(c.result)))
+            except _Refused as exc:
+                refused[n] = OutcomeOut(str(job_id), False, None, exc.reason)
         for kind, items in (("heartbeat", [(_job_id(h.job_id), h.lease_token) for h in body.heartbeat]),
-                            ("complete", [(_job_id(c.job_id), c.lease_token, _result(c.result)) for c in body.complete]),
-                            ("fail", [(_job_id(f.job_id), f.lease_token, f.error, f.retryable) for f in body.fail]),
+                            ("complete", completions),
+                            ("fail", [(_job_id(f.job_id), f.lease_token, _error(f.error), f.retryable)
+                                      for f in body.fail]),
                             ("release", [(_job_id(r.job_id), r.lease_token) for r in body.release])):
             answers[kind] = [_out(o) for o in await write(kind, items, body.extend_s)]
+        if refused:
+            written = iter(answers["complete"])
+            answers["complete"] = [refused[n] if n in refused else next(written) for n in range(len(body.complete))]
         return OutcomesOut(**answers)
 
     one = problems.responses(*COMMON, INVALID, NOT_FOUND, STALE_CLAIM)
@@ -127,16 +172,22 @@ def router(ctx: Context, dispatcher: Dispatcher) -> Router:
         return _one((await write("heartbeat", [(job_id, body.lease_token)], body.extend_s))[0])
 
     @post("/jobs/{job_id:int}/complete", operation_id="completeJob", status_code=200, security=SECURITY,
-          tags=["workers"], summary="One job succeeded", responses=one)
+          tags=["workers"], summary="One job succeeded",
+          description=RESULT_RULE + " Over the size limit: 413; nested too deeply or not storable: 422.",
+          responses=problems.responses(*COMMON, INVALID, NOT_FOUND, STALE_CLAIM, TOO_LARGE))
     async def complete(request: Request, credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
         body: CompleteIn = problems.decode(COMPLETE, await request.body())
-        return _one((await write("complete", [(job_id, body.lease_token, _result(body.result))]))[0])
+        try:
+            result = _result(body.result)
+        except _Refused as exc:
+            raise ApiProblem(exc.kind, exc.reason, job_id=str(job_id)) from None
+        return _one((await write("complete", [(job_id, body.lease_token, result)]))[0])
 
     @post("/jobs/{job_id:int}/fail", operation_id="failJob", status_code=200, security=SECURITY,
           tags=["workers"], summary="One job failed (retried after backoff, or dead)", responses=one)
     async def fail(request: Request, credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
         body: FailIn = problems.decode(FAIL, await request.body())
-        return _one((await write("fail", [(job_id, body.lease_token, body.error, body.retryable)]))[0])
+        return _one((await write("fail", [(job_id, body.lease_token, _error(body.error), body.retryable)]))[0])
 
     @post("/jobs/{job_id:int}/release", operation_id="releaseJob", status_code=200, security=SECURITY,
           tags=["workers"], summary="Give back a job that was not started", responses=one)

@@ -33,6 +33,13 @@ class PayloadTooLarge(StoreError):
     status = 413
 
 
+class Contention(StoreError):
+    """The database aborted the transaction (deadlock, serialization failure)
+    every time it was tried: nothing was written, and trying again later is
+    safe. Not the database being away."""
+    status = 503
+
+
 BY_SQLSTATE = {"MH400": InvalidInput, "MH403": StaleLease, "MH404": NotFound,
                "MH409": Conflict, "MH413": PayloadTooLarge}
 

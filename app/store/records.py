@@ -71,6 +71,19 @@ class ClaimedJob:
 
 
 @dataclass(frozen=True)
+class ClaimRequest:
+    """One claim of the dispatcher's round trip: up to `limit` due jobs of a
+    shard it leases (at `epoch`) for a worker, of these job names and teams
+    (None: any)."""
+    shard: int
+    epoch: int
+    limit: int
+    worker: str
+    names: list[str] | None = None
+    teams: list[str] | None = None
+
+
+@dataclass(frozen=True)
 class ClaimResult:
     jobs: list[ClaimedJob]
     refused: dict[int, str]  # shard -> why its claim was refused (stale lease)

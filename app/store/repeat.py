@@ -14,6 +14,8 @@ from apscheduler.triggers.cron import CronTrigger
 from app.store.records import Repeat
 
 MAX_EVERY_S = 366 * 86400
+# How far ahead a run may be due: mh_max_ahead() in sql/001_core.sql.
+HORIZON = dt.timedelta(days=366)
 UTC = dt.timezone.utc
 
 
@@ -59,11 +61,16 @@ def first_due(repeat: Repeat, due_at: dt.datetime | None, now: dt.datetime) -> d
     every_s: the due time as given (a past one runs at once, like any job),
     else now. cron: the first fire time of the expression, in its zone, at
     or after the due time (a start, "not before") or now, whichever is later.
-    ValueError if the expression never fires (like 0 0 31 2 *)."""
+    ValueError if the expression does not fire within the horizon (like 0 0 31 2 *)."""
     if repeat.every_s is not None:
         return (due_at or now).astimezone(UTC)
     start = max(due_at, now) if due_at is not None else now
-    fire = cron_trigger(repeat.cron, repeat.timezone).get_next_fire_time(None, start)
+    trigger = cron_trigger(repeat.cron, repeat.timezone)
+    # Searched up to the horizon only: unbounded, APScheduler looks as far as
+    # year 9999 for an expression that never fires (0.2-0.6 s each).
+    trigger.end_date = now + HORIZON
+    fire = trigger.get_next_fire_time(None, start)
     if fire is None:
-        raise ValueError(f"repeat.cron {repeat.cron!r} never fires")
+        raise ValueError(f"repeat.cron {repeat.cron!r} does not fire within {HORIZON.days} days "
+                         "(the furthest a run may be scheduled)")
     return fire.astimezone(UTC)

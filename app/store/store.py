@@ -7,21 +7,34 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import hashlib
+import logging
+import random
 import secrets
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
+from psycopg.types.datetime import TimestamptzLoader
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from app.store import errors, repeat
 from app.store.queries import q
-from app.store.records import (BatchItem, ClaimedJob, ClaimResult, JobPage, JobSpec, JobStatus, JobSummary,
+from app.store.records import (BatchItem, ClaimedJob, ClaimRequest, ClaimResult, JobPage, JobSpec, JobStatus, JobSummary,
                                Maintenance, Outcome, Submitted, TeamStats)
 
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# A transaction the database aborted to break a deadlock or a serialization
+# conflict wrote nothing: it is tried again this many times in all.
+TRIES = 3
+# CPU one batch may spend finding the first fire times of its cron series.
+FIRE_TIME_BUDGET_S = 1.0
 
 _DEFAULTS = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
              for f in dataclasses.fields(JobSpec)}
@@ -37,6 +50,17 @@ def _jsonb(value: Any) -> Jsonb:
 
 def _as_is(value: bytes) -> bytes:
     return value
+
+
+class LenientTimestamptzLoader(TimestamptzLoader):
+    """A timestamptz Python cannot hold (before year 1, after 9999) as its
+    text instead of an error: one such row must not fail the rows read with it."""
+
+    def load(self, data):
+        try:
+            return super().load(data)
+        except psycopg.DataError:
+            return bytes(data).decode()
 
 
 def hash_token(token: str) -> str:
@@ -101,12 +125,35 @@ class Store:
             conn.execute(q("set_clock"), {"now": self.clock})
 
     def _all(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-        with self.connection() as conn:
-            return conn.execute(q(name), params).fetchall()
+        def run() -> list[dict[str, Any]]:
+            with self.connection() as conn:
+                return conn.execute(q(name), params).fetchall()
+        return self.retrying(run)
 
     def _one(self, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
-        with self.connection() as conn:
-            return conn.execute(q(name), params).fetchone()
+        rows = self._all(name, params)
+        return rows[0] if rows else None
+
+    @staticmethod
+    def retrying(transaction: Callable[[], T]) -> T:
+        """Run a whole transaction again when the database aborted it to break
+        a deadlock or a serialization conflict (it wrote nothing), up to TRIES
+        times in all, after a short random pause; then Contention, which says
+        so, rather than an error that reads like the database being away."""
+        for attempt in range(1, TRIES + 1):
+            try:
+                return transaction()
+            except psycopg.OperationalError as exc:
+                if not (exc.sqlstate or "").startswith("40"):     # class 40: transaction rollback
+                    raise
+                reason = exc.diag.message_primary or str(exc)
+                if attempt == TRIES:
+                    raise errors.Contention(
+                        f"the database aborted the transaction {TRIES} times ({reason}); nothing was "
+                        "written: retry the request") from exc
+                log.info("transaction aborted (%s); trying again", reason)
+                time.sleep(random.uniform(0.005, 0.05) * attempt)
+        raise AssertionError("unreachable")
 
     # ------------------------------------------------------------ teams
     def create_team(self, name: str, *, quota: int = 1000, weight: int = 1) -> str:
@@ -197,21 +244,36 @@ class Store:
         if all(j.repeat is None for j in jobs):
             rows = self._all("submit_jobs", _batch_params(team, jobs))
             return sorted((BatchItem(**r) for r in rows), key=lambda item: item.idx)
+        now = self._db_now() if any(j.repeat is not None and j.repeat.cron is not None for j in jobs) else None
+        first_dues: dict[int, dt.datetime | errors.StoreError | None] = {}
+        spent_until = time.thread_time() + FIRE_TIME_BUDGET_S
+        for i, job in enumerate(jobs):
+            if job.repeat is None:
+                continue
+            if time.thread_time() > spent_until:
+                first_dues[i] = errors.InvalidInput(
+                    f"the request's repeat specs took over {FIRE_TIME_BUDGET_S} s of CPU to evaluate; this "
+                    "one and those after it were not: send fewer repeating jobs per request")
+            else:
+                first_dues[i] = self._first_due(job, now)
+        return self.retrying(lambda: self._submit_mixed(team, jobs, first_dues))
+
+    def _submit_mixed(self, team: str, jobs: Sequence[JobSpec],
+                      first_dues: dict[int, dt.datetime | errors.StoreError | None]) -> list[BatchItem]:
         plain = [i for i, j in enumerate(jobs) if j.repeat is None]
         items: list[BatchItem] = []
         with self.connection() as conn, conn.transaction():
             if plain:
                 rows = conn.execute(q("submit_jobs"), _batch_params(team, [jobs[i] for i in plain])).fetchall()
                 items += [BatchItem(**{**r, "idx": plain[r["idx"]]}) for r in rows]
-            now = None
             for i, job in enumerate(jobs):
                 if job.repeat is None:
                     continue
                 try:
+                    if isinstance(first_dues[i], errors.StoreError):
+                        raise first_dues[i]
                     with conn.transaction():
-                        if now is None and job.repeat.cron is not None:
-                            now = conn.execute(q("db_now")).fetchone()["now"]
-                        s = self._submit_series(conn, team, job, now)
+                        s = self._submit_series(conn, team, job, first_dues[i])
                     items.append(BatchItem(i, s.job_id, s.run_at, s.created, None, s.series_id))
                 except (psycopg.Error, errors.StoreError) as exc:
                     error = errors.translate(exc) if isinstance(exc, psycopg.Error) else exc
@@ -222,26 +284,43 @@ class Store:
 
     def submit_series(self, team: str, job: JobSpec) -> Submitted:
         """A repeating job (job.repeat set): its series and first run, in one
-        transaction. The first fire time of a cron spec is found here, with
-        APScheduler in the spec's zone, from the database's clock; every_s
-        starts at the due time (or now). Submitted.series_id names the series."""
-        with self.connection() as conn:
-            return self._submit_series(conn, team, job)
+        transaction. The first fire time of a cron spec is found first, with
+        APScheduler in the spec's zone, from the database's clock, outside any
+        transaction; every_s starts at the due time (or now). Submitted.series_id
+        names the series."""
+        first_due = self._first_due(job, self._db_now() if job.repeat.cron is not None else None)
+        if isinstance(first_due, errors.StoreError):
+            raise first_due
 
-    def _submit_series(self, conn: psycopg.Connection, team: str, job: JobSpec,
-                       now: dt.datetime | None = None) -> Submitted:
+        def run() -> Submitted:
+            with self.connection() as conn:
+                return self._submit_series(conn, team, job, first_due)
+        return self.retrying(run)
+
+    def _db_now(self) -> dt.datetime:
+        return self._one("db_now", {})["now"]
+
+    @staticmethod
+    def _first_due(job: JobSpec, now: dt.datetime | None) -> dt.datetime | errors.StoreError | None:
+        """The first run's due time of a cron series (None for every_s: the
+        procedure takes the due time, or its now), or the refusal. Searched
+        only up to the submission horizon, so an expression that never fires
+        costs microseconds, not a search to year 9999."""
+        r = job.repeat
+        if r is None or r.cron is None:
+            return None
+        if reason := repeat.problem(r):
+            return errors.InvalidInput(reason)
+        try:
+            return repeat.first_due(r, job.due_at, now)
+        except ValueError as exc:
+            return errors.InvalidInput(str(exc))
+
+    @staticmethod
+    def _submit_series(conn: psycopg.Connection, team: str, job: JobSpec,
+                       first_due_at: dt.datetime | None) -> Submitted:
         r = job.repeat
         assert r is not None
-        first_due_at = None                  # every_s: the procedure takes the due time, or its now
-        if r.cron is not None:
-            if reason := repeat.problem(r):
-                raise errors.InvalidInput(reason)
-            if now is None:
-                now = conn.execute(q("db_now")).fetchone()["now"]
-            try:
-                first_due_at = repeat.first_due(r, job.due_at, now)
-            except ValueError as exc:
-                raise errors.InvalidInput(str(exc)) from None
         row = conn.execute(q("submit_series"), {
             "team": team, "name": job.name, "due_at": job.due_at, "payload": _jsonb(job.payload),
             "priority": job.priority, "max_attempts": job.max_attempts, "flex_s": job.flex_s,
@@ -253,8 +332,8 @@ class Store:
 
     # ------------------------------------------------------------ dispatch
     @staticmethod
-    def each_alone(conn: psycopg.Connection, sql: str, params: Sequence[dict[str, Any]]
-                   ) -> list[list[dict[str, Any]]]:
+    def each_alone(conn: psycopg.Connection, sql: str, params: Sequence[dict[str, Any]],
+                   cursor: Callable[[], psycopg.Cursor] | None = None) -> list[list[dict[str, Any]] | Exception]:
         """The statement once per item, all sent in ONE round trip, each its
         own transaction: a Sync follows each, so no transaction holds rows of
         more than one shard (on Citus, a single-shard transaction each).
@@ -262,26 +341,55 @@ class Store:
         (a round trip per statement), so the Sync is queued with its
         _enqueue_sync (pinned down by tests/test_pipeline.py).
 
-        Meant for statements that do not fail in normal operation (refusals
-        come back as rows). If one fails anyway, the error is raised and the
-        connection closed (the pool replaces it): the statements after it
-        ran, each in its own transaction, but their results are not read."""
-        cursors = []
+        The rows of each item, or the error that item alone met: a value the
+        driver cannot send, or a statement the server refused (each is its
+        own transaction, so the others committed, and their rows are read
+        all the same — a claim's rows must never be dropped). psycopg reports
+        only some of several server errors, so every failed item carries the
+        first one. A lost connection raises."""
+        make = cursor or conn.cursor
+        cursors: list[psycopg.Cursor | Exception] = []
+        first: psycopg.Error | None = None       # the first error the server sent back
         try:
             with conn.pipeline() as pipe:
                 for p in params:
-                    cursors.append(conn.cursor().execute(sql, p))
+                    cur = make()
+                    try:
+                        cur.execute(sql, p)
+                    except psycopg.Error as exc:
+                        if conn.broken:
+                            raise
+                        if exc.sqlstate is None:          # this item's values could not be sent
+                            cursors.append(errors.translate(exc))
+                            continue
+                        first = first or exc              # an earlier item's; this one was sent
+                    cursors.append(cur)
                     pipe._enqueue_sync()
-        except psycopg.Error:
-            conn.close()
-            raise
-        return [cur.fetchall() for cur in cursors]
+        except psycopg.Error as exc:
+            if conn.broken:
+                raise
+            first = first or exc
+        results: list[list[dict[str, Any]] | Exception] = []
+        for cur in cursors:
+            if isinstance(cur, Exception):
+                results.append(cur)
+                continue
+            try:
+                results.append(cur.fetchall())
+            except psycopg.Error as exc:               # this item failed; the server's reason is
+                results.append(errors.translate(first or exc))   # known for the first such one only
+        return results
 
     def _pipelined(self, name: str, params: Sequence[dict[str, Any]]) -> list[dict[str, Any] | None]:
         """The statement once per item, in one round trip, each its own
-        transaction (each_alone); the first row of each."""
+        transaction (each_alone); the first row of each. An error is raised
+        (after every item ran)."""
         with self.connection() as conn:
-            return [r[0] if r else None for r in self.each_alone(conn, q(name), params)]
+            results = self.each_alone(conn, q(name), params)
+        for r in results:
+            if isinstance(r, Exception):
+                raise r
+        return [r[0] if r else None for r in results]
 
     def take_leases(self, shards: Sequence[int], owner: str, ttl_s: float) -> dict[int, int]:
         """Take or renew shard leases; {shard: epoch} for those now held."""
@@ -293,39 +401,24 @@ class Store:
         self._pipelined("release_shard_lease",
                         [{"shard": s, "owner": owner, "epoch": e} for s, e in leases.items()])
 
-    def _claim_each(self, name: str, params: Sequence[dict[str, Any]]
-                    ) -> tuple[list[tuple[int, list[dict[str, Any]]]], dict[int, str]]:
-        """A claim statement that raises for a stale lease, once per shard
-        (params carry "shard"), each in its own transaction; a stale shard is
-        refused alone. A round trip per shard (pipe.sync() reads each result
-        before the next is sent): the dispatcher uses claim_for_workers.
-        Returns the rows per shard claimed, and {shard: why} for the refused."""
-        refused: dict[int, str] = {}
-        with self.pool.connection() as conn:
-            self._apply_clock(conn)
-            pending = []
-            with conn.pipeline() as pipe:
-                for p in params:
-                    cur = conn.cursor()
-                    cur.execute(q(name), p)
-                    try:
-                        pipe.sync()          # an error surfaces here, for this statement alone
-                    except psycopg.Error as exc:
-                        error = errors.translate(exc)
-                        if not isinstance(error, errors.StaleLease):
-                            raise error from exc
-                        refused[p["shard"]] = error.message
-                        continue
-                    pending.append((p["shard"], cur))
-            return [(shard, cur.fetchall()) for shard, cur in pending], refused
-
     def claim(self, leases: dict[int, int], limit: int, owner: str, lease_s: float,
               worker: str | None = None) -> ClaimResult:
-        """Claim up to `limit` due jobs from each leased shard ({shard: epoch})."""
-        claimed, refused = self._claim_each("claim_due", [
-            {"shard": shard, "limit": limit, "owner": owner, "epoch": epoch, "lease_s": lease_s, "worker": worker}
-            for shard, epoch in leases.items()])
-        return ClaimResult([ClaimedJob(**r) for _, rows in claimed for r in rows], refused)
+        """Claim up to `limit` due jobs from each leased shard ({shard: epoch}),
+        in one round trip, each shard its own transaction; a shard whose lease
+        is stale is refused alone (ClaimResult.refused)."""
+        with self.connection() as conn:
+            results = self.each_alone(conn, q("claim_due"), [
+                {"shard": shard, "limit": limit, "owner": owner, "epoch": epoch, "lease_s": lease_s,
+                 "worker": worker} for shard, epoch in leases.items()])
+        jobs, refused = [], {}
+        for shard, rows in zip(leases, results):
+            if isinstance(rows, errors.StaleLease):
+                refused[shard] = rows.message
+            elif isinstance(rows, Exception):
+                raise rows
+            else:
+                jobs += [ClaimedJob(**r) for r in rows]
+        return ClaimResult(jobs, refused)
 
     def next_due(self, shard: int) -> dt.datetime | None:
         return self._one("next_due", {"shard": shard})["next_due"]
@@ -333,20 +426,28 @@ class Store:
     def next_due_many(self, shards: Sequence[int]) -> dict[int, dt.datetime | None]:
         return {s: r["next_due"] for s, r in zip(shards, self._pipelined("next_due", [{"shard": s} for s in shards]))}
 
-    def claim_for_workers(self, requests: Sequence[tuple[int, int, int, str, Sequence[str] | None]],
-                          owner: str, lease_s: float) -> tuple[list[list[dict[str, Any]] | None], dict[int, str]]:
-        """Claims for workers, one per request (shard, epoch, limit, worker,
-        job names or None), all in one round trip, each its own transaction:
-        the rows of each (claim_for_worker: payload and replay as JSON text;
-        None when its shard's lease was stale), and {shard: why} for those."""
+    def claim_for_workers(self, requests: Sequence[ClaimRequest], owner: str, lease_s: float
+                          ) -> tuple[list[list[dict[str, Any]] | Exception], dict[int, str]]:
+        """Claims for workers, one per request, all in one round trip, each
+        its own transaction: per request, the rows claimed (claim_for_worker:
+        payload and replay as JSON text; a time Python cannot hold as its
+        text), or the error that request alone met (a stale lease: StaleLease);
+        and {shard: why} for the shards whose lease was stale."""
         with self.connection() as conn:
+            def cursor() -> psycopg.Cursor:
+                cur = conn.cursor()
+                cur.adapters.register_loader("timestamptz", LenientTimestamptzLoader)
+                return cur
             results = self.each_alone(conn, q("claim_for_worker"), [
-                {"shard": shard, "limit": limit, "owner": owner, "epoch": epoch, "lease_s": lease_s,
-                 "worker": worker, "names": list(names) if names is not None else None}
-                for shard, epoch, limit, worker, names in requests])
-        refused = {shard: rows[0]["refused"] for (shard, *_), rows in zip(requests, results)
-                   if rows and rows[0]["refused"] is not None}
-        return [None if shard in refused else rows for (shard, *_), rows in zip(requests, results)], refused
+                {"shard": r.shard, "limit": r.limit, "owner": owner, "epoch": r.epoch, "lease_s": lease_s,
+                 "worker": r.worker, "names": r.names, "teams": r.teams}
+                for r in requests], cursor)
+        refused: dict[int, str] = {}
+        for i, (r, rows) in enumerate(zip(requests, results)):
+            if not isinstance(rows, Exception) and rows and rows[0]["refused"] is not None:
+                refused[r.shard] = rows[0]["refused"]
+                results[i] = errors.StaleLease(rows[0]["refused"])
+        return results, refused
 
     # ------------------------------------------------------------ outcomes
     def start(self, items: Sequence[tuple[int, Any]]) -> list[Outcome]:
@@ -374,6 +475,13 @@ class Store:
         return self._outcomes("release_many", items, {})
 
     def cancel(self, job_id: int, team: str | None) -> Outcome:
+        """Cancel a job that has not started, as `team`; team None (an
+        administrator) acts through the job's own team."""
+        if team is None:
+            row = self._one("job_team", {"job_id": job_id})
+            if row is None:
+                return Outcome(job_id, False, None, "no such job")
+            team = row["team"]
         return Outcome(**self._one("cancel", {"job_id": job_id, "team": team}))
 
     def status(self, job_id: int, team: str | None = None) -> JobStatus | None:

@@ -19,9 +19,11 @@ class NonRetryable(Exception):
 
 @dataclass(frozen=True)
 class Job:
-    """One run of one job. `attempt` counts from 1; `payload` is the decoded
-    JSON the submitter sent. `idempotency_key` is the submitter's key, if any."""
+    """One run of one job. `team` submitted it; `attempt` counts from 1;
+    `payload` is the decoded JSON the submitter sent. `idempotency_key` is
+    the submitter's key, if any."""
     id: int
+    team: str
     name: str
     payload: Any
     attempt: int

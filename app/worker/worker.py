@@ -44,7 +44,8 @@ from typing import Any
 import msgspec
 
 from app.dispatch.protocol import (
-    MAX_CAPACITY, MAX_ITEMS, MAX_WAIT_S, Completed, Failed, Held, LeasedJob, LeaseIn, OutcomesIn,
+    MAX_CAPACITY, MAX_ITEMS, MAX_RESULT_BYTES, MAX_WAIT_S, Completed, Failed, Held, LeasedJob, LeaseIn,
+    OutcomesIn,
 )
 from app.worker.client import DispatcherClient, Refused, Unavailable
 from app.worker.job import Job, NonRetryable
@@ -78,8 +79,14 @@ class Worker:
 
     def __init__(self, urls: list[str] | str | None = None, token: str | None = None,
                  concurrency: int | None = None, *, grace_s: float | None = None,
-                 worker_id: str | None = None, wait_s: float = 10.0, flush_s: float = 0.005):
+                 worker_id: str | None = None, wait_s: float = 10.0, flush_s: float = 0.005,
+                 teams: list[str] | None = None):
+        """teams: run only jobs submitted by these teams (None: any team's).
+        Job names are not owned by a team: any team may submit a job named
+        like one of these handlers, so a worker whose handlers trust their
+        payloads names the teams it trusts (each job also says its team)."""
         self.urls = _url_list(urls) if urls is not None else None
+        self.teams = sorted(set(teams)) if teams is not None else None
         self.token = token
         self.concurrency = concurrency
         self.grace_s = grace_s
@@ -286,7 +293,7 @@ class _Run:
                 return
             try:
                 out = await client.lease(LeaseIn(worker=w.worker_id, capacity=got, names=self.names,
-                                                 wait_s=w.wait_s))
+                                                 wait_s=w.wait_s, teams=w.teams))
             except Exception as exc:                    # Unavailable, Refused, or a bug: the loop goes on
                 self.slots.give(got)
                 self.productive[client.url] = False
@@ -330,7 +337,7 @@ class _Run:
 
     # ------------------------------------------------------------ running one job
     def start(self, lj: LeasedJob, outbox: _Outbox, received: float) -> None:
-        job = Job(id=int(lj.job_id), name=lj.name, payload=None, attempt=lj.attempt,
+        job = Job(id=int(lj.job_id), team=lj.team, name=lj.name, payload=None, attempt=lj.attempt,
                   max_attempts=lj.max_attempts, idempotency_key=lj.idempotency_key,
                   due_at=lj.due_at, run_at=lj.run_at, claim_expires_at=lj.claim_expires_at,
                   lease_token=lj.lease_token, claim_s=lj.claim_s)
@@ -391,6 +398,9 @@ class _Run:
                 raw = msgspec.Raw(msgspec.json.encode(result))
             except (TypeError, ValueError, OverflowError) as exc:
                 raise TypeError(f"the handler's result is not JSON-able: {exc}") from exc
+            if len(raw) > MAX_RESULT_BYTES:             # the dispatcher would refuse it: fail it instead
+                raise NonRetryable(f"the handler's result is {len(raw):,} bytes as JSON, over the limit of "
+                                   f"{MAX_RESULT_BYTES:,}: store large results elsewhere and return a reference")
             return Completed(job_id=lj.job_id, lease_token=lj.lease_token, result=raw), "job_succeeded"
         except NonRetryable as exc:
             return Failed(job_id=lj.job_id, lease_token=lj.lease_token, error=error_text(exc),
