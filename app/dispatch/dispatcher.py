@@ -99,7 +99,7 @@ class Dispatcher:
         self._recheck: set[int] = set()          # shards whose next run time must be read again
         self._generation = 0                      # bumped by every event that may make jobs claimable
         self._marked: dict[int, int] = {}         # shard -> generation a NOTIFY last marked it due at
-        self._woken_at: dict[int, float] = {}     # shard -> when (monotonic) a NOTIFY last marked it due
+        self._woken_at: dict[int, float] = {}     # shard -> when a NOTIFY last marked it due
         self._refreshed_at = 0.0                  # when every shard's next run time was last read
         self._empty: dict[Filter, dict[int, float]] = {}   # filter -> {shard: when a claim for it came up short}
         self._next_refresh = 0.0
@@ -187,7 +187,7 @@ class Dispatcher:
         """Shards (None: all) got rows due now."""
         with self._cond:
             self._generation += 1
-            woken = time.monotonic()
+            woken = time.time()
             for s in (self._leases if shards is None else shards & self._leases.keys()):
                 self._due[s] = 0.0
                 self._marked[s] = self._generation
@@ -196,10 +196,12 @@ class Dispatcher:
 
     def _empty_for(self, filter_: Filter, shard: int, now: float) -> bool:
         """Whether a claim of this filter found the shard empty since anything
-        could have made its rows due (called holding the lock)."""
+        could have made its rows due: a wake-up, the minute turning, the
+        shard's next run time coming (called holding the lock)."""
         since = self._empty.get(filter_, {}).get(shard)
         return (since is not None and now - since < FILTERED_RECHECK_S
-                and since >= self._woken_at.get(shard, 0.0) and since >= self._refreshed_at)
+                and since >= self._woken_at.get(shard, 0.0) and since >= self._refreshed_at
+                and not since < self._due.get(shard, 0.0) <= now)
 
     def _drop(self, refused: dict[int, str]) -> None:
         log.warning("claims refused on %d shards (another dispatcher owns them now): %s",
@@ -230,7 +232,7 @@ class Dispatcher:
             if now >= self._next_refresh:
                 shards = set(self._leases)
                 self._next_refresh = (math.floor(now / 60) + 1) * 60 + 0.2
-                self._refreshed_at = time.monotonic()
+                self._refreshed_at = now
                 self._empty.clear()
             else:
                 shards = self._recheck & self._leases.keys()
@@ -255,14 +257,14 @@ class Dispatcher:
         in queue order), marked taken: those with a due shard their filter
         has not found empty. None after sleeping until something changes."""
         with self._cond:
-            now, mono = time.time(), time.monotonic()
+            now = time.time()
             due = [s for s, t in self._due.items() if t <= now]
             if due:
                 open_for: dict[Filter, bool] = {}
                 ready = []
                 for w in self._waiters:
                     if w.filter not in open_for:
-                        open_for[w.filter] = any(not self._empty_for(w.filter, s, mono) for s in due)
+                        open_for[w.filter] = any(not self._empty_for(w.filter, s, now) for s in due)
                     if open_for[w.filter]:
                         ready.append(w)
                         if len(ready) == MAX_WAITERS_PER_ROUND:
@@ -279,7 +281,7 @@ class Dispatcher:
             if due and self._waiters:             # filters that found due shards empty look again
                 marks = [m for f in {w.filter for w in self._waiters} for m in self._empty.get(f, {}).values()]
                 if marks:
-                    wake = min(wake, now + max(0.0, min(marks) + FILTERED_RECHECK_S - mono))
+                    wake = min(wake, min(marks) + FILTERED_RECHECK_S)
             self._cond.wait(max(0.0, wake - now))
             if time.time() >= wake - 0.001:
                 self._generation += 1             # a run time came, or the minute turned
@@ -306,14 +308,14 @@ class Dispatcher:
         with the same filter share the due shards; each filter skips the
         shards it found empty."""
         with self._cond:
-            now, mono = time.time(), time.monotonic()
+            now = time.time()
             shards = [s for s, t in self._due.items() if t <= now and s in self._leases]
             leases = dict(self._leases)
             generation = self._generation
             if shards:
                 self._cursor = (self._cursor + 1) % len(shards)
                 shards = shards[self._cursor:] + shards[:self._cursor]     # every shard gets its turn first
-            queues = {f: deque(s for s in shards if not self._empty_for(f, s, mono))
+            queues = {f: deque(s for s in shards if not self._empty_for(f, s, now))
                       for f in {w.filter for w in waiters}}       # shards that may still hold due rows
         got: dict[int, list[dict]] = {id(w): [] for w in waiters}
         failed: dict[int, Exception] = {}
@@ -360,7 +362,6 @@ class Dispatcher:
             self.writer.later("release", [(r["job_id"], r["lease_token"]) for rows in got.values() for r in rows])
             raise
         with self._cond:
-            mono = time.monotonic()
             for s in drained:
                 if self._marked.get(s, -1) <= generation:   # no wake-up for it since this round began
                     self._due.pop(s, None)        # until its next run time is read again
@@ -369,7 +370,10 @@ class Dispatcher:
                 marks = self._empty.setdefault(f, {})
                 for s in found_empty:
                     if self._marked.get(s, -1) <= generation:
-                        marks[s] = mono
+                        marks[s] = now
+                        # Due for others still; its next run time, read again, may be the
+                        # moment rows of this filter become due (its mark then lapses).
+                        self._recheck.add(s)
             settled = []
             for w, jobs in answers:
                 if jobs or w.expired or id(w) in failed:
