@@ -1,12 +1,15 @@
 """The demo workload's worker (`minutehand dev` runs it as a child process):
-handlers for the demo job names that take a few milliseconds and fail now
-and then, so retries show up too."""
+handlers for the demo job names (NAMES: what app/cli/dev.py submits as team
+"demo") that take 1-50 ms and fail 5% of the time, so retries show up too.
+It asks only for these names: jobs of other names wait for other workers."""
 from __future__ import annotations
 
 import asyncio
 import random
 
 from app.worker import Job, Worker
+
+NAMES = ("demo.now", "demo.soon", "demo.later")
 
 worker = Worker()
 
@@ -18,5 +21,5 @@ async def _work(job: Job) -> dict:
     return {"ok": True, "attempt": job.attempt}
 
 
-for _name in ("demo.now", "demo.soon", "demo.later"):
+for _name in NAMES:
     worker.job(_name)(_work)

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import psycopg
 
+from app.cli.demo_worker import NAMES as DEMO_NAMES
 from app.localpg import LocalCluster
 from app.settings import Settings
 from app.store import migrate
@@ -51,7 +52,6 @@ DB_NAME = "minutehand"
 TEAM = "demo"
 DEMO_WORKER = "demo-worker"     # the worker token of the demo worker (a child process)
 USER_WORKER = "dev-user"        # the worker token printed for the user's own worker
-DEMO_NAMES = ("demo.now", "demo.soon", "demo.later")   # what app/cli/demo_worker.py handles
 BACKLOG_S = 5                   # the submitter pauses above this many seconds' worth of due jobs
 LEFTOVER_SOON_S = 120           # a previous run's jobs due within this long are its backlog
 UTC = dt.timezone.utc
