@@ -226,9 +226,6 @@ def test_batch_of_ten_thousand_is_accepted(client, conn):
 
 
 @pytest.mark.parametrize("body, detail", [
-    ({"jobs": [{"name": "a"}, {"name": "b", "extra": 1}]}, "unknown field `extra` - at `$.jobs[1]`"),
-    ({"jobs": [{"name": "a", "due_at": "2030-01-01T00:00:00"}]}, "timezone"),
-    ({"jobs": [{"name": "a", "due_at": "2030-01-01T00:00+01:00"}]}, "invalid rfc3339"),
     ({"jobs": {"name": "a"}}, "expected `array`"),
     ({}, "missing required field `jobs`"),
 ])
@@ -236,6 +233,26 @@ def test_batch_of_the_wrong_shape_is_422_and_writes_nothing(client, conn, body, 
     before = counts(conn)
     assert_problem(client.post("/v1/jobs/batch", headers=T, json=body), 422, "invalid-input", detail)
     assert counts(conn) == before
+
+
+@pytest.mark.parametrize("item, detail", [
+    ({"name": "b", "extra": 1}, "unknown field `extra` - at `$.jobs[1]`"),
+    ({"name": "b", "due_at": "2030-01-01T00:00:00"}, "timezone"),
+    ({"name": "b", "due_at": "2030-01-01T00:00+01:00"}, "invalid rfc3339"),
+])
+def test_batch_items_of_the_wrong_shape_are_refused_alone_and_written_nowhere(client, conn, item, detail):
+    """An item that does not decode is reported in its place (README: per-item
+    errors); the others are submitted (tests/test_api_hardening.py: more)."""
+    before = counts(conn)
+    r = client.post("/v1/jobs/batch", headers=T, json={"jobs": [{"name": "a"}, item]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    bad = body["items"][1]
+    assert detail.lower() in bad["error"].lower(), bad
+    assert bad["job_id"] is None and bad["created"] is False
+    assert (body["created"], body["existing"], body["rejected"]) == (1, 0, 1)
+    assert counts(conn) == {**before, "jobs": before["jobs"] + 1, "due_minutes": before["due_minutes"] + 1}
+    assert conn.execute("SELECT count(*) FROM jobs WHERE name = 'b'").fetchone()[0] == 0
 
 
 # ---------------------------------------------------------------- status, cancel

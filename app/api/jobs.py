@@ -2,15 +2,27 @@
 
 Handlers parse types and enforce the limits that only HTTP has (body size,
 batch length); what a job may be is decided by the procedures, once, in SQL.
+What the database cannot store at all (schemas.json_text_problem, a NUL in a
+string) and idempotency keys are checked here, so that in a batch such an
+item is refused alone instead of failing the whole call.
+
+A batch is read in two steps: its `jobs` array as raw items first (cheap:
+no item is decoded), so that one over the length limit is refused before
+any work per item; then item by item, so that an item that cannot be decoded
+is reported in its place while the others are submitted. Large batches are
+read in a worker thread, off the event loop.
 """
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated
+import functools
+from typing import Annotated, get_args
 
+import anyio.to_thread
 import msgspec
-from litestar import Request, Response, delete, get, post
+from litestar import Request, Response, delete, get, post, route
 from litestar.di import NamedDependency
+from litestar.enums import HttpMethod
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import HeaderParameter, PathParameter, QueryParameter
@@ -18,41 +30,185 @@ from litestar.params import HeaderParameter, PathParameter, QueryParameter
 from app.api import problems
 from app.api.auth import Principal
 from app.api.context import Context
-from app.api.problems import (COMMON, CONFLICT, INVALID, NOT_CANCELLABLE, NOT_FOUND, TOO_LARGE, ApiProblem)
-from app.api.schemas import (BatchIn, BatchItemOut, BatchOut, CancelledOut, JobCreated, JobIn, JobOut,
-                             JobPageOut, JobSummaryOut, Repeat, State)
+from app.api.problems import (COMMON, CONFLICT, INVALID, MALFORMED, NOT_CANCELLABLE, NOT_FOUND, TOO_LARGE,
+                              ApiProblem)
+from app.api.schemas import (KEY_RULE, MAX_JSON_DEPTH, BatchIn, BatchItemOut, BatchJobIn, BatchOut, CancelledOut, JobCreated, JobIn,
+                             JobOut, JobPageOut, JobSummaryOut, Repeat, State, decoder, json_text_problem,
+                             key_problem, text_problem)
 from app.store import repeat as repeats
 from app.store import records
 from app.store.records import JobSpec, JobStatus
 
 SECURITY = [{"bearer": []}]
-JOB_DECODER = msgspec.json.Decoder(JobIn)
-BATCH_DECODER = msgspec.json.Decoder(BatchIn)
+JOB_DECODER = decoder(JobIn)
+BATCH_DECODER = decoder(BatchIn)
+ITEM_DECODER = decoder(BatchJobIn)
+# A batch body larger than this is read in a worker thread (decoding ~1 MB
+# of items takes a few milliseconds, which the event loop should not spend).
+BATCH_INLINE_BYTES = 512 * 1024
+STATES = get_args(State)
 
 IdempotencyKey = Annotated[str | None, HeaderParameter(
     name="Idempotency-Key", required=False,
-    description="the same key from the same team within 24 h returns the first job (200) and creates nothing")]
+    description="the same key from the same team within 24 h returns the first job (200) and creates nothing. "
+                f"{KEY_RULE}; sent once (two such headers are refused)")]
 TeamParam = Annotated[str | None, QueryParameter(
     required=False,
     description="admin token: the team to act for; a team token may only name itself")]
 JobIdParam = Annotated[int, PathParameter(ge=-(2**63), le=2**63 - 1, description="the job id")]
 
 def to_repeat(repeat: Repeat | None) -> records.Repeat | None:
-    return None if repeat is None else records.Repeat(repeat.every_s, repeat.cron, repeat.timezone)
+    if repeat is None:
+        return None
+    return records.Repeat(int(repeat.every_s) if repeat.every_s is not None else None, repeat.cron,
+                          repeat.timezone)
 
 
 def check_repeat(repeat: Repeat | None) -> str | None:
     """Why the repeat fields are invalid (cron through APScheduler, the zone
     through zoneinfo); None if valid or absent."""
+    if repeat is not None and (reason := text_problem("repeat.cron", repeat.cron)
+                               or text_problem("repeat.timezone", repeat.timezone)):
+        return reason
     return repeats.problem(to_repeat(repeat))
 
 
-def to_spec(job: JobIn, key: str | None) -> JobSpec:
-    payload = {} if job.payload is msgspec.UNSET else bytes(job.payload)    # JSON text, passed through
-    return JobSpec(name=job.name, due_at=job.due_at, payload=payload, priority=job.priority,
-                   max_attempts=job.max_attempts, flex_s=job.flex_s, strict=job.strict,
+def to_spec(job: JobIn, key: str | None) -> JobSpec | str:
+    """The job to submit, or why it cannot be (what the database could not
+    store, a bad idempotency key or repeat spec)."""
+    if job.payload is msgspec.UNSET:
+        payload = {}
+    else:
+        payload = bytes(job.payload)            # JSON text, passed through
+        # (Most payloads are short, ASCII and free of \u escapes: no call.)
+        if (len(payload) > MAX_JSON_DEPTH or b"\\u" in payload or not payload.isascii()) and \
+                (reason := json_text_problem("payload", payload)):
+            return reason
+    if "\x00" in job.name:
+        return text_problem("name", job.name)
+    if key is not None and (reason := key_problem(key)):
+        return reason
+    if job.repeat is not None and (reason := check_repeat(job.repeat)):
+        return reason
+    return JobSpec(name=job.name, due_at=job.due_at, payload=payload, priority=int(job.priority),
+                   max_attempts=int(job.max_attempts), flex_s=int(job.flex_s), strict=job.strict,
                    idempotency_key=key, backoff_base_s=job.backoff_base_s, backoff_cap_s=job.backoff_cap_s,
-                   repeat=to_repeat(job.repeat))
+                   repeat=to_repeat(job.repeat) if job.repeat is not None else None)
+
+
+def header_key(request: Request) -> str:
+    """The Idempotency-Key header, exactly as sent (Litestar would take the
+    first of several, and read other bytes than ASCII as Latin-1)."""
+    values = [v for k, v in request.scope["headers"] if k == b"idempotency-key"]
+    if len(values) != 1:
+        raise ApiProblem(MALFORMED, f"{len(values)} Idempotency-Key headers: send one")
+    raw = values[0]
+    if not raw.isascii():
+        byte = next(b for b in raw if b > 0x7F)
+        raise ApiProblem(INVALID, f"Idempotency-Key contains the byte 0x{byte:02X}, which is not ASCII: it "
+                                  f"must be {KEY_RULE}")
+    key = raw.decode("ascii")
+    if reason := key_problem(key):
+        raise ApiProblem(INVALID, reason.replace("idempotency key", "Idempotency-Key", 1))
+    return key
+
+
+# ---------------------------------------------------------------- batches
+class _Envelope(msgspec.Struct, forbid_unknown_fields=True):
+    jobs: list[msgspec.Raw]
+
+
+class _Shape(msgspec.Struct, forbid_unknown_fields=True):
+    jobs: msgspec.Raw
+
+
+ENVELOPE = msgspec.json.Decoder(_Envelope)
+SHAPE = msgspec.json.Decoder(_Shape)
+
+
+@functools.cache
+def _bounded_envelope(limit: int) -> msgspec.json.Decoder:
+    """A decoder of the envelope that stops reading `jobs` at item limit+1.
+    msgspec checks a list's max_length only after building the whole list
+    (a body of 20 million `{}` items: 1 GB and 3.5 s), but an array_like
+    Struct of `limit` optional fields refuses the first item too many."""
+    items = msgspec.defstruct("BatchItems", [(f"i{n}", msgspec.Raw | msgspec.UnsetType, msgspec.UNSET)
+                                             for n in range(limit)], array_like=True, forbid_unknown_fields=True)
+    return msgspec.json.Decoder(msgspec.defstruct("BatchEnvelope", [("jobs", items)], forbid_unknown_fields=True))
+
+
+def batch_items(body: bytes, limit: int) -> list[msgspec.Raw]:
+    """The `jobs` of a batch body, each as its JSON text; 413 over `limit`
+    items, 400 for malformed JSON, 422 for another shape."""
+    try:
+        if body.count(b",") < limit:             # at most `limit` items: a list costs no more
+            items = problems.decode(ENVELOPE, body).jobs
+        else:
+            envelope = _bounded_envelope(limit).decode(body)
+            items = [raw for raw in msgspec.structs.astuple(envelope.jobs) if raw is not msgspec.UNSET]
+    except msgspec.ValidationError as exc:     # the shape, or one item too many
+        shape = problems.decode(SHAPE, body)     # the shape's own 422, if that was it
+        if bytes(memoryview(shape.jobs)[:1]) != b"[":
+            raise ApiProblem(INVALID, f"request body: {exc}") from None
+        raise ApiProblem(TOO_LARGE, f"a batch holds at most {limit:,} jobs, this one more: split it") from None
+    except msgspec.DecodeError as exc:
+        raise ApiProblem(MALFORMED, f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise problems.too_deep() from None
+    if len(items) > limit:
+        raise ApiProblem(TOO_LARGE, f"a batch holds at most {limit:,} jobs, this one {len(items):,}: split it")
+    return items
+
+
+def _item_error(i: int, exc: Exception) -> str:
+    """msgspec's reason, located in the request (`$.jobs[i]...`)."""
+    text = str(exc)
+    if " - at `$" in text:
+        return text.replace(" - at `$", f" - at `$.jobs[{i}]", 1)
+    return f"{text} - at `$.jobs[{i}]`"
+
+
+def parse_batch(body: bytes, limit: int) -> list[JobSpec | str]:
+    """Each job of a batch as its JobSpec, or why it is refused.
+
+    Fewer commas than `limit` prove at most `limit` items, so the whole
+    batch is first decoded at once (the fastest way, and what nearly every
+    batch needs); if anything in it does not decode, it is read again, its
+    items counted before any is decoded, then each decoded alone."""
+    if body.count(b",") < limit:
+        try:
+            batch = BATCH_DECODER.decode(body)
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+            pass                                 # item by item below: whose error, or the envelope's
+        else:
+            return [to_spec(job, job.idempotency_key) for job in batch.jobs]
+    parsed: list[JobSpec | str] = []
+    for i, raw in enumerate(batch_items(body, limit)):
+        try:
+            job = ITEM_DECODER.decode(raw)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            parsed.append(_item_error(i, exc))
+            continue
+        except RecursionError:
+            parsed.append(f"jobs[{i}] is nested too deeply to read")
+            continue
+        parsed.append(to_spec(job, job.idempotency_key))
+    return parsed
+
+
+def options(path: str) -> HTTPRouteHandler:
+    """OPTIONS for a path served by several handlers. Litestar makes one with
+    the path's first handler and keeps it as more are added, so its Allow
+    lists only the first method; this one reads the path's methods from the
+    app when asked."""
+
+    @route(path, http_method=[HttpMethod.OPTIONS], include_in_schema=False, status_code=204,
+           sync_to_thread=False)
+    def allow(request: Request) -> Response[None]:
+        methods = {m for r in request.app.routes if r.path == path for m in getattr(r, "methods", ())}
+        return Response(None, status_code=204, headers={"Allow": ", ".join(sorted(methods | {"OPTIONS"}))})
+
+    return allow
 
 
 def series_id_out(series_id: int | None) -> str | None:
@@ -85,9 +241,10 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
     async def submit_job(request: Request, principal: NamedDependency[Principal], idempotency_key: IdempotencyKey = None,
                          team: TeamParam = None) -> Response[JobCreated]:
         job = problems.decode(JOB_DECODER, await request.body())
-        if reason := check_repeat(job.repeat):
-            raise ApiProblem(INVALID, reason)
-        owner, spec = principal.own_team(team), to_spec(job, idempotency_key)
+        spec = to_spec(job, header_key(request) if idempotency_key is not None else None)
+        if isinstance(spec, str):
+            raise ApiProblem(INVALID, spec)
+        owner = principal.own_team(team)
         if spec.repeat is not None:
             submitted = await ctx.db(store.submit_series, owner, spec)
         else:
@@ -99,23 +256,25 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
     @post("/v1/jobs/batch", operation_id="submitBatch", status_code=200, security=SECURITY, tags=["jobs"],
           request_max_body_size=settings.api_max_batch_body_bytes, summary="Submit many jobs",
           description=f"Up to {settings.api_max_batch:,} jobs in one request. Each item is validated: valid "
-                      "items are committed together, invalid ones are reported (error) and written nowhere. "
-                      "An item with `repeat` makes a series and its first run, as POST /v1/jobs does, in "
-                      "the same transaction as the other items.",
+                      "items are committed together, invalid ones are reported (error) and written nowhere, "
+                      "including an item of the wrong shape or types (its decoding error, located at "
+                      "`$.jobs[i]`). An item with `repeat` makes a series and its first run, as POST "
+                      "/v1/jobs does, in the same transaction as the other items.",
           responses=problems.responses(*COMMON, TOO_LARGE, INVALID, NOT_FOUND))
     async def submit_batch(request: Request, principal: NamedDependency[Principal], team: TeamParam = None) -> BatchOut:
-        batch = problems.decode(BATCH_DECODER, await request.body())
-        if len(batch.jobs) > settings.api_max_batch:
-            raise ApiProblem(TOO_LARGE, f"a batch holds at most {settings.api_max_batch:,} jobs, this one "
-                                        f"{len(batch.jobs):,}: split it")
         owner = principal.own_team(team)
-        refused = {i: r for i, j in enumerate(batch.jobs) if (r := check_repeat(j.repeat))}
-        send = [i for i in range(len(batch.jobs)) if i not in refused]
-        results = await ctx.db(store.submit_many, owner, [to_spec(batch.jobs[i], batch.jobs[i].idempotency_key)
-                                                          for i in send]) if send else []
-        items: list[BatchItemOut | None] = [None] * len(batch.jobs)
-        for i, reason in refused.items():
-            items[i] = BatchItemOut(i, None, None, False, reason)
+        body = await request.body()
+        if len(body) > BATCH_INLINE_BYTES:
+            parsed = await anyio.to_thread.run_sync(parse_batch, body, settings.api_max_batch)
+        else:
+            parsed = parse_batch(body, settings.api_max_batch)
+        del body
+        send = [i for i, p in enumerate(parsed) if not isinstance(p, str)]
+        results = await ctx.db(store.submit_many, owner, [parsed[i] for i in send]) if send else []
+        items: list[BatchItemOut | None] = [None] * len(parsed)
+        for i, p in enumerate(parsed):
+            if isinstance(p, str):
+                items[i] = BatchItemOut(i, None, None, False, p)
         for r in results:
             i = send[r.idx]
             items[i] = BatchItemOut(i, str(r.job_id) if r.job_id is not None else None, r.run_at, r.created,
@@ -150,7 +309,8 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
          description="Keyset-paginated: pass next_cursor as ?cursor= for the next (older) page. A page reads "
                      "a bounded number of jobs, so with narrow filters it may be short (even empty) while "
                      "next_cursor still points further back; next_cursor null: no older jobs.",
-         responses=problems.responses(*COMMON, NOT_FOUND, INVALID))
+         responses=problems.responses(*COMMON, NOT_FOUND, INVALID),
+         exception_handlers=problems.parameters(names={"job_state": "state"}, allowed={"state": STATES}))
     async def list_jobs(
         principal: NamedDependency[Principal],
         job_state: Annotated[State | None, QueryParameter(name="state", required=False)] = None,
@@ -173,4 +333,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
                                          j.attempts, j.max_attempts, j.created_at) for j in page.jobs],
                           str(page.next_cursor) if page.next_cursor is not None else None)
 
-    return [submit_job, submit_batch, job_status, cancel_job, list_jobs]
+    # OPTIONS first: registered before the other handlers of its path, it is
+    # the one the path keeps.
+    return [options("/v1/jobs"), options("/v1/jobs/{job_id:int}"),
+            submit_job, submit_batch, job_status, cancel_job, list_jobs]

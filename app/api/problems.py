@@ -11,17 +11,18 @@ shown). Handlers raise ApiProblem for refusals of their own.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 import psycopg
+from litestar import Request, Response
 from litestar.exceptions import HTTPException, SerializationException, ValidationException
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.plugins.problem_details import ProblemDetailsConfig, ProblemDetailsException, ProblemDetailsPlugin
 
-from app.api.schemas import Problem
+from app.api.schemas import MAX_JSON_DEPTH, Problem
 from app.store import errors
 
 log = logging.getLogger(__name__)
@@ -46,16 +47,19 @@ UNAUTHORIZED = Kind("unauthorized", 401, "Missing or bad token")
 FORBIDDEN = Kind("forbidden", 403, "Admin token required")
 NOT_FOUND = Kind("not-found", 404, "Not found")
 METHOD = Kind("method-not-allowed", 405, "Method not allowed")
+TIMEOUT = Kind("request-timeout", 408, "Request not received in time")
 CONFLICT = Kind("conflict", 409, "Conflict")
 NOT_CANCELLABLE = Kind("not-cancellable", 409, "Job cannot be cancelled")
 STALE_CLAIM = Kind("stale-claim", 409, "Lease token is not the job's current claim")
 TOO_LARGE = Kind("too-large", 413, "Request too large")
 INVALID = Kind("invalid-input", 422, "Invalid input")
+HEADERS_TOO_LARGE = Kind("headers-too-large", 431, "Request headers too large")
 UNAVAILABLE = Kind("unavailable", 503, "Database unavailable")
 INTERNAL = Kind("internal-error", 500, "Internal error")
 
-KINDS = {k.slug: k for k in (MALFORMED, UNAUTHORIZED, FORBIDDEN, NOT_FOUND, METHOD, CONFLICT,
-                             NOT_CANCELLABLE, STALE_CLAIM, TOO_LARGE, INVALID, UNAVAILABLE, INTERNAL)}
+KINDS = {k.slug: k for k in (MALFORMED, UNAUTHORIZED, FORBIDDEN, NOT_FOUND, METHOD, TIMEOUT, CONFLICT,
+                             NOT_CANCELLABLE, STALE_CLAIM, TOO_LARGE, INVALID, HEADERS_TOO_LARGE, UNAVAILABLE,
+                             INTERNAL)}
 
 # The store's refusals by class. Invalid input is 422 here (the request was
 # well-formed JSON of the right types, but its values are refused), as are
@@ -132,6 +136,35 @@ def decode(decoder: msgspec.json.Decoder, body: bytes) -> Any:
         raise ApiProblem(INVALID, f"request body: {exc}") from None
     except msgspec.DecodeError as exc:
         raise ApiProblem(MALFORMED, f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise too_deep() from None
+
+
+def too_deep() -> ApiProblem:
+    """JSON nested so deep that reading it ran out of stack (msgspec reads a
+    level per frame, hundreds of levels in): refused before any of it is used."""
+    return ApiProblem(INVALID, f"request body is nested too deeply to read: payloads and results may be "
+                               f"nested at most {MAX_JSON_DEPTH} levels deep (arrays and objects)")
+
+
+def parameters(names: dict[str, str] | None = None,
+               allowed: dict[str, Iterable[str]] | None = None) -> dict[type[Exception], Callable]:
+    """A route's exception_handlers for the parameters Litestar validates:
+    each reason names the parameter as the client sends it (Litestar uses
+    the handler's Python name: job_state for ?state=, a name Litestar keeps
+    for itself), and for an enumerated one lists the values it may take."""
+    names, allowed = names or {}, {k: ", ".join(v) for k, v in (allowed or {}).items()}
+
+    def handler(request: Request, exc: ValidationException) -> Response:
+        reasons = exc.extra if isinstance(exc.extra, list) else []
+        for reason in reasons:
+            if isinstance(reason, dict) and isinstance(reason.get("key"), str):
+                key = reason["key"] = names.get(reason["key"], reason["key"])
+                if key in allowed:
+                    reason["message"] = f"{reason.get('message', 'invalid value')}: it may be one of {allowed[key]}"
+        return _http_exception(exc).to_response(request)
+
+    return {ValidationException: handler}
 
 
 def plugin(retry_after_s: int, on_db_unreachable: Callable[[], None]) -> ProblemDetailsPlugin:

@@ -4,7 +4,13 @@ Request bodies are decoded strictly (app/api/jobs.py, teams.py): unknown
 fields, wrong JSON types, and a due time without a UTC offset are refused
 with 422 before anything reaches the database. Everything else about a job
 (name pattern, ranges, the due-time horizon, payload size) is validated once,
-in SQL, by the procedures the store calls.
+in SQL, by the procedures the store calls. What only the API can see is
+checked here, before the database: JSON text PostgreSQL cannot store (the
+escape \\u0000, bytes that are not UTF-8), nesting deeper than MAX_JSON_DEPTH,
+idempotency keys outside printable ASCII.
+
+Integer fields take any JSON number without a fraction (87 and 87.0, as JSON
+Schema's "integer" does) and refuse 87.5 and "87" (decode_hook).
 
 Job ids are 64-bit and exceed what a JSON number holds exactly in many
 clients (2^53), so they travel as decimal strings.
@@ -12,6 +18,7 @@ clients (2^53), so they travel as decimal strings.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -29,14 +36,141 @@ def _doc(description: str, **limits: Any) -> Meta:
     return Meta(description=description, extra_json_schema=limits or None)
 
 
+# ---------------------------------------------------------------- integers
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+class Integer(int):
+    """An integer field of a request body: a JSON number with no fraction,
+    87 or 87.0 (JSON Schema calls both an integer; msgspec's int takes only
+    the first), within 32 bits (the columns' type). Decoded by decode_hook,
+    which every decoder of a body with such a field is given; the schema
+    says "integer" (_int_doc)."""
+
+
+def _int_doc(description: str, **limits: Any) -> Meta:
+    return Meta(description=description, extra_json_schema={"type": "integer", **limits})
+
+
+def decode_hook(kind: type, value: Any) -> Any:
+    """msgspec's dec_hook for Integer: refusals read like msgspec's own."""
+    if kind is Integer:
+        if type(value) is int:
+            number = value
+        elif type(value) is float and value.is_integer():
+            number = int(value)
+        elif type(value) is float:
+            raise ValueError(f"Expected `int`, got `float` with a fraction ({value!r})")
+        else:
+            raise ValueError(f"Expected `int`, got `{_json_type(value)}`")
+        if not INT32_MIN <= number <= INT32_MAX:
+            raise ValueError(f"Expected `int` from {INT32_MIN} to {INT32_MAX}: {number} is out of range")
+        return Integer(number)
+    raise NotImplementedError(kind)
+
+
+def _json_type(value: Any) -> str:
+    return {bool: "bool", str: "str", list: "array", dict: "object", type(None): "null"}.get(type(value),
+                                                                                            type(value).__name__)
+
+
+def decoder(kind: type) -> msgspec.json.Decoder:
+    """The strict decoder of a request body (Integer fields included)."""
+    return msgspec.json.Decoder(kind, dec_hook=decode_hook)
+
+
+# ---------------------------------------------------------------- JSON values
+# A payload or a result: any JSON, kept as the request's text and stored as
+# jsonb. At most MAX_JSON_BYTES of JSON text (the payload's size is checked in
+# SQL, mh_payload_max_bytes; a result's here, as sent), nested at most
+# MAX_JSON_DEPTH levels: deeper values cost the server a stack frame per level
+# to read, and the worker must be able to decode whatever was accepted.
+MAX_JSON_BYTES = 256 * 1024
+MAX_JSON_DEPTH = 64
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+# Brackets only, { as [ and } as ]: a string of [ and ] whose nesting is the value's.
+_BRACKETS = bytes.maketrans(b"{}", b"[]")
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+# The escape \u0000 (an odd number of backslashes before u0000: an even one is
+# text), which jsonb cannot hold.
+_NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def nested_deeper(text: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether valid JSON text nests arrays and objects more than `limit`
+    deep. Cheap for most values: text with at most `limit` brackets cannot
+    (one count, in C). Otherwise strings are dropped and the brackets kept;
+    each pass of removing every innermost pair lowers the depth by exactly
+    one, so text left after `limit` passes is deeper (every step in C; at
+    most `limit` passes over the brackets)."""
+    if text.count(b"[") + text.count(b"{") <= limit:
+        return False
+    if b'"' in text:
+        text = _STRING.sub(b"", text)
+    text = text.translate(_BRACKETS, _NOT_BRACKETS)
+    if b"[" * (limit + 1) in text:
+        return True
+    for _ in range(limit):
+        text = text.replace(b"[]", b"")
+        if not text:
+            return False
+    return bool(text)
+
+
+def json_text_problem(what: str, text: bytes) -> str | None:
+    """Why valid JSON text cannot be accepted as a payload or result; None
+    if it can. (Its size is checked where it is stored.)"""
+    if text.count(b"[") + text.count(b"{") > MAX_JSON_DEPTH and nested_deeper(text):
+        return f"{what} is nested more than {MAX_JSON_DEPTH} levels deep (arrays and objects): flatten it"
+    if b"\\u0000" in text and _NUL_ESCAPE.search(text):
+        return (f"{what} cannot be stored: it contains the escape \\u0000 (a NUL character), which "
+                "PostgreSQL's jsonb cannot hold")
+    if not text.isascii():
+        try:
+            text.decode()
+        except UnicodeDecodeError as exc:
+            return f"{what} cannot be stored: it is not UTF-8 (byte {exc.start})"
+    return None
+
+
+def text_problem(what: str, value: str | None) -> str | None:
+    """Why a string field cannot be stored (a NUL character); None if it can."""
+    if value is not None and "\x00" in value:
+        return f"{what} cannot be stored: it contains a NUL character (\\u0000)"
+    return None
+
+
+# ---------------------------------------------------------------- idempotency keys
+MAX_KEY_LENGTH = 255
+KEY_PATTERN = r"^[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?$"
+_KEY = re.compile(KEY_PATTERN)
+KEY_RULE = (f"1 to {MAX_KEY_LENGTH} characters of printable ASCII (letters, digits, punctuation; spaces only "
+            "inside)")
+
+
+def key_problem(key: str) -> str | None:
+    """Why an idempotency key is refused; None if it is fine."""
+    if 1 <= len(key) <= MAX_KEY_LENGTH and _KEY.match(key):
+        return None
+    if not key:
+        return f"idempotency key is empty: it must be {KEY_RULE}"
+    if len(key) > MAX_KEY_LENGTH:
+        return f"idempotency key has {len(key)} characters: it must be {KEY_RULE}"
+    bad = next((c for c in key if not " " <= c <= "~"), None)
+    if bad is not None:
+        return f"idempotency key contains {bad!r} (U+{ord(bad):04X}): it must be {KEY_RULE}"
+    return f"idempotency key starts or ends with a space: it must be {KEY_RULE}"
+
+
 # ---------------------------------------------------------------- requests
 class Repeat(Struct, forbid_unknown_fields=True):
     """A repeating job: every every_s seconds, or a crontab expression (5
     fields) in a time zone (IANA name, default UTC). Exactly one of every_s
     and cron. The job becomes a series: stored with its first run, an ordinary
     job; its later runs are not created yet."""
-    every_s: Annotated[int | None, _doc("seconds between runs; the first run is at due_at (or now)",
-                                        minimum=1, maximum=31622400)] = None
+    every_s: Annotated[Integer, _int_doc("seconds between runs; the first run is at due_at (or now)",
+                                         minimum=1, maximum=31622400)] | None = None
     cron: Annotated[str | None, _doc("5-field crontab expression (minute hour day month weekday); the first "
                                      "run is its first fire time at or after due_at (or now), in timezone")] = None
     timezone: Annotated[str | None, _doc("IANA time zone of cron (like Europe/Berlin), DST included; "
@@ -50,14 +184,17 @@ class JobIn(Struct, forbid_unknown_fields=True):
     due_at: Annotated[AwareTime | None, _doc("when to run; omitted or null: now. At most a year ahead. With "
                                             "repeat: the first run (every_s) or the earliest start (cron)")] = None
     # Kept as the request's JSON text (checked to be JSON, not decoded): it
-    # goes to the database as it came, where its size is checked.
+    # goes to the database as it came, where its size is checked; its depth
+    # and what jsonb cannot hold are checked before (json_text_problem).
     payload: Annotated[msgspec.Raw | msgspec.UnsetType,
-                       _doc("any JSON (default {}), up to 256 KiB as JSON text; handed to the worker")] = \
-        msgspec.UNSET
-    priority: Annotated[int, _doc("higher runs first", minimum=-100, maximum=100)] = 0
-    max_attempts: Annotated[int, _doc("runs before the job is set aside as dead", minimum=1, maximum=100)] = 3
-    flex_s: Annotated[int, _doc("the job may run anywhere in [due, due + flex_s], spread by the scheduler",
-                                minimum=0, maximum=86400)] = 0
+                       _doc(f"any JSON (default {{}}), up to 256 KiB as JSON text and nested at most "
+                            f"{MAX_JSON_DEPTH} levels deep (arrays and objects); no \\u0000 escape (jsonb "
+                            "cannot hold it); handed to the worker")] = msgspec.UNSET
+    priority: Annotated[Integer, _int_doc("higher runs first", minimum=-100, maximum=100)] = 0
+    max_attempts: Annotated[Integer, _int_doc("runs before the job is set aside as dead", minimum=1,
+                                              maximum=100)] = 3
+    flex_s: Annotated[Integer, _int_doc("the job may run anywhere in [due, due + flex_s], spread by the "
+                                        "scheduler", minimum=0, maximum=86400)] = 0
     strict: Annotated[bool, _doc("run at the due time exactly (then flex_s must be 0)")] = False
     backoff_base_s: Annotated[float, _doc("retry delay after the first failure, doubling after each",
                                           minimum=0.01, maximum=86400)] = 1.0
@@ -68,18 +205,24 @@ class JobIn(Struct, forbid_unknown_fields=True):
 
 class BatchJobIn(JobIn, forbid_unknown_fields=True):
     """A job of a batch: as JobIn, with its own idempotency key."""
-    idempotency_key: str | None = None
+    idempotency_key: Annotated[str | None, Meta(
+        description=f"as the Idempotency-Key header of POST /v1/jobs: {KEY_RULE}",
+        extra_json_schema={"minLength": 1, "maxLength": MAX_KEY_LENGTH, "pattern": KEY_PATTERN})] = None
 
 
 class BatchIn(Struct, forbid_unknown_fields=True):
+    """Each item is decoded and checked on its own: one that is refused is
+    reported in its place (items[i].error) and the others are submitted."""
     jobs: list[BatchJobIn]
 
 
 class TeamIn(Struct, forbid_unknown_fields=True):
     name: Annotated[str, _doc("1 to 63 characters: lowercase letters, digits, _ . -",
                               pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")]
-    quota: Annotated[int, _doc("most jobs of the team running at once", minimum=1, maximum=2**31 - 1)] = 1000
-    weight: Annotated[int, _doc("share of the fleet when teams compete", minimum=1, maximum=2**31 - 1)] = 1
+    quota: Annotated[Integer, _int_doc("most jobs of the team running at once", minimum=1,
+                                       maximum=INT32_MAX)] = 1000
+    weight: Annotated[Integer, _int_doc("share of the fleet when teams compete", minimum=1,
+                                        maximum=INT32_MAX)] = 1
 
 
 # ---------------------------------------------------------------- responses

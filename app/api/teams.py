@@ -2,7 +2,6 @@
 recent statistics."""
 from __future__ import annotations
 
-import msgspec
 from litestar import Request, get, post
 from litestar.di import NamedDependency
 from litestar.handlers import HTTPRouteHandler
@@ -12,10 +11,10 @@ from app.api import problems
 from app.api.auth import Principal
 from app.api.context import Context
 from app.api.problems import COMMON, CONFLICT, FORBIDDEN, INVALID, NOT_FOUND, ApiProblem
-from app.api.schemas import FailuresOut, StatsOut, TeamIn, TeamTokenOut
+from app.api.schemas import FailuresOut, StatsOut, TeamIn, TeamTokenOut, decoder, text_problem
 
 SECURITY = [{"bearer": []}]
-TEAM_DECODER = msgspec.json.Decoder(TeamIn)
+TEAM_DECODER = decoder(TeamIn)
 STATS_WINDOW_S = 86400
 STATS_CAP = 50_000
 
@@ -29,7 +28,9 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
     async def create_team(request: Request, principal: NamedDependency[Principal]) -> TeamTokenOut:
         principal.require_admin()
         team = problems.decode(TEAM_DECODER, await request.body())
-        token = await ctx.db(store.create_team, team.name, quota=team.quota, weight=team.weight)
+        if reason := text_problem("name", team.name):
+            raise ApiProblem(INVALID, reason)
+        token = await ctx.db(store.create_team, team.name, quota=int(team.quota), weight=int(team.weight))
         return TeamTokenOut(team.name, token)
 
     @post("/v1/teams/{name:str}/token", operation_id="rotateToken", status_code=200, security=SECURITY, tags=["teams"],
