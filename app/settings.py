@@ -41,6 +41,19 @@ class Settings:
     api_max_body_bytes: int = 320 * 1024
     api_max_batch_body_bytes: int = 64 * 1024 * 1024
     api_max_batch: int = 10_000
+    # How a request may arrive, enforced by the HTTP server before the app
+    # sees it (app/api/limits.py): its request line and headers together at
+    # most api_max_header_bytes (else 431 and the connection is closed); its
+    # headers in full within api_header_timeout_s of its first byte, and its
+    # body within api_body_timeout_s of its first byte (else 408 and closed).
+    # A connection that has not begun a request is closed after
+    # api_header_timeout_s too (after a response, uvicorn's 5 s keep-alive
+    # applies first). The body deadline counts from the request's first byte
+    # however the body arrives: it must cover the slowest legitimate client's
+    # largest batch (api_max_batch_body_bytes).
+    api_max_header_bytes: int = 64 * 1024
+    api_header_timeout_s: float = 10.0
+    api_body_timeout_s: float = 30.0
     # How long a token -> team lookup is remembered (a rotated token keeps
     # working for at most this long on other server processes).
     api_token_cache_s: float = 10.0

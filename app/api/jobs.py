@@ -228,6 +228,9 @@ def job_out(s: JobStatus) -> JobOut:
 
 def routes(ctx: Context) -> list[HTTPRouteHandler]:
     store, settings = ctx.store, ctx.settings
+    # Built now (~0.3 s and 5 MB for 10,000 items, once per process), not
+    # on the event loop by the first batch that needs it.
+    _bounded_envelope(settings.api_max_batch)
 
     @post("/v1/jobs", operation_id="submitJob", status_code=201, security=SECURITY, tags=["jobs"],
           request_max_body_size=settings.api_max_body_bytes, summary="Submit a job",

@@ -61,7 +61,11 @@ def serve(settings: Settings, *, submit_api: bool = True, dispatch: bool = True)
         quiet_gc()
         uvicorn.run(app, host=settings.http_host, port=settings.http_port,
                     log_level=settings.log_level.lower(), access_log=False,
-                    timeout_graceful_shutdown=10)
+                    timeout_graceful_shutdown=10,
+                    # httptools with a head size limit and read deadlines (app/api/limits.py); the
+                    # same head limit for h11, should the parser ever be switched to it
+                    http=__import__("app.api.limits", fromlist=["protocol_class"]).protocol_class(settings),
+                    h11_max_incomplete_event_size=settings.api_max_header_bytes)
     finally:
         store.close()
         if dispatch_store is not None:
