@@ -15,6 +15,10 @@
 --   the claim answers a stale lease with a row (claim_for_worker never
 --     raises for it), names each job's team, and can be limited to teams
 --   a claim that expires on the last attempt says why the job is dead
+--   the procedures other services call (submit_job, submit_job_detail,
+--     submit_jobs, submit_series, cancel) run as their owner, so a role
+--     granted only those (sql/grants.sql) can enqueue without any right on
+--     the tables; search_path is pinned for them
 
 -- ---------------------------------------------------------------- due times
 -- The earliest due time accepted. Past due times are normal (they run at
@@ -76,11 +80,13 @@ END $$;
 CREATE FUNCTION mh_pinned_clock(p_setting text) RETURNS timestamptz
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    -- (No catalog scans: the clock is read by every procedure, also in plans tests inspect.)
+    -- The session's role, not current_user: the submission procedures run as
+    -- their owner (SECURITY DEFINER). No catalog scans: the clock is read by
+    -- every procedure, also in the plans tests inspect.
     IF current_setting('is_superuser') <> 'on'
-       AND NOT coalesce(pg_has_role(current_user, to_regrole('minutehand_clock'), 'MEMBER'), false) THEN
+       AND NOT coalesce(pg_has_role(session_user, to_regrole('minutehand_clock'), 'MEMBER'), false) THEN
         RAISE EXCEPTION USING ERRCODE = 'MH403',
-            MESSAGE = format('role %I may not pin minutehand.now (only members of minutehand_clock may)', current_user);
+            MESSAGE = format('role %I may not pin minutehand.now (only members of minutehand_clock may)', session_user);
     END IF;
     RETURN p_setting::timestamptz;
 END $$;
@@ -94,6 +100,12 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
 $$;
 
 -- ---------------------------------------------------------------- submission
+-- The entry points of other services run with their owner's rights.
+ALTER FUNCTION submit_job(text, text, timestamptz, jsonb, int, int, int, boolean, text, real, real)
+    SECURITY DEFINER SET search_path = public, pg_temp;
+ALTER FUNCTION submit_job_detail(text, text, timestamptz, jsonb, int, int, int, boolean, text, real, real)
+    SECURITY DEFINER SET search_path = public, pg_temp;
+
 -- submit_jobs as in sql/003_submit.sql, except: arrays must all be as long
 -- as p_names (or NULL), and keyed items take their key rows in (shard, key)
 -- order, the order every procedure locks keys in.
@@ -103,7 +115,7 @@ CREATE OR REPLACE FUNCTION submit_jobs(
     p_stricts boolean[] DEFAULT NULL, p_keys text[] DEFAULT NULL,
     p_backoff_base_s real[] DEFAULT NULL, p_backoff_cap_s real[] DEFAULT NULL)
 RETURNS SETOF submit_result
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     v_now     timestamptz := mh_now();
     v_team    int := mh_team_id(p_team);
@@ -205,7 +217,7 @@ CREATE OR REPLACE FUNCTION submit_series(
     p_every_s int DEFAULT NULL, p_cron text DEFAULT NULL, p_timezone text DEFAULT NULL,
     p_first_due_at timestamptz DEFAULT NULL,
     OUT series_id bigint, OUT job_id bigint, OUT run_at timestamptz, OUT created boolean)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     v_now     timestamptz := mh_now();
@@ -457,7 +469,7 @@ END $$;
 -- of another team is "no such job"). Administrators cancel through the
 -- job's own team.
 CREATE OR REPLACE FUNCTION cancel(p_job bigint, p_team text) RETURNS outcome
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     v_now   timestamptz := mh_now();
     v_team  int;

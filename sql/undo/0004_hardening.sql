@@ -10,3 +10,7 @@ DROP FUNCTION mh_pinned_clock(text);
 DROP FUNCTION mh_due_problem(text, timestamptz, timestamptz);
 DROP FUNCTION mh_earliest_due();
 DROP TABLE timezone_names;
+ALTER FUNCTION submit_job(text, text, timestamptz, jsonb, int, int, int, boolean, text, real, real)
+    SECURITY INVOKER RESET search_path;
+ALTER FUNCTION submit_job_detail(text, text, timestamptz, jsonb, int, int, int, boolean, text, real, real)
+    SECURITY INVOKER RESET search_path;

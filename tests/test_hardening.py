@@ -1,0 +1,370 @@
+"""What one team's bad or careless input must not do to another team, the
+service or a job, through the interfaces it was found on: SQL, the store
+and a running dispatcher (the HTTP limits: tests/test_api_hardening.py).
+
+- a due time before 2000 is refused (a BC date could be stored and not read
+  back, and one such row once stalled every team's dispatch), and a row
+  that cannot be delivered anyway fails alone while the round's other jobs
+  go out;
+- cron expressions that never fire cost microseconds (searched to the
+  horizon only), time zones without '/' are looked up in a table;
+- a claim that fails for one worker's request fails that request alone;
+- workers waiting for names with nothing due do not hold up the others;
+- rows are locked in one global order, and an aborted transaction is tried
+  again, then reported as what it is;
+- a takeover's stale lease is a warning, not a failed round;
+- the SQL interface: arrays of one length, cancel for a named team, the
+  clock pinned only by minutehand_clock, a grant script for the roles;
+- job names are global, so a leased job names its team and a worker may
+  take only some teams' jobs;
+- a claim that expired on the last attempt says so in the status record.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import secrets
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from app.dispatch.dispatcher import Dispatcher
+from app.settings import Settings
+from app.store import errors
+from app.store.records import JobSpec, Repeat
+from app.store.store import Store
+from tests.support import T0, claim_all, counts, lease_all, make_store, pin, submit_sql
+
+UTC = dt.timezone.utc
+BC = "4713-01-01 00:00:00+00 BC"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def store(db_dsn):
+    s = make_store(db_dsn)
+    s.create_team("t")
+    s.create_team("u")
+    yield s
+    s.close()
+
+
+def sqlstate(conn: psycopg.Connection, sql: str, params=()) -> str | None:
+    try:
+        with conn.transaction():
+            conn.execute(sql, params)
+    except psycopg.Error as exc:
+        return exc.sqlstate
+    return None
+
+
+# ---------------------------------------------------------------- due times
+@pytest.mark.parametrize("due", [BC, "0001-01-01 00:00:00+14", "1999-12-31 23:59:59+00", "infinity"])
+def test_a_due_time_before_2000_is_refused_in_sql_and_writes_nothing(db, store, due):
+    pin(db, T0)
+    before = counts(db)
+    assert sqlstate(db, "SELECT submit_job('t', 'x', %s::timestamptz)", (due,)) == "MH400"
+    assert sqlstate(db, "SELECT * FROM submit_jobs('t', ARRAY['x', 'y'], ARRAY[%s::timestamptz, NULL])",
+                    (due,)) is None                    # a batch reports it per item
+    items = db.execute("SELECT idx, error FROM submit_jobs('t', ARRAY['x'], ARRAY[%s::timestamptz])",
+                       (due,)).fetchall()
+    assert items[0][1] and ("before 2000" in items[0][1] or "finite" in items[0][1]), items
+    with pytest.raises(errors.InvalidInput):
+        store.submit("t", JobSpec(name="x", due_at=dt.datetime(1999, 1, 1, tzinfo=UTC)))
+    # a series' first run: every_s from a due time or an explicit first due time
+    assert sqlstate(db, "SELECT * FROM submit_series('t', 'x', p_every_s => 60, p_first_due_at => %s)",
+                    (due,)) == "MH400"
+    assert counts(db) == {**before, "jobs": before["jobs"] + 1, "due_minutes": before["due_minutes"] + 1}
+
+
+def test_a_past_due_time_in_this_century_still_runs_at_once(db, store):
+    pin(db, T0)
+    job_id, run_at, created = submit_sql(db, due_at=dt.datetime(2000, 1, 1, tzinfo=UTC))
+    assert created and run_at == T0
+
+
+def test_a_row_that_cannot_be_delivered_fails_alone_and_the_round_goes_on(db_dsn, db):
+    """A job whose times no client can read (written around the procedures)
+    is set aside as dead with the reason; every other job claimed in the
+    same round reaches its worker, and nothing stays claimed."""
+    s = make_store(db_dsn, clock=None)
+    s.create_team("t")
+    s.create_team("u")
+    good = [s.submit("u", JobSpec(name="x")).job_id for _ in range(8)]
+    bad = s.submit("t", JobSpec(name="x")).job_id
+    db.execute("UPDATE jobs SET due_at = %s, run_at = %s WHERE id = %s", (BC, BC, bad))
+    d = started_dispatcher(s)
+    try:
+        got = asyncio.run(lease_until(d, 9, capacity=50))
+    finally:
+        d.stop()
+        s.close()
+    assert sorted(int(j.job_id) for j in got) == sorted(good)
+    row = db.execute("SELECT state, last_error FROM jobs WHERE id = %s", (bad,)).fetchone()
+    assert row[0] == "dead" and "cannot be delivered" in row[1], row
+    assert db.execute("SELECT count(*) FROM jobs WHERE state = 'claimed'").fetchone()[0] == len(good)
+
+
+# ---------------------------------------------------------------- repeating specs
+def test_cron_expressions_that_never_fire_are_refused_quickly(store, db):
+    """Searched to the horizon, not to year 9999 (0.2-0.6 s each before)."""
+    before = counts(db)
+    started = time.monotonic()
+    items = store.submit_many("t", [JobSpec(name="s", repeat=Repeat(cron="0 0 31 2 *"))] * 40)
+    assert time.monotonic() - started < 5
+    assert all(i.error and "does not fire within 366 days" in i.error for i in items)
+    assert counts(db) == before
+
+
+def test_fire_times_of_one_request_have_a_cpu_budget(store, db, monkeypatch):
+    monkeypatch.setattr("app.store.store.FIRE_TIME_BUDGET_S", 0.0)
+    before = counts(db)
+    items = store.submit_many("t", [JobSpec(name="plain")] + [JobSpec(name="s", repeat=Repeat(cron="0 3 * * *"))] * 3)
+    assert items[0].error is None
+    assert all(i.error and "of CPU" in i.error for i in items[1:])
+    assert counts(db)["jobs"] == before["jobs"] + 1
+
+
+def test_zone_names_are_looked_up_not_listed_from_disk(db):
+    """Zulu (no '/') used to read every zone file of the server per item."""
+    assert db.execute("SELECT mh_repeat_problem(NULL, '0 3 * * *', 'Zulu')").fetchone()[0] is None
+    assert "IANA" in db.execute("SELECT mh_repeat_problem(NULL, '0 3 * * *', 'CEST')").fetchone()[0]
+    assert "IANA" in db.execute("SELECT mh_repeat_problem(NULL, '0 3 * * *', 'UTC+3')").fetchone()[0]
+    started = time.monotonic()
+    for _ in range(100):
+        db.execute("SELECT mh_repeat_problem(NULL, '0 3 * * *', 'Zulu')")
+    assert time.monotonic() - started < 2          # ~115 ms each before: 11 s
+
+
+# ---------------------------------------------------------------- the dispatcher's waiters
+def started_dispatcher(store: Store, **settings) -> Dispatcher:
+    d = Dispatcher(Settings(dispatcher_name=f"d-{secrets.token_hex(3)}", shard_lease_s=5, **settings), store)
+    d.start()
+    deadline = time.monotonic() + 20
+    while len(d._leases) < 256:
+        assert time.monotonic() < deadline, "the dispatcher took no shard leases"
+        time.sleep(0.05)
+    return d
+
+
+async def lease_until(d: Dispatcher, want: int, capacity: int = 100, names: list[str] | None = None,
+                      teams: list[str] | None = None) -> list:
+    """Lease until `want` jobs came (or 20 s passed)."""
+    got: list = []
+    deadline = time.monotonic() + 20
+    while len(got) < want and time.monotonic() < deadline:
+        got += await d.lease("w", capacity, names, 1.0, teams=teams)
+    return got
+
+
+def test_a_claim_that_fails_for_one_request_fails_it_alone(db_dsn):
+    s = make_store(db_dsn, clock=None)
+    s.create_team("t")
+    job = s.submit("t", JobSpec(name="x")).job_id
+    d = started_dispatcher(s)
+
+    async def both():
+        # A value the database cannot take (NUL), past the HTTP checks.
+        bad = asyncio.ensure_future(d.lease("evil", 1, ["x\x00"], 5.0))
+        await asyncio.sleep(0.05)
+        good = asyncio.ensure_future(d.lease("good", 1, ["x"], 5.0))
+        return await asyncio.gather(bad, good, return_exceptions=True)
+    try:
+        bad, good = asyncio.run(both())
+    finally:
+        d.stop()
+        s.close()
+    assert isinstance(bad, psycopg.DataError) and "NUL" in str(bad)
+    assert [int(j.job_id) for j in good] == [job]
+
+
+def test_idle_waiters_for_other_names_do_not_hold_up_a_due_job(db_dsn):
+    """100 workers wait for a name with nothing due; a worker for a name
+    with a due job gets it at once (it took 6 s behind 31 idle waiters and
+    14 s behind 500), and the idle ones do not see the shard as drained."""
+    s = make_store(db_dsn, clock=None)
+    s.create_team("t")
+    for _ in range(300):                           # rows of another name keep the shards due
+        s.submit("t", JobSpec(name="busy", due_at=dt.datetime.now(UTC) - dt.timedelta(seconds=1)))
+    d = started_dispatcher(s)
+
+    async def run():
+        idle = [asyncio.ensure_future(d.lease(f"idle{i}", 5, ["nothing"], 4.0)) for i in range(100)]
+        await asyncio.sleep(0.5)                   # they have all been tried once
+        job = await asyncio.to_thread(s.submit, "t", JobSpec(name="wanted"))
+        started = time.monotonic()
+        got = await d.lease("eager", 1, ["wanted"], 10.0)
+        took = time.monotonic() - started
+        await asyncio.gather(*idle)
+        return job, got, took
+    try:
+        job, got, took = asyncio.run(run())
+    finally:
+        d.stop()
+        s.close()
+    assert [int(j.job_id) for j in got] == [job.job_id]
+    assert took < 1.5, took
+
+
+def test_a_takeover_is_a_warning_not_a_failed_round(db_dsn, db, caplog):
+    s = make_store(db_dsn, clock=None)
+    s.create_team("t")
+    for _ in range(50):
+        s.submit("t", JobSpec(name="x"))
+    d = started_dispatcher(s)
+    try:
+        db.execute("UPDATE shards SET epoch = epoch + 1")          # another dispatcher's epochs now
+        with caplog.at_level(logging.WARNING, logger="app.dispatch.dispatcher"):
+            asyncio.run(d.lease("w", 10, None, 1.0))
+    finally:
+        d.stop()
+        s.close()
+    assert any("claims refused" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert db.execute("SELECT count(*) FROM jobs WHERE state <> 'scheduled'").fetchone()[0] == 0
+
+
+# ---------------------------------------------------------------- teams of a job name
+def test_a_leased_job_names_its_team_and_a_worker_may_take_only_some_teams(db_dsn):
+    s = make_store(db_dsn, clock=None)
+    s.create_team("billing")
+    s.create_team("intruder")
+    mine = s.submit("billing", JobSpec(name="send_invoice")).job_id
+    theirs = s.submit("intruder", JobSpec(name="send_invoice")).job_id
+    d = started_dispatcher(s)
+    try:
+        trusted = asyncio.run(lease_until(d, 1, names=["send_invoice"], teams=["billing"]))
+        rest = asyncio.run(lease_until(d, 1, names=["send_invoice"]))
+    finally:
+        d.stop()
+        s.close()
+    assert [(int(j.job_id), j.team) for j in trusted] == [(mine, "billing")]
+    assert [(int(j.job_id), j.team) for j in rest] == [(theirs, "intruder")]
+
+
+# ---------------------------------------------------------------- lock order and aborted transactions
+def test_a_retried_batch_and_completions_lock_keys_in_one_order(db_dsn, store):
+    """A batch retried with the same keys while their jobs complete: both
+    take the key rows in (shard, key) order, so one waits for the other
+    instead of deadlocking."""
+    keys = [f"k{i}" for i in range(40)]
+    store.submit_many("t", [JobSpec(name="x", idempotency_key=k) for k in keys])
+    leases = lease_all(store)
+    claimed = {j.idempotency_key: j for j in claim_all(store, leases, limit=100)}
+    with psycopg.connect(db_dsn) as first, psycopg.connect(db_dsn, autocommit=True) as second:
+        pin(first, T0)
+        order = [r[0] for r in first.execute(
+            "SELECT key FROM idempotency_keys ORDER BY shard, team_id, key").fetchall()]
+        head, tail = claimed[order[0]], claimed[order[-1]]
+        first.execute("SELECT * FROM complete_many(%s, %s)", ([head.job_id], [head.lease_token]))
+        result: dict = {}
+
+        def retry():
+            pin(second, T0)
+            try:   # the retried batch names the keys newest-first
+                result["rows"] = second.execute(
+                    "SELECT idx, created, error FROM submit_jobs('t', %s, p_keys => %s)",
+                    (["x"] * len(keys), list(reversed(order)))).fetchall()
+            except psycopg.Error as exc:
+                result["error"] = exc
+        t = threading.Thread(target=retry)
+        t.start()
+        time.sleep(0.5)                              # it waits on the first key
+        first.execute("SELECT * FROM complete_many(%s, %s)", ([tail.job_id], [tail.lease_token]))
+        first.commit()
+        t.join(10)
+    assert "error" not in result, result
+    assert all(created is False and error is None for _, created, error in result["rows"])
+
+
+def test_an_aborted_transaction_is_tried_again_then_reported_as_contention(store):
+    tries = []
+
+    def deadlocked():
+        tries.append(1)
+        with store.connection() as conn:
+            conn.execute("DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = '40P01', MESSAGE = 'deadlock detected'; END $$")
+    with pytest.raises(errors.Contention, match="aborted the transaction 3 times .deadlock detected.; nothing"):
+        store.retrying(deadlocked)
+    assert len(tries) == 3
+
+    def once_then_fine():
+        tries.append(1)
+        if len(tries) == 4:
+            deadlocked()
+        return "ok"
+    assert store.retrying(once_then_fine) == "ok"
+
+
+# ---------------------------------------------------------------- the SQL interface
+def test_batch_arrays_of_another_length_are_refused(db, store):
+    before = counts(db)
+    for sql in ("SELECT * FROM submit_jobs('t', ARRAY['a','b','c'], p_keys => ARRAY['k1'])",
+                "SELECT * FROM submit_jobs('t', ARRAY['a'], p_priorities => ARRAY[1, 2])",
+                "SELECT * FROM submit_jobs('t', ARRAY['a','b'], p_payloads => ARRAY['{}'::jsonb])"):
+        try:
+            db.execute(sql)
+            raise AssertionError(f"accepted: {sql}")
+        except psycopg.Error as exc:
+            assert exc.sqlstate == "MH400" and "different length than p_names" in str(exc)
+    assert counts(db) == before
+    assert len(db.execute("SELECT * FROM submit_jobs('t', ARRAY['a','b'], p_keys => NULL)").fetchall()) == 2
+
+
+def test_cancel_needs_the_team(db, store):
+    job_id = submit_sql(db)[0]
+    try:
+        db.execute("SELECT * FROM cancel(%s, NULL)", (job_id,))
+        raise AssertionError("cancel without a team was accepted")
+    except psycopg.Error as exc:
+        assert exc.sqlstate == "MH400"
+    assert db.execute("SELECT (cancel(%s, 'u')).reason", (job_id,)).fetchone()[0] == "no such job"
+    assert db.execute("SELECT state FROM jobs WHERE id = %s", (job_id,)).fetchone()[0] == "scheduled"
+    assert store.cancel(job_id, None).ok                        # an administrator: as the job's team
+
+
+def test_only_minutehand_clock_may_pin_the_clock_and_the_grants_script_sets_up_roles(db_dsn, db):
+    """An application role made with sql/grants.sql may submit and read its
+    status, but not pin mh_now(), claim, or write the tables itself."""
+    role = f"mh_app_{secrets.token_hex(3)}"
+    password = secrets.token_hex(8)
+    db.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+    try:
+        db.execute((ROOT / "sql" / "grants.sql").read_text())
+        db.execute(f"GRANT minutehand_submitter TO {role}")
+        db.execute("INSERT INTO teams (name) VALUES ('t')")
+        app_dsn = psycopg.conninfo.make_conninfo(db_dsn, user=role, password=password)
+        with psycopg.connect(app_dsn, autocommit=True) as app:
+            job_id = app.execute("SELECT submit_job('t', 'x', p_payload => %s)", (Jsonb({}),)).fetchone()[0]
+            assert app.execute("SELECT (cancel(%s, 't')).ok", (job_id,)).fetchone()[0] is True
+            app.execute("SET minutehand.now = '2030-01-01 00:00+00'")
+            assert sqlstate(app, "SELECT submit_job('t', 'x')") == "MH403"
+            app.execute("RESET minutehand.now")
+            assert sqlstate(app, "SELECT * FROM claim_due(0, 1, 'me', 1, 30)") == "42501"   # permission denied
+            assert sqlstate(app, "UPDATE jobs SET state = 'succeeded'") == "42501"
+        db.execute(f"GRANT minutehand_clock TO {role}")
+        with psycopg.connect(app_dsn, autocommit=True) as app:
+            app.execute("SET minutehand.now = '2030-01-01 00:00:30+00'")
+            run_at = app.execute("SELECT run_at FROM submit_job_detail('t', 'x')").fetchone()[0]
+            assert run_at == dt.datetime(2030, 1, 1, 0, 0, 30, tzinfo=UTC)
+    finally:
+        db.execute(f"REASSIGN OWNED BY {role} TO current_user")
+        db.execute(f"DROP OWNED BY {role}")
+        db.execute(f"DROP ROLE {role}")
+
+
+# ---------------------------------------------------------------- dead after an expired claim
+def test_a_claim_that_expired_on_the_last_attempt_says_why_the_job_is_dead(store):
+    job = store.submit("t", JobSpec(name="x", max_attempts=1))
+    leases = lease_all(store)
+    assert [j.job_id for j in claim_all(store, leases, lease_s=30)] == [job.job_id]
+    store.clock = T0 + dt.timedelta(seconds=31)
+    assert store.expire_claims(range(256)) == (0, 1)
+    status = store.status(job.job_id)
+    assert status.state == "dead"
+    assert "claim expired on attempt 1 of 1" in status.last_error and "may have run" in status.last_error
