@@ -287,19 +287,22 @@ def test_claim_due_plans_touch_only_the_hand_and_current_minute_partitions(conn,
         assert locked_due_relations(conn) == {layout["prev"], layout["cur"]}
 
 
-def test_claim_by_job_names_touches_the_same_two_partitions(conn, layout):
-    """A worker that handles only some job names: each candidate due row is
-    joined to its job by primary key; still only the hand's and the current
-    bucket's partitions, and jobs never scanned."""
+@pytest.mark.parametrize("by", ["names", "teams", "names and teams"])
+def test_claim_by_job_names_or_teams_touches_the_same_two_partitions(conn, layout, by):
+    """A worker that handles only some job names, or some teams' jobs: each
+    candidate due row is joined to its job by primary key; still only the
+    hand's and the current bucket's partitions, and jobs never scanned."""
     shard = layout["shard"]
     with conn.transaction(force_rollback=True):
         names = [r[0] for r in conn.execute(
             "SELECT DISTINCT name FROM jobs WHERE shard = %s AND state = 'scheduled' LIMIT 5", (shard,))]
+        teams = [r[0] for r in conn.execute("SELECT name FROM teams")]
         epoch = _lease(conn, shard, "explain-n")
         ae = AutoExplain(conn)
         with ae:
-            rows = conn.execute("SELECT job_id FROM claim_due(%s, 10000, 'explain-n', %s, 30, 'w', %s)",
-                                (shard, epoch, names)).fetchall()
+            rows = conn.execute("SELECT job_id FROM claim_for_worker(%s, 10000, 'explain-n', %s, 30, 'w', %s, %s)",
+                                (shard, epoch, names if "names" in by else None,
+                                 teams if "teams" in by else None)).fetchall()
         assert len(rows) == layout["n_prev"] + layout["n_cur"]
         claim_plans = [p for p in ae.plans
                        if "WITH picked AS" in p["Query Text"] and "format(" not in p["Query Text"]]
