@@ -229,3 +229,29 @@ SELECT series_id, job_id, run_at, created
                      %(priority)s::int, %(max_attempts)s::int, %(flex_s)s::int, %(strict)s::boolean,
                      %(idempotency_key)s::text, %(backoff_base_s)s::real, %(backoff_cap_s)s::real,
                      %(every_s)s::int, %(cron)s::text, %(timezone)s::text, %(first_due_at)s::timestamptz)
+
+-- ---------------------------------------------------------------- the local demo (minutehand dev)
+
+-- name: due_unclaimed
+-- How many of a team's jobs of these names are due and not claimed, counted
+-- up to cap: the rows of the wheel's minute level joined to their records
+-- (claims delete wheel rows; rows of cancelled jobs are left out by state).
+-- Bounded by cap, whatever the backlog.
+SELECT count(*) AS n FROM (
+    SELECT 1 FROM due_minutes w
+      JOIN jobs j ON j.shard = w.shard AND j.id = w.job_id
+     WHERE w.run_at <= mh_now() AND j.state IN ('scheduled', 'retrying')
+       AND j.team_id = (SELECT id FROM teams WHERE name = %(team)s) AND j.name = ANY (%(names)s)
+     LIMIT %(cap)s) s
+
+-- name: unstarted_jobs
+-- Every unstarted job of a team with these names, wherever it waits on the
+-- wheel; soon: due by now or within soon_s seconds. Reads the whole wheel:
+-- for a small local instance only.
+WITH w AS (SELECT shard, job_id FROM due_minutes
+           UNION ALL SELECT shard, job_id FROM due_hours
+           UNION ALL SELECT shard, job_id FROM due_far)
+SELECT j.id, j.run_at <= mh_now() + make_interval(secs => %(soon_s)s) AS soon
+  FROM w JOIN jobs j ON j.shard = w.shard AND j.id = w.job_id
+ WHERE j.state IN ('scheduled', 'retrying')
+   AND j.team_id = (SELECT id FROM teams WHERE name = %(team)s) AND j.name = ANY (%(names)s)

@@ -56,36 +56,8 @@ BACKLOG_S = 5                   # the submitter pauses above this many seconds' 
 LEFTOVER_SOON_S = 120           # a previous run's jobs due within this long are its backlog
 UTC = dt.timezone.utc
 
-# Two reads for the demo alone, kept here rather than in the Store: they
-# look at the timing wheel, where every pending (scheduled or retrying) job
-# waits until it is claimed, joined to the job records for the team.
-#
 # Only the demo's own job names count: jobs the user submits as team
 # "demo" under other names (for a worker of their own) are theirs.
-#
-# The demo's due jobs not yet claimed, counted up to a cap: the cost is
-# bounded by the cap, whatever the backlog (claims delete wheel rows; the
-# rows of cancelled jobs are filtered out by state).
-BACKLOG_SQL = """
-SELECT count(*) AS n FROM (
-    SELECT 1 FROM due_minutes w
-      JOIN jobs j ON j.shard = w.shard AND j.id = w.job_id
-     WHERE w.run_at <= mh_now() AND j.state IN ('scheduled', 'retrying')
-       AND j.team_id = (SELECT id FROM teams WHERE name = %(team)s) AND j.name = ANY (%(names)s)
-     LIMIT %(cap)s) s
-"""
-# Every unstarted demo job, wherever it waits on the wheel; `soon`: due by
-# now or within soon_s seconds.
-PENDING_SQL = """
-WITH w AS (SELECT shard, job_id FROM due_minutes
-           UNION ALL SELECT shard, job_id FROM due_hours
-           UNION ALL SELECT shard, job_id FROM due_far)
-SELECT j.id, j.run_at <= mh_now() + make_interval(secs => %(soon_s)s) AS soon
-  FROM w JOIN jobs j ON j.shard = w.shard AND j.id = w.job_id
- WHERE j.state IN ('scheduled', 'retrying')
-   AND j.team_id = (SELECT id FROM teams WHERE name = %(team)s) AND j.name = ANY (%(names)s)
-"""
-
 
 # ---------------------------------------------------------------- stopping
 class Stop(Exception):
@@ -210,9 +182,7 @@ def cancel_leftovers(store: Store) -> None:
     runs them."""
     if not store.team_exists(TEAM):
         return
-    with store.connection() as conn:
-        pending = conn.execute(PENDING_SQL, {"team": TEAM, "names": list(DEMO_NAMES),
-                                             "soon_s": LEFTOVER_SOON_S}).fetchall()
+    pending = store.unstarted_jobs(TEAM, list(DEMO_NAMES), soon_s=LEFTOVER_SOON_S)
     stats = store.team_stats(TEAM, window_s=86400)
     claimed = stats.running if stats else 0
     backlog_ids = [p["id"] for p in pending if p["soon"]]
@@ -240,8 +210,7 @@ def cancel_leftovers(store: Store) -> None:
 
 
 def backlog(store: Store, cap: int) -> int:
-    with store.connection() as conn:
-        return conn.execute(BACKLOG_SQL, {"team": TEAM, "names": list(DEMO_NAMES), "cap": cap}).fetchone()["n"]
+    return store.due_unclaimed(TEAM, list(DEMO_NAMES), cap)
 
 
 # ---------------------------------------------------------------- the demo

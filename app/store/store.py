@@ -530,5 +530,15 @@ class Store:
         row = self._one("worker_by_token", {"token_hash": token_hash})
         return row["name"] if row else None
 
+    # ------------------------------------------------------------ the local demo
+    def due_unclaimed(self, team: str, names: list[str], cap: int) -> int:
+        """How many of the team's jobs of these names are due and unclaimed (at most cap)."""
+        return self._one("due_unclaimed", {"team": team, "names": names, "cap": cap})["n"]
+
+    def unstarted_jobs(self, team: str, names: list[str], *, soon_s: float) -> list[dict[str, Any]]:
+        """The team's unstarted jobs of these names: id, and soon (due within
+        soon_s). Reads the whole wheel: for a small local instance only."""
+        return self._all("unstarted_jobs", {"team": team, "names": names, "soon_s": soon_s})
+
     def maintain(self) -> Maintenance:
         return Maintenance(**self._one("maintain", {}))
