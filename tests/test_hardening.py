@@ -192,10 +192,16 @@ def test_idle_waiters_for_other_names_do_not_hold_up_a_due_job(db_dsn):
     for _ in range(300):                           # rows of another name keep the shards due
         s.submit("t", JobSpec(name="busy", due_at=dt.datetime.now(UTC) - dt.timedelta(seconds=1)))
     d = started_dispatcher(s)
+    rounds = []
+    claim = s.claim_for_workers
+    s.claim_for_workers = lambda *a, **kw: rounds.append(time.monotonic()) or claim(*a, **kw)
 
     async def run():
-        idle = [asyncio.ensure_future(d.lease(f"idle{i}", 5, ["nothing"], 4.0)) for i in range(100)]
+        idle = [asyncio.ensure_future(d.lease(f"idle{i}", 5, ["nothing"], 6.0)) for i in range(100)]
         await asyncio.sleep(0.5)                   # they have all been tried once
+        before = len(rounds)
+        await asyncio.sleep(2.0)                   # and do not spin: one look a second at most (a look
+        assert len(rounds) - before <= 10, len(rounds) - before    # at 256 shards is 3 round trips)
         job = await asyncio.to_thread(s.submit, "t", JobSpec(name="wanted"))
         started = time.monotonic()
         got = await d.lease("eager", 1, ["wanted"], 10.0)

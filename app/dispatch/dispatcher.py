@@ -258,7 +258,7 @@ class Dispatcher:
         has not found empty. None after sleeping until something changes."""
         with self._cond:
             now = time.time()
-            due = [s for s, t in self._due.items() if t <= now]
+            due = {s for s, t in self._due.items() if t <= now}
             if due:
                 open_for: dict[Filter, bool] = {}
                 ready = []
@@ -279,9 +279,10 @@ class Dispatcher:
                 return []
             wake = min([t for t in self._due.values() if t > now] + [self._next_refresh])
             if due and self._waiters:             # filters that found due shards empty look again
-                marks = [m for f in {w.filter for w in self._waiters} for m in self._empty.get(f, {}).values()]
-                if marks:
-                    wake = min(wake, min(marks) + FILTERED_RECHECK_S)
+                lapse = [m + FILTERED_RECHECK_S for f in {w.filter for w in self._waiters}
+                         for s, m in self._empty.get(f, {}).items() if s in due and m + FILTERED_RECHECK_S > now]
+                if lapse:
+                    wake = min(wake, min(lapse))
             self._cond.wait(max(0.0, wake - now))
             if time.time() >= wake - 0.001:
                 self._generation += 1             # a run time came, or the minute turned
