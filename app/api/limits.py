@@ -9,11 +9,11 @@ byte at a time and hold a connection, and its memory, for as long as it
 likes. LimitedHttpTools, a subclass of uvicorn's HttpToolsProtocol, adds:
 
 - head size: the request line and headers together at most
-  max_header_bytes, else 431 and the connection is closed. Counted as the
-  parser reports them (exactly), and for a head still incomplete after a
-  read, as bytes arrive: the parser keeps an unfinished header line to
-  itself until it ends, so it is counted before then (a head may exceed
-  the limit by at most one read before it is refused).
+  max_header_bytes, else 431 and the connection is closed. Counted as bytes
+  arrive (the parser keeps an unfinished header line to itself until it
+  ends, so a head still incomplete after a read is refused on that count),
+  and exactly when a head completes after reads that may have held more
+  (so at most one read, 256 KiB, is ever held past the limit).
 - head deadline: a request's head complete within header_timeout_s of its
   first byte, else 408 and closed. A connection on which no request has
   begun (just opened, or sending only blank lines) is closed after
@@ -67,9 +67,8 @@ class LimitedHttpTools(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._in_head = True        # the next bytes belong to a request's head
         self._begun = False         # a request has begun (its first byte parsed) and is not complete
-        self._started_at = 0.0      # when it began (loop time)
-        self._head_bytes = 0        # bytes of an incomplete head, as received
-        self._parsed_bytes = 0      # the head's request line and header fields, as parsed
+        self._started_at: float | None = None    # when it began (loop time), once a deadline needs it
+        self._head_bytes = 0        # bytes received while reading a head
         self._deadline: asyncio.TimerHandle | None = None
         self._deadline_kind: str | None = None    # "idle", "head", "body"
 
@@ -119,52 +118,46 @@ class LimitedHttpTools(HttpToolsProtocol):
                                 "valid HTTP/1.1")
 
     # ------------------------------------------------------------ parser callbacks
+    # (Called per request: kept to a few attribute writes. The head's exact
+    # size is worked out only when the bytes read say it may be over.)
     def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self._begun, self._in_head = True, True
-        self._started_at = self.loop.time()
-        self._parsed_bytes = 0
-
-    def on_url(self, url: bytes) -> None:
-        self._parsed_bytes += len(url)
-        if self._parsed_bytes > self.max_header_bytes:
-            raise _HeadTooLarge
-        super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._parsed_bytes += len(name) + len(value) + 4          # ": " and CRLF
-        if self._parsed_bytes > self.max_header_bytes:
-            raise _HeadTooLarge
-        super().on_header(name, value)
+        HttpToolsProtocol.on_message_begin(self)
+        self._begun = self._in_head = True
+        self._started_at = None                  # set when a deadline needs it: by then, the read it began in
 
     def on_headers_complete(self) -> None:
+        if self._head_bytes > self.max_header_bytes and self._head_size() > self.max_header_bytes:
+            raise _HeadTooLarge
         self._in_head, self._head_bytes = False, 0
-        super().on_headers_complete()
+        HttpToolsProtocol.on_headers_complete(self)
 
     def on_message_complete(self) -> None:
         self._begun, self._in_head, self._head_bytes = False, True, 0
-        super().on_message_complete()
+        HttpToolsProtocol.on_message_complete(self)
+
+    def _head_size(self) -> int:
+        """The request line and header fields, as parsed (": " and CRLF each)."""
+        return len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
 
     # ------------------------------------------------------------ deadlines
     def _watch(self) -> None:
         """After a read: the deadline the connection is under now."""
-        if self.transport.is_closing():
-            return
-        if self._begun:
+        if self._begun:                          # a request is incomplete: the client owes the rest
             kind = "head" if self._in_head else "body"
+            current = self._deadline_kind if self._deadline is not None else None
+            if current == kind or (kind == "head" and current == "idle"):    # the earlier one stands
+                return
+            if self.transport.is_closing():
+                return
+            if self._started_at is None:
+                self._started_at = self.loop.time()
+            self._arm(kind, self._started_at + (self.header_timeout_s if kind == "head" else self.body_timeout_s))
         elif self.cycle is not None and not self.cycle.response_complete:
-            self._disarm()                       # a request is being answered: the client owes nothing
-            return
-        else:
-            kind = "idle"
-        current = self._deadline_kind if self._deadline is not None else None
-        if current == kind or (kind == "head" and current == "idle"):    # the earlier one stands
-            return
-        if kind == "idle":
-            at = self.loop.time() + self.header_timeout_s
-        else:
-            at = self._started_at + (self.header_timeout_s if kind == "head" else self.body_timeout_s)
-        self._arm(kind, at)
+            if self._deadline is not None:       # a request is being answered: the client owes nothing
+                self._disarm()
+        elif self._deadline is None or self._deadline_kind != "idle":
+            if not self.transport.is_closing():  # nothing begun (blank lines, or the rest of an answered body)
+                self._arm("idle", self.loop.time() + self.header_timeout_s)
 
     def _arm(self, kind: str, at: float) -> None:
         self._disarm()
