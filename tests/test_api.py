@@ -130,7 +130,7 @@ BIG = "x" * 270_000          # payload over 256 KiB as JSON, body under the 320 
     ({"name": "a", "payload": {"blob": BIG}}, 413, "too-large", "over the limit"),
     ({"name": "a", "payload": {"blob": "x" * 400_000}}, 413, "too-large", "larger than this endpoint accepts"),
     ({"name": "a", "repeat": {"every_s": 0}}, 422, "invalid-input", "every_s must be between"),
-    ({"name": "a", "repeat": {"cron": "0 0 31 2 *"}}, 422, "invalid-input", "never fires"),
+    ({"name": "a", "repeat": {"cron": "0 0 31 2 *"}}, 422, "invalid-input", "does not fire within"),
     ({"name": "a", "repeat": {"cron": "61 * * * *"}}, 422, "invalid-input", "not a 5-field crontab"),
     ({"name": "a", "repeat": {"cron": "0 3 * * *", "timezone": "Mars/Olympus"}}, 422, "invalid-input",
      "IANA time zone"),
