@@ -35,7 +35,7 @@ import msgspec
 import pytest
 
 from app.api import jobs, problems
-from app.api.schemas import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_text_problem, nested_deeper
+from app.jsontext import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_text_problem, nested_deeper
 from app.store.store import Store, hash_token
 from reused_db import RESET, module_conn, module_dsn  # noqa: F401 (fixtures)
 from tests.processes import Server, logs

@@ -374,3 +374,76 @@ def test_a_claim_that_expired_on_the_last_attempt_says_why_the_job_is_dead(store
     status = store.status(job.job_id)
     assert status.state == "dead"
     assert "claim expired on attempt 1 of 1" in status.last_error and "may have run" in status.last_error
+
+
+def test_a_submission_the_database_keeps_aborting_is_503_saying_so(db_dsn, db):
+    """Each try is aborted as a deadlock (a test-only trigger raises the real
+    error): the store tries 3 times, then the API answers 503 with the
+    reason and Retry-After, not "the database cannot be reached"."""
+    from litestar.testing import TestClient
+
+    from app.api.app import create_app
+    from app.store import migrate
+    from app.store.store import hash_token
+    db.execute("INSERT INTO teams (name, token_hash) VALUES ('t', %s)", (hash_token("tok-t"),))
+    db.execute("""CREATE FUNCTION abort_as_deadlock() RETURNS trigger LANGUAGE plpgsql AS $$
+                  BEGIN
+                      RAISE EXCEPTION USING ERRCODE = '40P01', MESSAGE = 'deadlock detected';
+                  END $$""")
+    db.execute("CREATE TRIGGER abort_as_deadlock BEFORE INSERT ON jobs FOR EACH ROW EXECUTE FUNCTION abort_as_deadlock()")
+    before = counts(db)
+    s = Store(db_dsn, max_size=2)
+    try:
+        with TestClient(create_app(Settings(api_submit_workers=0), s, head=migrate.head())) as client:
+            r = client.post("/v1/jobs", headers={"Authorization": "Bearer tok-t"}, json={"name": "x"})
+    finally:
+        s.close()
+    assert r.status_code == 503, r.text
+    assert r.headers["retry-after"] and "aborted the transaction 3 times (deadlock detected)" in r.json()["detail"]
+    assert "cannot be reached" not in r.json()["detail"]
+    assert counts(db) == before
+
+
+def test_batches_of_cron_expressions_that_never_fire_do_not_starve_anyone(db_dsn, db):
+    """8 requests at once, 40 items each of `0 0 31 2 *`, against a real
+    `minutehand serve` with a pool of 4: each item is refused at once; another
+    team's submission goes through meanwhile, and the dispatcher keeps every
+    shard lease (once the pool sat idle in transaction, other teams got 503s
+    and the dispatcher, which shared the pool, lost its leases)."""
+    import json
+    import urllib.error
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    from app.store.store import hash_token
+    from tests.processes import Server
+    db.execute("INSERT INTO teams (name, token_hash) VALUES ('t', %s), ('u', %s)",
+               (hash_token("tok-t"), hash_token("tok-u")))
+    server = Server(db_dsn, "--pool-size", "4", "--shard-lease-s", "5")
+
+    def post(path: str, body: dict, token: str) -> tuple[int, dict]:
+        req = urllib.request.Request(server.url + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+    try:
+        batch = {"jobs": [{"name": "never", "repeat": {"cron": "0 0 31 2 *"}}] * 40}
+        started = time.monotonic()
+        with ThreadPoolExecutor(9) as pool:
+            floods = [pool.submit(post, "/v1/jobs/batch", batch, "tok-t") for _ in range(8)]
+            other = pool.submit(post, "/v1/jobs", {"name": "meanwhile"}, "tok-u")
+            answers = [f.result() for f in floods]
+            assert other.result()[0] == 201, other.result()
+        took = time.monotonic() - started
+        for status, body in answers:
+            assert status == 200 and body["rejected"] == 40, body
+            assert all("does not fire within 366 days" in i["error"] for i in body["items"])
+        assert took < 10, took                         # 8 x 40 x 0.2-0.6 s before: a minute or more
+        leased = db.execute("SELECT count(*) FROM shards WHERE lease_expires_at > now()").fetchone()[0]
+        assert leased == 256
+        assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 1
+    finally:
+        server.stop()

@@ -2,7 +2,7 @@
 
 Handlers parse types and enforce the limits that only HTTP has (body size,
 batch length); what a job may be is decided by the procedures, once, in SQL.
-What the database cannot store at all (schemas.json_text_problem, a NUL in a
+What the database cannot store at all (jsontext.json_text_problem, a NUL in a
 string) and idempotency keys are checked here, so that in a batch such an
 item is refused alone instead of failing the whole call.
 
@@ -32,9 +32,9 @@ from app.api.auth import Principal
 from app.api.context import Context
 from app.api.problems import (COMMON, CONFLICT, INVALID, MALFORMED, NOT_CANCELLABLE, NOT_FOUND, TOO_LARGE,
                               ApiProblem)
-from app.api.schemas import (KEY_RULE, MAX_JSON_DEPTH, BatchIn, BatchItemOut, BatchJobIn, BatchOut, CancelledOut, JobCreated, JobIn,
-                             JobOut, JobPageOut, JobSummaryOut, Repeat, State, decoder, json_text_problem,
-                             key_problem, text_problem)
+from app.api.schemas import (KEY_RULE, BatchIn, BatchItemOut, BatchJobIn, BatchOut, CancelledOut, JobCreated, JobIn,
+                             JobOut, JobPageOut, JobSummaryOut, Repeat, State, decoder, key_problem, text_problem)
+from app.jsontext import MAX_JSON_DEPTH, json_text_problem
 from app.store import repeat as repeats
 from app.store import records
 from app.store.records import JobSpec, JobStatus

@@ -22,7 +22,8 @@ from litestar.exceptions import HTTPException, SerializationException, Validatio
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.plugins.problem_details import ProblemDetailsConfig, ProblemDetailsException, ProblemDetailsPlugin
 
-from app.api.schemas import MAX_JSON_DEPTH, Problem
+from app.api.schemas import Problem
+from app.jsontext import MAX_JSON_DEPTH
 from app.store import errors
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ KINDS = {k.slug: k for k in (MALFORMED, UNAUTHORIZED, FORBIDDEN, NOT_FOUND, METH
 # unknown fields and a due time beyond the horizon.
 _BY_STORE_ERROR: list[tuple[type[errors.StoreError], Kind]] = [
     (errors.InvalidInput, INVALID), (errors.NotFound, NOT_FOUND), (errors.Conflict, CONFLICT),
-    (errors.PayloadTooLarge, TOO_LARGE), (errors.StaleLease, FORBIDDEN),
+    (errors.PayloadTooLarge, TOO_LARGE), (errors.StaleLease, FORBIDDEN), (errors.Contention, UNAVAILABLE),
 ]
 
 
@@ -79,9 +80,11 @@ class ApiProblem(ProblemDetailsException):
         self.kind = kind
 
 
-def _store_error(exc: errors.StoreError) -> ApiProblem:
+def _store_error(exc: errors.StoreError, retry_after_s: int) -> ApiProblem:
     kind = next((k for cls, k in _BY_STORE_ERROR if isinstance(exc, cls)), INTERNAL)
-    return ApiProblem(kind, exc.message)
+    # Contention: the database aborted the transaction each time it was tried.
+    headers = {"Retry-After": str(retry_after_s)} if kind is UNAVAILABLE else None
+    return ApiProblem(kind, exc.message, headers=headers)
 
 
 def _http_exception(exc: HTTPException) -> ApiProblem:
@@ -180,7 +183,7 @@ def plugin(retry_after_s: int, on_db_unreachable: Callable[[], None]) -> Problem
         return ApiProblem(INTERNAL, "the server failed; the error is logged")
 
     return ProblemDetailsPlugin(ProblemDetailsConfig(exception_to_problem_detail_map={
-        errors.StoreError: _store_error,
+        errors.StoreError: lambda exc: _store_error(exc, retry_after_s),
         HTTPException: _http_exception,
         SerializationException: _serialization,
         psycopg.OperationalError: db_unreachable,

@@ -33,8 +33,6 @@ JobName = Annotated[str, Meta(pattern=JOB_NAME_PATTERN, description="a job name:
 TeamName = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$", description="a team's name")]
 
 MAX_CAPACITY = 1000
-# A job's result, as JSON text: the same limit as a payload (mh_payload_max_bytes).
-MAX_RESULT_BYTES = 256 * 1024
 MAX_WAIT_S = 60.0
 MAX_ITEMS = 10_000
 

@@ -23,7 +23,7 @@ from app.api.auth import TokenCache, bearer_hash, unauthorized
 from app.api.context import Context
 from app.api.problems import COMMON, INVALID, NOT_FOUND, STALE_CLAIM, ApiProblem
 from app.api.problems import TOO_LARGE, Kind
-from app.api.schemas import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_text_problem
+from app.jsontext import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_text_problem
 from app.dispatch.dispatcher import Dispatcher
 from app.dispatch.protocol import (CompleteIn, FailIn, HeldIn, LeaseIn, LeaseOut, OutcomeOut, OutcomesIn,
                                    OutcomesOut)

@@ -44,9 +44,9 @@ from typing import Any
 import msgspec
 
 from app.dispatch.protocol import (
-    MAX_CAPACITY, MAX_ITEMS, MAX_RESULT_BYTES, MAX_WAIT_S, Completed, Failed, Held, LeasedJob, LeaseIn,
-    OutcomesIn,
+    MAX_CAPACITY, MAX_ITEMS, MAX_WAIT_S, Completed, Failed, Held, LeasedJob, LeaseIn, OutcomesIn,
 )
+from app.jsontext import MAX_JSON_BYTES, json_text_problem
 from app.worker.client import DispatcherClient, Refused, Unavailable
 from app.worker.job import Job, NonRetryable
 from app.worker.logs import log
@@ -398,9 +398,13 @@ class _Run:
                 raw = msgspec.Raw(msgspec.json.encode(result))
             except (TypeError, ValueError, OverflowError) as exc:
                 raise TypeError(f"the handler's result is not JSON-able: {exc}") from exc
-            if len(raw) > MAX_RESULT_BYTES:             # the dispatcher would refuse it: fail it instead
+            # A result the dispatcher would refuse fails the job instead (a refused
+            # report would leave it claimed until its claim expired).
+            if len(raw) > MAX_JSON_BYTES:
                 raise NonRetryable(f"the handler's result is {len(raw):,} bytes as JSON, over the limit of "
-                                   f"{MAX_RESULT_BYTES:,}: store large results elsewhere and return a reference")
+                                   f"{MAX_JSON_BYTES:,}: store large results elsewhere and return a reference")
+            if reason := json_text_problem("the handler's result", bytes(raw)):
+                raise NonRetryable(reason)
             return Completed(job_id=lj.job_id, lease_token=lj.lease_token, result=raw), "job_succeeded"
         except NonRetryable as exc:
             return Failed(job_id=lj.job_id, lease_token=lj.lease_token, error=error_text(exc),
