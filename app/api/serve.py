@@ -49,6 +49,7 @@ def serve(settings: Settings, *, submit_api: bool = True, dispatch: bool = True)
     import uvicorn
 
     from app.api.app import create_app
+    from app.api.limits import protocol_class
     from app.dispatch.dispatcher import Dispatcher
     store = api_store(settings)
     # The dispatcher's leases, claims, outcomes and maintenance have a pool of
@@ -64,7 +65,7 @@ def serve(settings: Settings, *, submit_api: bool = True, dispatch: bool = True)
                     timeout_graceful_shutdown=10,
                     # httptools with a head size limit and read deadlines (app/api/limits.py); the
                     # same head limit for h11, should the parser ever be switched to it
-                    http=__import__("app.api.limits", fromlist=["protocol_class"]).protocol_class(settings),
+                    http=protocol_class(settings),
                     h11_max_incomplete_event_size=settings.api_max_header_bytes)
     finally:
         store.close()

@@ -56,9 +56,6 @@ BACKLOG_S = 5                   # the submitter pauses above this many seconds' 
 LEFTOVER_SOON_S = 120           # a previous run's jobs due within this long are its backlog
 UTC = dt.timezone.utc
 
-# Only the demo's own job names count: jobs the user submits as team
-# "demo" under other names (for a worker of their own) are theirs.
-
 # ---------------------------------------------------------------- stopping
 class Stop(Exception):
     pass
@@ -210,6 +207,9 @@ def cancel_leftovers(store: Store) -> None:
 
 
 def backlog(store: Store, cap: int) -> int:
+    """The demo's due jobs not yet claimed, up to cap. Only the demo's own job
+    names count: jobs the user submits as team "demo" under other names (for
+    a worker of their own) are theirs."""
     return store.due_unclaimed(TEAM, list(DEMO_NAMES), cap)
 
 
