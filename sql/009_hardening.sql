@@ -517,6 +517,8 @@ BEGIN
         RETURN;
     END IF;
 
+    -- The jobs are visited in id order (a nested loop over the sorted ids),
+    -- the order the outcome batches lock them in.
     WITH expired AS (
         UPDATE jobs j
            SET state = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'scheduled' END::job_state,
@@ -529,7 +531,8 @@ BEGIN
                                j.attempts, j.max_attempts, j.claimed_by, j.claim_expires_at) END,
                run_at = CASE WHEN j.attempts >= j.max_attempts THEN j.run_at ELSE v_now END,
                claimed_by = NULL, claim_expires_at = NULL, lease_token = NULL, updated_at = v_now
-         WHERE j.shard = p_shard AND j.id = ANY (v_ids)
+          FROM unnest(v_ids) AS i(id)
+         WHERE j.shard = p_shard AND j.id = i.id
            AND j.state IN ('claimed', 'running') AND j.claim_expires_at < v_now
         RETURNING j.id, j.state, j.strict, j.priority
     )

@@ -542,6 +542,12 @@ def test_outcome_batches_reach_jobs_and_keys_only_by_primary_key(conn, layout, c
             for node in plan_nodes(p["Plan"]):
                 if node.get("Relation Name") == "idempotency_keys" and node["Node Type"] != "ModifyTable":
                     assert node["Index Name"] == "idempotency_keys_pkey"
+                # the job rows are locked in the input's (shard, id) order: a nested loop over it
+                if node["Node Type"] == "ModifyTable" and node.get("Relation Name") == "jobs" \
+                        and "FROM input i" in p["Query Text"]:
+                    loop = node["Plans"][0]
+                    assert loop["Node Type"] == "Nested Loop", loop
+                    assert (loop["Plans"][0].get("Alias") or "").startswith("i"), loop   # the input, outermost
         # a retry is placed by mh_enqueue: the wheel is only written
         assert {n["Node Type"] for p in ae.plans for n in plan_nodes(p["Plan"])
                 if (n.get("Relation Name") or "").startswith("due_")} <= {"ModifyTable"}
@@ -559,6 +565,13 @@ def test_expire_claims_reads_reminders_not_jobs(conn, layout):
         assert returned == layout["n_prev"] + layout["n_cur"]
         for p in ae.plans:
             assert_no_scan_beyond(p["Plan"])
+        # the jobs are visited in id order, the order outcome batches lock them in:
+        # a nested loop over the sorted ids, each reached by primary key
+        update = next(p for p in ae.plans if "FROM unnest(v_ids)" in p["Query Text"])
+        loops = [n for n in plan_nodes(update["Plan"]) if n["Node Type"] == "Nested Loop"]
+        assert loops and loops[0]["Plans"][0]["Node Type"] == "Function Scan", update["Plan"]
+        assert {n.get("Index Name") for n in nodes_on(update["Plan"], "jobs")
+                if n["Node Type"] != "ModifyTable"} == {"jobs_pkey"}
         # the returned jobs are placed by mh_enqueue_many: the wheel is only written
         assert {n["Node Type"] for p in ae.plans for n in plan_nodes(p["Plan"])
                 if (n.get("Relation Name") or "").startswith("due_")} <= {"ModifyTable"}
