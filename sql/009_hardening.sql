@@ -687,6 +687,12 @@ BEGIN
       FROM mh_claim(p_shard, p_limit, p_owner, p_lease_s, p_worker, p_names, NULL) c;
 END $$;
 
+-- A time as it is when every client can read it (years 1 to 9999), else NULL.
+CREATE FUNCTION mh_readable(t timestamptz) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN t >= '0001-01-01 00:00:00+00' AND t < '10000-01-01 00:00:00+00' THEN t END
+$$;
+
 -- The dispatcher's claim: many go in one round trip, so nothing expected
 -- raises. A stale lease is one row naming why (every other column NULL),
 -- checked once, in the claim's own transaction. Each job names its team;
@@ -706,8 +712,11 @@ BEGIN
                             NULL::uuid, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::text, v_problem;
         RETURN;
     END IF;
+    -- A time no client can read (before year 1 or after 9999: a row written
+    -- around the procedures) comes as NULL, so that the dispatcher can fail
+    -- that job alone instead of failing to read every row of the claim.
     RETURN QUERY
     SELECT c.job_id, c.team, c.name, c.payload::text, c.attempt, c.max_attempts, c.idempotency_key, c.lease_token,
-           c.claim_expires_at, c.due_at, c.run_at, c.replay::text, NULL::text
+           c.claim_expires_at, mh_readable(c.due_at), mh_readable(c.run_at), c.replay::text, NULL::text
       FROM mh_claim(p_shard, p_limit, p_owner, p_lease_s, p_worker, p_names, p_teams) c;
 END $$;

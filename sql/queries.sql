@@ -36,8 +36,11 @@ SELECT job_id, team_id, name, payload, attempt, max_attempts, idempotency_key, l
   FROM claim_due(%(shard)s::int, %(limit)s::int, %(owner)s::text, %(epoch)s::bigint, %(lease_s)s::real, %(worker)s::text)
 
 -- name: next_due
--- Earliest run time in one shard's current and next buckets.
-SELECT next_due(%(shard)s::int) AS next_due
+-- Earliest run time in one shard's current and next buckets; one before
+-- year 1 (a row written around the procedures) reads as year 1: due, so the
+-- claim reaches that job and fails it alone, and the reader can load it.
+SELECT CASE WHEN t < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'::timestamptz ELSE t END AS next_due
+  FROM next_due(%(shard)s::int) AS t
 
 -- name: start_many
 -- Mark claimed jobs as started (records lateness).

@@ -98,6 +98,7 @@ def test_a_row_that_cannot_be_delivered_fails_alone_and_the_round_goes_on(db_dsn
     good = [s.submit("u", JobSpec(name="x")).job_id for _ in range(8)]
     bad = s.submit("t", JobSpec(name="x")).job_id
     db.execute("UPDATE jobs SET due_at = %s, run_at = %s WHERE id = %s", (BC, BC, bad))
+    db.execute("UPDATE due_minutes SET run_at = %s WHERE job_id = %s", (BC, bad))
     d = started_dispatcher(s)
     try:
         got = asyncio.run(lease_until(d, 9, capacity=50))

@@ -28,7 +28,6 @@ read) fails alone, set aside as dead with the reason.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import math
 import os
@@ -430,9 +429,9 @@ class Dispatcher:
 
 
 def _leased(row: dict, claim_s: float) -> LeasedJob:
-    for column in ("claim_expires_at", "due_at", "run_at"):
-        if not isinstance(row[column], dt.datetime):      # the lenient loader's text: out of range
-            raise ValueError(f"its {column} {row[column]} is outside the range a client can read")
+    for column in ("due_at", "run_at"):
+        if row[column] is None:                 # claim_for_worker: a time no client can read
+            raise ValueError(f"its {column} is outside the years 1 to 9999 that a client can read")
     replay = Replay(msgspec.Raw(row["replay"].encode())) if row["replay"] is not None else None
     return LeasedJob(job_id=str(row["job_id"]), team=row["team"], name=row["name"],
                      payload=msgspec.Raw(row["payload"].encode()),

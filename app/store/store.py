@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
-from psycopg.types.datetime import TimestamptzLoader
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
@@ -50,17 +49,6 @@ def _jsonb(value: Any) -> Jsonb:
 
 def _as_is(value: bytes) -> bytes:
     return value
-
-
-class LenientTimestamptzLoader(TimestamptzLoader):
-    """A timestamptz Python cannot hold (before year 1, after 9999) as its
-    text instead of an error: one such row must not fail the rows read with it."""
-
-    def load(self, data):
-        try:
-            return super().load(data)
-        except psycopg.DataError:
-            return bytes(data).decode()
 
 
 def hash_token(token: str) -> str:
@@ -332,8 +320,8 @@ class Store:
 
     # ------------------------------------------------------------ dispatch
     @staticmethod
-    def each_alone(conn: psycopg.Connection, sql: str, params: Sequence[dict[str, Any]],
-                   cursor: Callable[[], psycopg.Cursor] | None = None) -> list[list[dict[str, Any]] | Exception]:
+    def each_alone(conn: psycopg.Connection, sql: str, params: Sequence[dict[str, Any]]
+                   ) -> list[list[dict[str, Any]] | Exception]:
         """The statement once per item, all sent in ONE round trip, each its
         own transaction: a Sync follows each, so no transaction holds rows of
         more than one shard (on Citus, a single-shard transaction each).
@@ -347,13 +335,12 @@ class Store:
         all the same — a claim's rows must never be dropped). psycopg reports
         only some of several server errors, so every failed item carries the
         first one. A lost connection raises."""
-        make = cursor or conn.cursor
         cursors: list[psycopg.Cursor | Exception] = []
         first: psycopg.Error | None = None       # the first error the server sent back
         try:
             with conn.pipeline() as pipe:
                 for p in params:
-                    cur = make()
+                    cur = conn.cursor()
                     try:
                         cur.execute(sql, p)
                     except psycopg.Error as exc:
@@ -430,18 +417,15 @@ class Store:
                           ) -> tuple[list[list[dict[str, Any]] | Exception], dict[int, str]]:
         """Claims for workers, one per request, all in one round trip, each
         its own transaction: per request, the rows claimed (claim_for_worker:
-        payload and replay as JSON text; a time Python cannot hold as its
-        text), or the error that request alone met (a stale lease: StaleLease);
+        payload and replay as JSON text; due_at and run_at None where no
+        client could read them), or the error that request alone met (a stale
+        lease: StaleLease);
         and {shard: why} for the shards whose lease was stale."""
         with self.connection() as conn:
-            def cursor() -> psycopg.Cursor:
-                cur = conn.cursor()
-                cur.adapters.register_loader("timestamptz", LenientTimestamptzLoader)
-                return cur
             results = self.each_alone(conn, q("claim_for_worker"), [
                 {"shard": r.shard, "limit": r.limit, "owner": owner, "epoch": r.epoch, "lease_s": lease_s,
                  "worker": r.worker, "names": r.names, "teams": r.teams}
-                for r in requests], cursor)
+                for r in requests])
         refused: dict[int, str] = {}
         for i, (r, rows) in enumerate(zip(requests, results)):
             if not isinstance(rows, Exception) and rows and rows[0]["refused"] is not None:

@@ -4,6 +4,7 @@
 -- shared by every database of the server and stays.
 DROP FUNCTION claim_for_worker(int, int, text, bigint, real, text, text[], text[]);
 DROP FUNCTION mh_claim(int, int, text, real, text, text[], text[]);
+DROP FUNCTION mh_readable(timestamptz);
 DROP FUNCTION mh_lease_problem(int, text, bigint, timestamptz);
 DROP FUNCTION mh_claim_filtered_sql(int);
 DROP FUNCTION mh_pinned_clock(text);
