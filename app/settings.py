@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
+
+import msgspec
 
 
 @dataclass(frozen=True)
@@ -96,8 +99,14 @@ def _field(name: str) -> dataclasses.Field:
 
 
 def _convert(f: dataclasses.Field, raw: str):
-    kind = type(f.default)
-    return Path(raw) if kind is type(Path()) else kind(raw)
+    """The text of an environment variable or flag as the setting's declared
+    type, by msgspec's lax conversion: "false" is False, "8" is 8, "1.5" a
+    float; anything else is refused with the setting's name."""
+    try:
+        return msgspec.convert(raw, typing.get_type_hints(Settings)[f.name], strict=False,
+                               dec_hook=lambda kind, value: Path(value) if kind is Path else value)
+    except msgspec.ValidationError as exc:
+        raise SystemExit(f"setting {f.name}: {raw!r} is not a valid value ({exc})") from None
 
 
 def sqlalchemy_url(database_url: str) -> str:

@@ -448,3 +448,13 @@ def test_batches_of_cron_expressions_that_never_fire_do_not_starve_anyone(db_dsn
         assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 1
     finally:
         server.stop()
+
+
+# ---------------------------------------------------------------- settings
+def test_settings_are_read_as_their_declared_types():
+    s = Settings.load(["--http-port", "9000", "--data-dir", "/tmp/mh", "--claim-lease-s", "12"],
+                      env={"MINUTEHAND_POOL_SIZE": "3", "MINUTEHAND_SHARD_LEASE_S": "2.5"})
+    assert (s.http_port, s.data_dir, s.claim_lease_s, s.pool_size, s.shard_lease_s) == \
+        (9000, Path("/tmp/mh"), 12.0, 3, 2.5)
+    with pytest.raises(SystemExit, match="setting pool_size: 'many' is not a valid value"):
+        Settings.load([], env={"MINUTEHAND_POOL_SIZE": "many"})
