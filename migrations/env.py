@@ -1,6 +1,6 @@
 """Alembic environment: revisions apply the plain SQL files in sql/.
 
-The database URL comes from the Alembic config (set by app.store.migrate from
+The database URL comes from the Alembic config (set by minutehand.store.migrate from
 MINUTEHAND_DATABASE_URL); there are no ORM models to autogenerate from.
 """
 from alembic import context

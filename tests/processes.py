@@ -93,7 +93,7 @@ class Server(Process):
         self.port = port or free_port()              # a port: e.g. a restart where the workers expect it
         self.url = f"http://127.0.0.1:{self.port}"
         self.name = name or f"{role}-{self.port}"
-        super().__init__([sys.executable, "-m", "app.cli.main", role, "--database-url", dsn,
+        super().__init__([sys.executable, "-m", "minutehand.cli.main", role, "--database-url", dsn,
                           "--http-port", str(self.port), "--dispatcher-name", self.name, *extra],
                          label=self.name)
         wait_until(self.ready, 60, f"{self.name} to answer /healthz")
@@ -112,7 +112,7 @@ class WorkerProcess(Process):
 
     def __init__(self, app: str, urls: list[str], token: str, *, concurrency: int = 10,
                  env: dict[str, str] | None = None, label: str = "worker"):
-        super().__init__([sys.executable, "-m", "app.cli.main", "worker", f"tests.worker_apps:{app}",
+        super().__init__([sys.executable, "-m", "minutehand.cli.main", "worker", f"tests.worker_apps:{app}",
                           "--worker-urls", ",".join(urls), "--worker-token", token,
                           "--worker-concurrency", str(concurrency)], env=env, label=label)
 

@@ -7,8 +7,8 @@ import datetime as dt
 import psycopg
 from psycopg.types.json import Jsonb
 
-from app.store.records import JobSpec
-from app.store.store import Store
+from minutehand.store.records import JobSpec
+from minutehand.store.store import Store
 
 UTC = dt.timezone.utc
 # A fixed instant, 30 s into a minute, for tests that pin the clock.

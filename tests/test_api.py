@@ -15,11 +15,11 @@ import psycopg
 import pytest
 from litestar.testing import AsyncTestClient, TestClient
 
-from app.api.app import create_app
-from app.settings import Settings
-from app.store import migrate
-from app.store.records import JobSpec
-from app.store.store import Store, hash_token
+from minutehand.api.app import create_app
+from minutehand.settings import Settings
+from minutehand.store import migrate
+from minutehand.store.records import JobSpec
+from minutehand.store.store import Store, hash_token
 from reused_db import db_dsn, module_conn, module_dsn  # noqa: F401 (fixtures)
 
 UTC = dt.timezone.utc

@@ -34,9 +34,9 @@ import httpx
 import msgspec
 import pytest
 
-from app.api import jobs, problems
-from app.jsontext import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_text_problem, nested_deeper
-from app.store.store import Store, hash_token
+from minutehand.api import jobs, problems
+from minutehand.jsontext import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_text_problem, nested_deeper
+from minutehand.store.store import Store, hash_token
 from reused_db import RESET, module_conn, module_dsn  # noqa: F401 (fixtures)
 from tests.processes import Server, logs
 

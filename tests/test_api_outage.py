@@ -12,12 +12,12 @@ import psycopg
 import pytest
 from litestar.testing import TestClient
 
-from app.api.app import create_app
-from app.api.serve import api_store
-from app.localpg import LocalCluster
-from app.settings import Settings
-from app.store import migrate
-from app.store.store import Store
+from minutehand.api.app import create_app
+from minutehand.api.serve import api_store
+from minutehand.localpg import LocalCluster
+from minutehand.settings import Settings
+from minutehand.store import migrate
+from minutehand.store.store import Store
 
 
 @pytest.fixture

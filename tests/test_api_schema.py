@@ -16,10 +16,10 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
                                                status_code_conformance)
 
-from app.api.app import create_app
-from app.settings import Settings
-from app.store import migrate
-from app.store.store import Store, hash_token
+from minutehand.api.app import create_app
+from minutehand.settings import Settings
+from minutehand.store import migrate
+from minutehand.store.store import Store, hash_token
 from reused_db import RESET, module_conn, module_dsn  # noqa: F401 (fixtures)
 from tests.processes import serving
 

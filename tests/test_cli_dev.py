@@ -20,7 +20,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from app.localpg import LocalCluster
+from minutehand.localpg import LocalCluster
 
 
 def free_port() -> int:
@@ -92,7 +92,7 @@ class Proc:
 
 
 def dev(data_dir: Path, port: int, *args: str, sigint_ignored: bool = False) -> Proc:
-    argv = [sys.executable, "-m", "app.cli.main", "dev", "--data-dir", str(data_dir),
+    argv = [sys.executable, "-m", "minutehand.cli.main", "dev", "--data-dir", str(data_dir),
             "--http-port", str(port), "--rate", "50", *args]
     if sigint_ignored:                  # as a background job of a script starts it: SIGINT set to SIG_IGN
         argv = ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *argv]
@@ -123,7 +123,7 @@ def listening(port: int) -> bool:
 
 
 USER_WORKER = """\
-from app.worker import Worker
+from minutehand.worker import Worker
 
 worker = Worker()
 

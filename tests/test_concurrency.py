@@ -17,8 +17,8 @@ from collections.abc import Callable
 import psycopg
 import pytest
 
-from app.store.errors import StaleLease
-from app.store.records import JobSpec
+from minutehand.store.errors import StaleLease
+from minutehand.store.records import JobSpec
 from support import T0, lease_all, make_store, pin
 
 TEAM = "racers"

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from app.store.records import JobSpec
+from minutehand.store.records import JobSpec
 from support import T0, lease_all, make_store
 
 CHILD = Path(__file__).with_name("crash_claimer.py")

@@ -19,8 +19,8 @@ from collections import Counter
 import psycopg
 import pytest
 
-from app.dispatch.shards import assign
-from app.store.records import JobSpec
+from minutehand.dispatch.shards import assign
+from minutehand.store.records import JobSpec
 from tests.processes import Server, WorkerProcess, logs, store, token, wait_until  # noqa: F401 (fixtures)
 from tests.worker_apps import RUNS_DDL
 

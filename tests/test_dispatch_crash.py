@@ -31,7 +31,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from app.store.records import JobSpec
+from minutehand.store.records import JobSpec
 from tests.processes import Process, Server, WorkerProcess, logs, wait_until
 from tests.support import make_store
 from tests.worker_apps import RUNS_DDL

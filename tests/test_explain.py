@@ -27,8 +27,8 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from app.store.queries import q
-from app.store.records import JobSpec
+from minutehand.store.queries import q
+from minutehand.store.records import JobSpec
 from support import T0, make_store, pin
 
 FAR_JOBS = 1_000_000

@@ -33,11 +33,11 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from app.dispatch.dispatcher import Dispatcher
-from app.settings import Settings
-from app.store import errors
-from app.store.records import JobSpec, Repeat
-from app.store.store import Store
+from minutehand.dispatch.dispatcher import Dispatcher
+from minutehand.settings import Settings
+from minutehand.store import errors
+from minutehand.store.records import JobSpec, Repeat
+from minutehand.store.store import Store
 from tests.support import T0, claim_all, counts, lease_all, make_store, pin, submit_sql
 
 UTC = dt.timezone.utc
@@ -123,7 +123,7 @@ def test_cron_expressions_that_never_fire_are_refused_quickly(store, db):
 
 
 def test_fire_times_of_one_request_have_a_cpu_budget(store, db, monkeypatch):
-    monkeypatch.setattr("app.store.store.FIRE_TIME_BUDGET_S", 0.0)
+    monkeypatch.setattr("minutehand.store.store.FIRE_TIME_BUDGET_S", 0.0)
     before = counts(db)
     items = store.submit_many("t", [JobSpec(name="plain")] + [JobSpec(name="s", repeat=Repeat(cron="0 3 * * *"))] * 3)
     assert items[0].error is None
@@ -226,7 +226,7 @@ def test_a_takeover_is_a_warning_not_a_failed_round(db_dsn, db, caplog):
     d = started_dispatcher(s)
     try:
         db.execute("UPDATE shards SET epoch = epoch + 1")          # another dispatcher's epochs now
-        with caplog.at_level(logging.WARNING, logger="app.dispatch.dispatcher"):
+        with caplog.at_level(logging.WARNING, logger="minutehand.dispatch.dispatcher"):
             asyncio.run(d.lease("w", 10, None, 1.0))
     finally:
         d.stop()
@@ -383,9 +383,9 @@ def test_a_submission_the_database_keeps_aborting_is_503_saying_so(db_dsn, db):
     reason and Retry-After, not "the database cannot be reached"."""
     from litestar.testing import TestClient
 
-    from app.api.app import create_app
-    from app.store import migrate
-    from app.store.store import hash_token
+    from minutehand.api.app import create_app
+    from minutehand.store import migrate
+    from minutehand.store.store import hash_token
     db.execute("INSERT INTO teams (name, token_hash) VALUES ('t', %s)", (hash_token("tok-t"),))
     db.execute("""CREATE FUNCTION abort_as_deadlock() RETURNS trigger LANGUAGE plpgsql AS $$
                   BEGIN
@@ -416,7 +416,7 @@ def test_batches_of_cron_expressions_that_never_fire_do_not_starve_anyone(db_dsn
     import urllib.request
     from concurrent.futures import ThreadPoolExecutor
 
-    from app.store.store import hash_token
+    from minutehand.store.store import hash_token
     from tests.processes import Server
     db.execute("INSERT INTO teams (name, token_hash) VALUES ('t', %s), ('u', %s)",
                (hash_token("tok-t"), hash_token("tok-u")))

@@ -14,8 +14,8 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from app.store.errors import Conflict
-from app.store.records import JobSpec
+from minutehand.store.errors import Conflict
+from minutehand.store.records import JobSpec
 from support import T0, counts, pin, submit_sql, submit_store
 
 S = dt.timedelta(seconds=1)

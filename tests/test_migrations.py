@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from alembic.script import ScriptDirectory
 
-from app.store import migrate
+from minutehand.store import migrate
 
 # Everything in the schemas a migration could write to (not the system ones):
 # relations of every kind (tables, partitions, indexes, sequences, views),

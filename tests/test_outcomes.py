@@ -16,8 +16,8 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from app.store.errors import InvalidInput
-from app.store.records import JobSpec, Outcome
+from minutehand.store.errors import InvalidInput
+from minutehand.store.records import JobSpec, Outcome
 from support import T0, counts, pin
 
 S = dt.timedelta(seconds=1)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from app.store.errors import StaleLease
-from app.store.records import ClaimRequest, JobSpec
-from app.store.store import Store
+from minutehand.store.errors import StaleLease
+from minutehand.store.records import ClaimRequest, JobSpec
+from minutehand.store.store import Store
 from tests.support import lease_all, make_store
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 
 
-from app.store.records import JobSpec
+from minutehand.store.records import JobSpec
 from support import T0, due_rows, make_store, minute_part, pin
 
 S = dt.timedelta(seconds=1)

@@ -19,11 +19,11 @@ import pytest
 from litestar.testing import AsyncTestClient, TestClient
 from psycopg.types.json import Jsonb
 
-from app.api.app import create_app
-from app.settings import Settings
-from app.store import errors, migrate
-from app.store.records import JobSpec, Repeat
-from app.store.store import hash_token
+from minutehand.api.app import create_app
+from minutehand.settings import Settings
+from minutehand.store import errors, migrate
+from minutehand.store.records import JobSpec, Repeat
+from minutehand.store.store import hash_token
 from reused_db import conn, db_dsn, module_conn, module_dsn, module_store, store  # noqa: F401 (fixtures)
 from support import T0, due_rows, minute_part, pin
 

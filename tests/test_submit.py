@@ -16,8 +16,8 @@ import datetime as dt
 import psycopg
 import pytest
 
-from app.store.errors import InvalidInput, NotFound, PayloadTooLarge, StoreError
-from app.store.records import JobSpec
+from minutehand.store.errors import InvalidInput, NotFound, PayloadTooLarge, StoreError
+from minutehand.store.records import JobSpec
 from support import T0, counts, due_rows, minute_part, pin, submit_sql, submit_store
 
 S = dt.timedelta(seconds=1)

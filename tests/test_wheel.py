@@ -13,7 +13,7 @@ import threading
 import psycopg
 import pytest
 
-from app.store.records import JobSpec
+from minutehand.store.records import JobSpec
 from support import T0, make_store, pin
 
 TEAM = "wheelers"

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 import psycopg
 import pytest
 
-from app.worker import Job, NonRetryable, Worker, effects
+from minutehand.worker import Job, NonRetryable, Worker, effects
 from tests.processes import ROOT, Server, free_port, store, token, wait_until  # noqa: F401 (fixtures)
 from tests.support import submit_store
 
@@ -402,7 +402,7 @@ def test_once_async(db_dsn):
 
 KILLED_EFFECT = """
 import sys, time, psycopg
-from app.worker import effects
+from minutehand.worker import effects
 def fn(conn):
     conn.execute("INSERT INTO sent VALUES (1)")
     print("inside", flush=True)
@@ -471,7 +471,7 @@ def _sleep_sync(job: Job):
 
 def worker_process(server: Server, token: str, concurrency: int, grace_s: float) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "app.cli.main", "worker", "tests.test_worker:drain_worker",
+        [sys.executable, "-m", "minutehand.cli.main", "worker", "tests.test_worker:drain_worker",
          "--worker-urls", server.url, "--worker-token", token, "--log-level", "DEBUG",
          "--worker-concurrency", str(concurrency), "--worker-grace-s", str(grace_s)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -17,7 +17,7 @@ import time
 
 import psycopg
 
-from app.worker import Job, NonRetryable, Worker
+from minutehand.worker import Job, NonRetryable, Worker
 
 _local = threading.local()
 

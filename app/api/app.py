@@ -16,16 +16,16 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.openapi.spec import Components, Link, OpenAPIMediaType, RequestBody, SecurityScheme
 
-from app.api import health, jobs, problems, teams
-from app.api.auth import TokenCache, authenticator
-from app.api.coalesce import SubmitCoalescer
-from app.api.context import Context
-from app.api.schemas import BatchIn, JobIn, TeamIn
-from app.dispatch import routes as worker_routes
-from app.dispatch.dispatcher import Dispatcher
-from app.settings import Settings
-from app.store import migrate
-from app.store.store import Store
+from minutehand.api import health, jobs, problems, teams
+from minutehand.api.auth import TokenCache, authenticator
+from minutehand.api.coalesce import SubmitCoalescer
+from minutehand.api.context import Context
+from minutehand.api.schemas import BatchIn, JobIn, TeamIn
+from minutehand.dispatch import routes as worker_routes
+from minutehand.dispatch.dispatcher import Dispatcher
+from minutehand.settings import Settings
+from minutehand.store import migrate
+from minutehand.store.store import Store
 
 VERSION = "1"
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from litestar import Request
 
-from app.api.problems import FORBIDDEN, INVALID, NOT_FOUND, UNAUTHORIZED, ApiProblem
-from app.store.store import hash_token
+from minutehand.api.problems import FORBIDDEN, INVALID, NOT_FOUND, UNAUTHORIZED, ApiProblem
+from minutehand.store.store import hash_token
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ from typing import Any
 
 import psycopg
 
-from app.futures import BatchThreads, settle
-from app.store.records import JobSpec, Submitted
-from app.store.store import Store
+from minutehand.futures import BatchThreads, settle
+from minutehand.store.records import JobSpec, Submitted
+from minutehand.store.store import Store
 
 
 @dataclass

@@ -12,11 +12,11 @@ from typing import Any, TypeVar
 
 import anyio.to_thread
 
-from app.api.auth import TokenCache
-from app.api.coalesce import SubmitCoalescer
-from app.settings import Settings
-from app.store.records import JobSpec, Submitted
-from app.store.store import Store
+from minutehand.api.auth import TokenCache
+from minutehand.api.coalesce import SubmitCoalescer
+from minutehand.settings import Settings
+from minutehand.store.records import JobSpec, Submitted
+from minutehand.store.store import Store
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -6,10 +6,10 @@ import psycopg
 from litestar import get
 from litestar.handlers import HTTPRouteHandler
 
-from app.api import problems
-from app.api.context import Context
-from app.api.problems import INTERNAL, UNAVAILABLE, ApiProblem
-from app.api.schemas import HealthOut, ReadyOut
+from minutehand.api import problems
+from minutehand.api.context import Context
+from minutehand.api.problems import INTERNAL, UNAVAILABLE, ApiProblem
+from minutehand.api.schemas import HealthOut, ReadyOut
 
 
 def routes(ctx: Context) -> list[HTTPRouteHandler]:

@@ -27,17 +27,17 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import HeaderParameter, PathParameter, QueryParameter
 
-from app.api import problems
-from app.api.auth import Principal
-from app.api.context import Context
-from app.api.problems import (COMMON, CONFLICT, INVALID, MALFORMED, NOT_CANCELLABLE, NOT_FOUND, TOO_LARGE,
+from minutehand.api import problems
+from minutehand.api.auth import Principal
+from minutehand.api.context import Context
+from minutehand.api.problems import (COMMON, CONFLICT, INVALID, MALFORMED, NOT_CANCELLABLE, NOT_FOUND, TOO_LARGE,
                               ApiProblem)
-from app.api.schemas import (KEY_RULE, BatchIn, BatchItemOut, BatchJobIn, BatchOut, CancelledOut, JobCreated, JobIn,
+from minutehand.api.schemas import (KEY_RULE, BatchIn, BatchItemOut, BatchJobIn, BatchOut, CancelledOut, JobCreated, JobIn,
                              JobOut, JobPageOut, JobSummaryOut, Repeat, State, decoder, key_problem, text_problem)
-from app.jsontext import MAX_JSON_DEPTH, json_text_problem
-from app.store import repeat as repeats
-from app.store import records
-from app.store.records import JobSpec, JobStatus
+from minutehand.jsontext import MAX_JSON_DEPTH, json_text_problem
+from minutehand.store import repeat as repeats
+from minutehand.store import records
+from minutehand.store.records import JobSpec, JobStatus
 
 SECURITY = [{"bearer": []}]
 JOB_DECODER = decoder(JobIn)

@@ -42,8 +42,8 @@ import httptools
 import msgspec
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from app.api.problems import HEADERS_TOO_LARGE, MALFORMED, PROBLEM_MEDIA_TYPE, TIMEOUT, Kind
-from app.settings import Settings
+from minutehand.api.problems import HEADERS_TOO_LARGE, MALFORMED, PROBLEM_MEDIA_TYPE, TIMEOUT, Kind
+from minutehand.settings import Settings
 
 log = logging.getLogger("uvicorn.error")
 

@@ -22,9 +22,9 @@ from litestar.exceptions import HTTPException, SerializationException, Validatio
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.plugins.problem_details import ProblemDetailsConfig, ProblemDetailsException, ProblemDetailsPlugin
 
-from app.api.schemas import Problem
-from app.jsontext import MAX_JSON_DEPTH
-from app.store import errors
+from minutehand.api.schemas import Problem
+from minutehand.jsontext import MAX_JSON_DEPTH
+from minutehand.store import errors
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ import logging
 
 from psycopg.conninfo import make_conninfo
 
-from app.settings import Settings
-from app.store.store import Store
+from minutehand.settings import Settings
+from minutehand.store.store import Store
 
 
 def api_store(settings: Settings) -> Store:
@@ -48,9 +48,9 @@ def serve(settings: Settings, *, submit_api: bool = True, dispatch: bool = True)
     dispatcher` only the second."""
     import uvicorn
 
-    from app.api.app import create_app
-    from app.api.limits import protocol_class
-    from app.dispatch.dispatcher import Dispatcher
+    from minutehand.api.app import create_app
+    from minutehand.api.limits import protocol_class
+    from minutehand.dispatch.dispatcher import Dispatcher
     store = api_store(settings)
     # The dispatcher's leases, claims, outcomes and maintenance have a pool of
     # their own: requests that hold the API's connections (slow submissions,

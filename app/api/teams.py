@@ -7,11 +7,11 @@ from litestar.di import NamedDependency
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath
 
-from app.api import problems
-from app.api.auth import Principal
-from app.api.context import Context
-from app.api.problems import COMMON, CONFLICT, FORBIDDEN, INVALID, NOT_FOUND, ApiProblem
-from app.api.schemas import FailuresOut, StatsOut, TeamIn, TeamTokenOut, decoder, text_problem
+from minutehand.api import problems
+from minutehand.api.auth import Principal
+from minutehand.api.context import Context
+from minutehand.api.problems import COMMON, CONFLICT, FORBIDDEN, INVALID, NOT_FOUND, ApiProblem
+from minutehand.api.schemas import FailuresOut, StatsOut, TeamIn, TeamTokenOut, decoder, text_problem
 
 SECURITY = [{"bearer": []}]
 TEAM_DECODER = decoder(TeamIn)

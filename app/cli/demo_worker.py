@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 
-from app.worker import Job, Worker
+from minutehand.worker import Job, Worker
 
 NAMES = ("demo.now", "demo.soon", "demo.later")
 

@@ -9,18 +9,18 @@ import argparse
 import logging
 import sys
 
-from app.settings import Settings
+from minutehand.settings import Settings
 
 
 def _store(settings: Settings):
-    from app.store.store import Store
+    from minutehand.store.store import Store
     if not settings.database_url:
         raise SystemExit("no database: set MINUTEHAND_DATABASE_URL or pass --database-url")
     return Store(settings.database_url, max_size=settings.pool_size)
 
 
 def cmd_migrate(settings: Settings, args: argparse.Namespace) -> None:
-    from app.store import migrate
+    from minutehand.store import migrate
     if not settings.database_url:
         raise SystemExit("no database: set MINUTEHAND_DATABASE_URL or pass --database-url")
     if args.downgrade:
@@ -36,7 +36,7 @@ def cmd_maintain(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def cmd_team_create(settings: Settings, args: argparse.Namespace) -> None:
-    from app.store.errors import StoreError
+    from minutehand.store.errors import StoreError
     with _store(settings) as store:
         try:
             token = store.create_team(args.name, quota=args.quota, weight=args.weight)
@@ -57,14 +57,14 @@ def cmd_worker_token(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> None:
-    from app.api.serve import serve
+    from minutehand.api.serve import serve
     if not settings.database_url:
         raise SystemExit("no database: set MINUTEHAND_DATABASE_URL or pass --database-url")
     serve(settings)
 
 
 def cmd_dispatcher(settings: Settings, args: argparse.Namespace) -> None:
-    from app.api.serve import serve
+    from minutehand.api.serve import serve
     if not settings.database_url:
         raise SystemExit("no database: set MINUTEHAND_DATABASE_URL or pass --database-url")
     serve(settings, submit_api=False)
@@ -74,7 +74,7 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> None:
     """Import module:attribute (a Worker with its handlers) and run it until SIGTERM/SIGINT."""
     import importlib
     import os
-    from app.worker import Worker, logs
+    from minutehand.worker import Worker, logs
     logs.setup(settings.log_level)
     module, _, attr = args.target.partition(":")
     sys.path.insert(0, os.getcwd())
@@ -85,7 +85,7 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def cmd_dev(settings: Settings, args: argparse.Namespace) -> None:
-    from app.cli import dev
+    from minutehand.cli import dev
     dev.run(settings, args)
 
 

@@ -41,15 +41,15 @@ from dataclasses import dataclass
 import msgspec
 import psycopg
 
-from app.dispatch.outcomes import OutcomeWriter
-from app.dispatch.protocol import LeasedJob, Replay
-from app.dispatch.shards import ShardKeeper
-from app.futures import settle
-from app.maintenance.schedule import MaintenanceSchedule
-from app.settings import Settings
-from app.store import errors
-from app.store.records import ClaimRequest
-from app.store.store import Store
+from minutehand.dispatch.outcomes import OutcomeWriter
+from minutehand.dispatch.protocol import LeasedJob, Replay
+from minutehand.dispatch.shards import ShardKeeper
+from minutehand.futures import settle
+from minutehand.maintenance.schedule import MaintenanceSchedule
+from minutehand.settings import Settings
+from minutehand.store import errors
+from minutehand.store.records import ClaimRequest
+from minutehand.store.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import psycopg
 
-from app.futures import BatchThreads, settle
-from app.store.records import Outcome
-from app.store.store import Store
+from minutehand.futures import BatchThreads, settle
+from minutehand.store.records import Outcome
+from minutehand.store.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -18,16 +18,16 @@ from litestar import Request, Router, post
 from litestar.di import NamedDependency, Provide
 from litestar.params import PathParameter
 
-from app.api import problems
-from app.api.auth import TokenCache, bearer_hash, unauthorized
-from app.api.context import Context
-from app.api.problems import COMMON, INVALID, NOT_FOUND, STALE_CLAIM, ApiProblem
-from app.api.problems import TOO_LARGE, Kind
-from app.jsontext import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_text_problem
-from app.dispatch.dispatcher import Dispatcher
-from app.dispatch.protocol import (CompleteIn, FailIn, HeldIn, LeaseIn, LeaseOut, OutcomeOut, OutcomesIn,
+from minutehand.api import problems
+from minutehand.api.auth import TokenCache, bearer_hash, unauthorized
+from minutehand.api.context import Context
+from minutehand.api.problems import COMMON, INVALID, NOT_FOUND, STALE_CLAIM, ApiProblem
+from minutehand.api.problems import TOO_LARGE, Kind
+from minutehand.jsontext import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_text_problem
+from minutehand.dispatch.dispatcher import Dispatcher
+from minutehand.dispatch.protocol import (CompleteIn, FailIn, HeldIn, LeaseIn, LeaseOut, OutcomeOut, OutcomesIn,
                                    OutcomesOut)
-from app.store.records import Outcome
+from minutehand.store.records import Outcome
 
 SECURITY = [{"worker": []}]
 JobIdParam = Annotated[int, PathParameter(ge=-(2**63), le=2**63 - 1, description="the job id")]

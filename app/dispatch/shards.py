@@ -21,7 +21,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 
-from app.store.store import Store
+from minutehand.store.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from app.store.store import Store
+from minutehand.store.store import Store
 
 log = logging.getLogger(__name__)
 # APScheduler logs every run of every job at INFO: once a second here.

@@ -7,7 +7,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine
 
-from app.settings import sqlalchemy_url
+from minutehand.settings import sqlalchemy_url
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 

@@ -2,7 +2,7 @@
 import re
 from functools import cache
 
-from app.store import sqlfiles
+from minutehand.store import sqlfiles
 
 _HEADER = re.compile(r"^-- name: (\w+)\n(?:--[^\n]*\n)*", re.M)
 

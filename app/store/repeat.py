@@ -11,7 +11,7 @@ import zoneinfo
 
 from apscheduler.triggers.cron import CronTrigger
 
-from app.store.records import Repeat
+from minutehand.store.records import Repeat
 
 MAX_EVERY_S = 366 * 86400
 # How far ahead a run may be due: mh_max_ahead() in sql/001_core.sql.

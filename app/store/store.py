@@ -20,9 +20,9 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from app.store import errors, repeat
-from app.store.queries import q
-from app.store.records import (BatchItem, ClaimedJob, ClaimRequest, ClaimResult, JobPage, JobSpec, JobStatus, JobSummary,
+from minutehand.store import errors, repeat
+from minutehand.store.queries import q
+from minutehand.store.records import (BatchItem, ClaimedJob, ClaimRequest, ClaimResult, JobPage, JobSpec, JobStatus, JobSummary,
                                Maintenance, Outcome, Submitted, TeamStats)
 
 

@@ -1,7 +1,7 @@
 """The Python worker library: register handlers by job name, run them with
 a concurrency limit against one or more dispatchers.
 
-    from app.worker import Job, NonRetryable, Worker
+    from minutehand.worker import Job, NonRetryable, Worker
 
     worker = Worker(urls=["http://127.0.0.1:8080"], token="mhw_...", concurrency=10)
 
@@ -18,7 +18,7 @@ Modules: worker.py (the run loop), client.py (HTTP calls), job.py (Job,
 NonRetryable), effects.py (exactly-once database side effects), logs.py
 (JSON log lines).
 """
-from app.worker.job import Job, NonRetryable
-from app.worker.worker import Worker
+from minutehand.worker.job import Job, NonRetryable
+from minutehand.worker.worker import Worker
 
 __all__ = ["Job", "NonRetryable", "Worker"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import httpx
 import msgspec
 
-from app.dispatch.protocol import LeaseIn, LeaseOut, OutcomesIn, OutcomesOut
+from minutehand.dispatch.protocol import LeaseIn, LeaseOut, OutcomesIn, OutcomesOut
 
 
 class Unavailable(Exception):

@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from app.worker import effects
+from minutehand.worker import effects
 
 T = TypeVar("T")
 

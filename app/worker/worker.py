@@ -43,13 +43,13 @@ from typing import Any
 
 import msgspec
 
-from app.dispatch.protocol import (
+from minutehand.dispatch.protocol import (
     MAX_CAPACITY, MAX_ITEMS, MAX_WAIT_S, Completed, Failed, Held, LeasedJob, LeaseIn, OutcomesIn,
 )
-from app.jsontext import MAX_JSON_BYTES, json_text_problem
-from app.worker.client import DispatcherClient, Refused, Unavailable
-from app.worker.job import Job, NonRetryable
-from app.worker.logs import log
+from minutehand.jsontext import MAX_JSON_BYTES, json_text_problem
+from minutehand.worker.client import DispatcherClient, Refused, Unavailable
+from minutehand.worker.job import Job, NonRetryable
+from minutehand.worker.logs import log
 
 Handler = Callable[[Job], Any]
 
@@ -157,7 +157,7 @@ class Worker:
 
     def _configure(self, settings) -> None:
         if settings is None and None in (self.urls, self.token, self.concurrency, self.grace_s):
-            from app.settings import Settings
+            from minutehand.settings import Settings
             settings = Settings.load()
         if self.urls is None:
             self.urls = _url_list(settings.worker_urls)

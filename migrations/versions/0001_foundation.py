@@ -3,7 +3,7 @@
 Revision ID: 0001
 Revises:
 """
-from app.store import sqlfiles
+from minutehand.store import sqlfiles
 
 revision = "0001"
 down_revision = None

@@ -3,7 +3,7 @@
 Revision ID: 0002
 Revises: 0001
 """
-from app.store import sqlfiles
+from minutehand.store import sqlfiles
 
 revision = "0002"
 down_revision = "0001"

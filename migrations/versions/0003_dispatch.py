@@ -5,7 +5,7 @@ give-back of unstarted jobs.
 Revision ID: 0003
 Revises: 0002
 """
-from app.store import sqlfiles
+from minutehand.store import sqlfiles
 
 revision = "0003"
 down_revision = "0002"

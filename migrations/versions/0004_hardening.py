@@ -6,7 +6,7 @@ lease with a row, names each job's team and can be limited to teams.
 Revision ID: 0004
 Revises: 0003
 """
-from app.store import sqlfiles
+from minutehand.store import sqlfiles
 
 revision = "0004"
 down_revision = "0003"

@@ -29,9 +29,9 @@ import time
 
 import psycopg
 
-from app.store import migrate
+from minutehand.store import migrate
 from ops.bench.server import bench_server
-from app.store.store import Store
+from minutehand.store.store import Store
 from ops.bench.store import floor, recreate
 
 TEAM = "bench"
@@ -49,7 +49,7 @@ def start_server(url: str, port: int, token: str, workers: int) -> subprocess.Po
     env = {**os.environ, "MINUTEHAND_DATABASE_URL": url, "MINUTEHAND_HTTP_PORT": str(port),
            "MINUTEHAND_HTTP_HOST": "127.0.0.1", "MINUTEHAND_LOG_LEVEL": "WARNING",
            "MINUTEHAND_API_SUBMIT_WORKERS": str(workers)}
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", "serve"], env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "minutehand.cli.main", "serve"], env=env)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -167,7 +167,7 @@ def main() -> None:
 
 
 def run(args) -> None:
-    from app.settings import Settings
+    from minutehand.settings import Settings
     fl = floor(args.dsn, args.seconds)
     url = recreate(args.dsn, "mh_bench_api")
     migrate.upgrade(url)

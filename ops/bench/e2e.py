@@ -27,9 +27,9 @@ import time
 
 import psycopg
 
-from app.store import migrate
-from app.store.records import JobSpec
-from app.store.store import Store
+from minutehand.store import migrate
+from minutehand.store.records import JobSpec
+from minutehand.store.store import Store
 from ops.bench.api import _free_port, start_server, stop_server
 from ops.bench.server import bench_server
 from ops.bench.store import floor, recreate
@@ -40,7 +40,7 @@ TEAM = "bench"
 def start_workers(port: int, token: str, processes: int, concurrency: int) -> list[subprocess.Popen]:
     env = {**os.environ, "MINUTEHAND_WORKER_URLS": f"http://127.0.0.1:{port}", "MINUTEHAND_WORKER_TOKEN": token,
            "MINUTEHAND_WORKER_CONCURRENCY": str(concurrency), "MINUTEHAND_LOG_LEVEL": "WARNING"}
-    return [subprocess.Popen([sys.executable, "-m", "app.cli.main", "worker", "ops.bench.noop_worker:worker"],
+    return [subprocess.Popen([sys.executable, "-m", "minutehand.cli.main", "worker", "ops.bench.noop_worker:worker"],
                              env=env) for _ in range(processes)]
 
 

@@ -2,7 +2,7 @@
 (`minutehand worker ops.bench.noop_worker:worker`). Async, like the
 peers' no-op handlers in ops/bench/peers.py: a sync handler would run in
 a thread."""
-from app.worker import Job, Worker
+from minutehand.worker import Job, Worker
 
 worker = Worker()
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from app.localpg import LocalCluster
+from minutehand.localpg import LocalCluster
 
 
 @contextmanager

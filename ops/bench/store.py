@@ -27,10 +27,10 @@ from urllib.parse import urlsplit
 
 import psycopg
 
-from app.store import migrate
+from minutehand.store import migrate
 from ops.bench.server import bench_server
-from app.store.records import JobSpec
-from app.store.store import Store
+from minutehand.store.records import JobSpec
+from minutehand.store.store import Store
 
 FLOOR = Path(__file__).with_name("floor") / "run.sh"
 PGBENCH_LIFECYCLE = Path(__file__).with_name("lifecycle.pgbench.sql")
