@@ -447,6 +447,14 @@ def test_no_or_bad_token_is_401(client, conn, headers, detail, method, path):
     assert counts(conn) == before
 
 
+@pytest.mark.parametrize("path", ["/v1/jobs", "/v1/jobs/batch", "/v1/teams"])
+@pytest.mark.parametrize("body", [b"{not json", b'{"surprise": 1}', b""])
+def test_a_caller_without_a_token_hears_401_whatever_its_body(client, path, body):
+    """The token is checked before the body is read and decoded."""
+    r = client.post(path, content=body, headers={"Content-Type": "application/json"})
+    assert_problem(r, 401, "unauthorized", "no token")
+
+
 def test_admin_creates_a_team_whose_token_works_and_rotates_it(client, conn):
     r = client.post("/v1/teams", headers=A, json={"name": "billing", "quota": 5})
     assert r.status_code == 201, r.text

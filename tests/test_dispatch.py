@@ -232,6 +232,8 @@ def test_worker_endpoints_refuse_bad_requests_with_a_clear_4xx_and_change_nothin
     lease = {"worker": "w", "capacity": 1, "wait_s": 0.5}
     cases = [
         ("/v1/worker/lease", lease, None, 401, "unauthorized"),
+        ("/v1/worker/lease", b"{not json", None, 401, "unauthorized"),         # the token before the body
+        ("/v1/worker/lease", {**lease, "capacity": -1}, team_token, 401, "unauthorized"),
         ("/v1/worker/lease", lease, team_token, 401, "unauthorized"),           # a team cannot lease
         ("/v1/worker/lease", lease, "mhw_not-a-token", 401, "unauthorized"),
         ("/v1/worker/lease", {**lease, "capacity": -1}, token, 422, "invalid-input"),

@@ -8,19 +8,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
 from litestar import Litestar, get
-from litestar.di import Provide
 from litestar.params import FromPath
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
-from litestar.openapi.spec import Components, Link, OpenAPIMediaType, RequestBody, SecurityScheme
+from litestar.openapi.spec import Components, Link, SecurityScheme
 
 from minutehand.api import health, jobs, problems, teams
-from minutehand.api.auth import TokenCache, authenticator
+from minutehand.api.auth import TokenCache, authenticator, checked_before_body
+from minutehand.api.bodies import StrictBody
 from minutehand.api.coalesce import SubmitCoalescer
 from minutehand.api.context import Context
-from minutehand.api.schemas import BatchIn, JobIn, TeamIn
 from minutehand.dispatch import routes as worker_routes
 from minutehand.dispatch.dispatcher import Dispatcher
 from minutehand.settings import Settings
@@ -28,11 +26,6 @@ from minutehand.store import migrate
 from minutehand.store.store import Store
 
 VERSION = "1"
-
-# Bodies the handlers decode themselves (strictly, see schemas.py), so the
-# schema is told about them here: (path, method) -> Struct.
-REQUEST_BODIES = {("/v1/jobs", "post"): JobIn, ("/v1/jobs/batch", "post"): BatchIn,
-                  ("/v1/teams", "post"): TeamIn}
 
 
 def create_app(settings: Settings, store: Store, *, head: str | None = None, submit_api: bool = True,
@@ -59,6 +52,8 @@ def create_app(settings: Settings, store: Store, *, head: str | None = None, sub
     async def problem_type(slug: FromPath[str]) -> dict[str, Any]:
         return problems.problem_page(slug)
 
+    check_first, principal = checked_before_body(
+        "principal", authenticator(settings.admin_token, ctx.tokens, ctx.lookup_token))
     handlers: list = [*health.routes(ctx), problem_type]
     if submit_api:
         handlers += [*jobs.routes(ctx), *teams.routes(ctx)]
@@ -67,7 +62,8 @@ def create_app(settings: Settings, store: Store, *, head: str | None = None, sub
 
     app = Litestar(
         route_handlers=handlers,
-        dependencies={"principal": Provide(authenticator(settings.admin_token, ctx.tokens, ctx.lookup_token))},
+        dto=StrictBody, return_dto=None,          # bodies: msgspec decodes them (bodies.py)
+        dependencies={"principal": principal}, before_request=check_first,
         plugins=[problems.plugin(settings.api_retry_after_s, ctx.database_unreachable)],
         openapi_config=OpenAPIConfig(
             title="minutehand", version=VERSION,
@@ -88,28 +84,18 @@ def create_app(settings: Settings, store: Store, *, head: str | None = None, sub
     )
     app.state.ctx = ctx
     app.state.dispatcher = dispatcher
-    bodies = {**(REQUEST_BODIES if submit_api else {}),
-              **(worker_routes.REQUEST_BODIES if dispatcher is not None else {})}
-    _document_request_bodies(app, bodies, links=submit_api)
+    if submit_api:
+        _link_created_jobs(app)
     return app
 
 
 # OpenAPI links (for stateful clients and tests): a created job's id leads
-# to its status and its cancellation.
+# to its status and its cancellation. Litestar has no handler option for them.
 JOB_LINKS = {"getJob": "GetCreatedJob", "cancelJob": "CancelCreatedJob"}
 
 
-def _document_request_bodies(app: Litestar, bodies: dict, *, links: bool) -> None:
-    schema = app.openapi_schema
-    for status in ("200", "201") if links else ():
-        response = schema.paths["/v1/jobs"].post.responses[status]
+def _link_created_jobs(app: Litestar) -> None:
+    for status in ("200", "201"):
+        response = app.openapi_schema.paths["/v1/jobs"].post.responses[status]
         response.links = {name: Link(operation_id=op, parameters={"job_id": "$response.body#/job_id"})
                           for op, name in JOB_LINKS.items()}
-    types = list(dict.fromkeys(bodies.values()))
-    refs, components = msgspec.json.schema_components(types, ref_template="#/components/schemas/{name}")
-    components = msgspec.json.decode(msgspec.json.encode(components))    # defaults as plain JSON (Raw payload)
-    schema.components.schemas = {**(schema.components.schemas or {}), **components}
-    for (path, method), struct in bodies.items():
-        operation = getattr(schema.paths[path], method)
-        operation.request_body = RequestBody(
-            required=True, content={"application/json": OpenAPIMediaType(schema=refs[types.index(struct)])})

@@ -14,8 +14,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from litestar import Request
+from litestar.di import Provide
 
 from minutehand.api.problems import FORBIDDEN, INVALID, NOT_FOUND, UNAUTHORIZED, ApiProblem
 from minutehand.store.store import hash_token
@@ -128,3 +130,23 @@ def bearer_hash(request: Request) -> str:
 
 def unauthorized(detail: str) -> ApiProblem:
     return ApiProblem(UNAUTHORIZED, detail, headers={"WWW-Authenticate": 'Bearer realm="minutehand"'})
+
+
+def checked_before_body(name: str, check: Callable[[Request], Awaitable[Any]]) -> tuple[Callable, Provide]:
+    """The credential dependency `name` (its value: what `check` returns) and
+    a before_request hook that runs the check first for handlers that take
+    it and a body: Litestar reads and decodes a typed body before it
+    resolves dependencies, and a caller without a credential is answered
+    401, not what its body lacks, before its body is read."""
+    key = f"minutehand.{name}"
+
+    async def before(request: Request) -> None:
+        handler = request.route_handler
+        if handler.parsed_data_field is not None and name in handler.parsed_fn_signature.parameters:
+            request.scope[key] = await check(request)      # type: ignore[literal-required]
+
+    async def dependency(request: Request) -> Any:
+        scope = request.scope
+        return scope[key] if key in scope else await check(request)    # type: ignore[literal-required]
+
+    return before, Provide(dependency)

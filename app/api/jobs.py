@@ -6,11 +6,13 @@ What the database cannot store at all (jsontext.json_text_problem, a NUL in a
 string) and idempotency keys are checked here, so that in a batch such an
 item is refused alone instead of failing the whole call.
 
-A batch is read in two steps: its `jobs` array as raw items first (cheap:
-no item is decoded), so that one over the length limit is refused before
-any work per item; then item by item, so that an item that cannot be decoded
-is reported in its place while the others are submitted. Large batches are
-read in a worker thread, off the event loop.
+Bodies are typed `data` parameters, decoded by msgspec (bodies.py). A batch
+is the exception: its handler gets the bytes as sent (BatchBody, documented
+as BatchIn) and reads them in two steps: its `jobs` array as raw items first
+(cheap: no item is decoded), so that one over the length limit is refused
+before any work per item; then item by item, so that an item that cannot be
+decoded is reported in its place while the others are submitted. Large
+batches are read in a worker thread, off the event loop.
 """
 from __future__ import annotations
 
@@ -25,10 +27,11 @@ from litestar.di import NamedDependency
 from litestar.enums import HttpMethod
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.params import HeaderParameter, PathParameter, QueryParameter
+from litestar.params import HeaderParameter, JSONBody, PathParameter, QueryParameter
 
 from minutehand.api import problems
 from minutehand.api.auth import Principal
+from minutehand.api.bodies import RawBody
 from minutehand.api.context import Context
 from minutehand.api.problems import (COMMON, CONFLICT, INVALID, MALFORMED, NOT_CANCELLABLE, NOT_FOUND, TOO_LARGE,
                               ApiProblem)
@@ -40,7 +43,6 @@ from minutehand.store import records
 from minutehand.store.records import JobSpec, JobStatus
 
 SECURITY = [{"bearer": []}]
-JOB_DECODER = decoder(JobIn)
 BATCH_DECODER = decoder(BatchIn)
 ITEM_DECODER = decoder(BatchJobIn)
 # A batch body larger than this is read in a worker thread (decoding ~1 MB
@@ -114,6 +116,13 @@ def header_key(request: Request) -> str:
 
 
 # ---------------------------------------------------------------- batches
+class BatchBody(RawBody):
+    """POST /v1/jobs/batch's body as sent, read by parse_batch. A Struct
+    `data` would be decoded whole, on the event loop, before the handler
+    runs, and one bad item would refuse the batch."""
+    schema = BatchIn
+
+
 class _Envelope(msgspec.Struct, forbid_unknown_fields=True):
     jobs: list[msgspec.Raw]
 
@@ -241,10 +250,9 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
                       "yet); the key then names the series' first run.",
           responses={200: ResponseSpec(JobCreated, description="the job the Idempotency-Key named"),
                      **problems.responses(*COMMON, CONFLICT, TOO_LARGE, INVALID, NOT_FOUND)})
-    async def submit_job(request: Request, principal: NamedDependency[Principal], idempotency_key: IdempotencyKey = None,
-                         team: TeamParam = None) -> Response[JobCreated]:
-        job = problems.decode(JOB_DECODER, await request.body())
-        spec = to_spec(job, header_key(request) if idempotency_key is not None else None)
+    async def submit_job(request: Request, data: JSONBody[JobIn], principal: NamedDependency[Principal],
+                         idempotency_key: IdempotencyKey = None, team: TeamParam = None) -> Response[JobCreated]:
+        spec = to_spec(data, header_key(request) if idempotency_key is not None else None)
         if isinstance(spec, str):
             raise ApiProblem(INVALID, spec)
         owner = principal.own_team(team)
@@ -264,14 +272,14 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
                       "`$.jobs[i]`). An item with `repeat` makes a series and its first run, as POST "
                       "/v1/jobs does, in the same transaction as the other items.",
           responses=problems.responses(*COMMON, TOO_LARGE, INVALID, NOT_FOUND))
-    async def submit_batch(request: Request, principal: NamedDependency[Principal], team: TeamParam = None) -> BatchOut:
+    async def submit_batch(data: JSONBody[BatchBody], principal: NamedDependency[Principal], team: TeamParam = None) -> BatchOut:
         owner = principal.own_team(team)
-        body = await request.body()
+        body = data.raw
         if len(body) > BATCH_INLINE_BYTES:
             parsed = await anyio.to_thread.run_sync(parse_batch, body, settings.api_max_batch)
         else:
             parsed = parse_batch(body, settings.api_max_batch)
-        del body
+        del body, data
         send = [i for i, p in enumerate(parsed) if not isinstance(p, str)]
         results = await ctx.db(store.submit_many, owner, [parsed[i] for i in send]) if send else []
         items: list[BatchItemOut | None] = [None] * len(parsed)

@@ -91,6 +91,8 @@ def _http_exception(exc: HTTPException) -> ApiProblem:
     if isinstance(exc, ApiProblem):
         return exc
     status = exc.status_code
+    if (problem := _body_problem(exc)) is not None:
+        return problem
     if isinstance(exc, ValidationException):
         # Path, query and header parameters Litestar parsed against their types.
         reasons = exc.extra if isinstance(exc.extra, list) else None
@@ -112,6 +114,32 @@ def _http_exception(exc: HTTPException) -> ApiProblem:
     if kind is None:
         return ApiProblem(Kind("http-error", status, exc.detail or "HTTP error"), exc.detail)
     return ApiProblem(kind, exc.detail)
+
+
+def _body_problem(exc: HTTPException) -> ApiProblem | None:
+    """A request body that could not be read as its handler's `data` type
+    (app/api/bodies.py), or None for another error. Litestar answers a
+    body its DTO cannot decode with a ClientException raised from the DTO's
+    SerializationException, raised from msgspec's error: a ValidationError
+    is a well-formed body of the wrong shape or types (422), any other
+    DecodeError malformed JSON (400). No body at all leaves `data` missing,
+    which Litestar reports as the parameter's ValidationException."""
+    if isinstance(exc, ValidationException):
+        reasons = exc.extra if isinstance(exc.extra, list) else []
+        if any(isinstance(r, dict) and r.get("key") == "data" and r.get("source") == "body" for r in reasons):
+            return ApiProblem(MALFORMED, "request body is not valid JSON: it is empty")
+        return None
+    cause = exc.__cause__
+    if not isinstance(cause, SerializationException):
+        return None
+    cause = cause.__cause__
+    if isinstance(cause, msgspec.ValidationError):
+        return ApiProblem(INVALID, f"request body: {cause}")
+    if isinstance(cause, msgspec.DecodeError):
+        return ApiProblem(MALFORMED, f"request body is not valid JSON: {cause}")
+    if isinstance(cause, RecursionError):
+        return too_deep()
+    return None
 
 
 def _serialization(exc: SerializationException) -> ApiProblem:

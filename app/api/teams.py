@@ -2,19 +2,18 @@
 recent statistics."""
 from __future__ import annotations
 
-from litestar import Request, get, post
+from litestar import get, post
 from litestar.di import NamedDependency
 from litestar.handlers import HTTPRouteHandler
-from litestar.params import FromPath
+from litestar.params import FromPath, JSONBody
 
 from minutehand.api import problems
 from minutehand.api.auth import Principal
 from minutehand.api.context import Context
 from minutehand.api.problems import COMMON, CONFLICT, FORBIDDEN, INVALID, NOT_FOUND, ApiProblem
-from minutehand.api.schemas import FailuresOut, StatsOut, TeamIn, TeamTokenOut, decoder, text_problem
+from minutehand.api.schemas import FailuresOut, StatsOut, TeamIn, TeamTokenOut, text_problem
 
 SECURITY = [{"bearer": []}]
-TEAM_DECODER = decoder(TeamIn)
 STATS_WINDOW_S = 86400
 STATS_CAP = 50_000
 
@@ -25,9 +24,9 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
     @post("/v1/teams", operation_id="createTeam", status_code=201, security=SECURITY, tags=["teams"], request_max_body_size=4096,
           summary="Create a team (admin)", description="Returns the team's token, shown this once.",
           responses=problems.responses(*COMMON, FORBIDDEN, CONFLICT, INVALID))
-    async def create_team(request: Request, principal: NamedDependency[Principal]) -> TeamTokenOut:
+    async def create_team(data: JSONBody[TeamIn], principal: NamedDependency[Principal]) -> TeamTokenOut:
         principal.require_admin()
-        team = problems.decode(TEAM_DECODER, await request.body())
+        team = data
         if reason := text_problem("name", team.name):
             raise ApiProblem(INVALID, reason)
         token = await ctx.db(store.create_team, team.name, quota=int(team.quota), weight=int(team.weight))

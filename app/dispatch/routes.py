@@ -2,9 +2,9 @@
 that runs a Dispatcher. Only a worker credential (a fleet token, stored
 hashed) may call them: a team's token or none is 401.
 
-Bodies are decoded strictly, like the submitter API's: malformed JSON 400,
-wrong shape or out-of-range values (negative capacity, a wait past the
-limit, unknown fields) 422. The one-job forms answer a refusal with a 4xx:
+Bodies are typed `data` parameters decoded strictly, like the submitter
+API's (app/api/bodies.py): malformed JSON 400, wrong shape or out-of-range
+values (negative capacity, a wait past the limit, unknown fields) 422. The one-job forms answer a refusal with a 4xx:
 404 for a job that does not exist, 409 for a lease token that is not the
 job's current claim (it expired and the job went to another worker, or
 the job is finished); nothing is changed either way.
@@ -15,11 +15,12 @@ from typing import Annotated
 
 import msgspec
 from litestar import Request, Router, post
-from litestar.di import NamedDependency, Provide
-from litestar.params import PathParameter
+from litestar.di import NamedDependency
+from litestar.params import JSONBody, PathParameter
 
 from minutehand.api import problems
-from minutehand.api.auth import TokenCache, bearer_hash, unauthorized
+from minutehand.api.auth import TokenCache, bearer_hash, checked_before_body, unauthorized
+from minutehand.api.bodies import StrictBody
 from minutehand.api.context import Context
 from minutehand.api.problems import COMMON, INVALID, NOT_FOUND, STALE_CLAIM, ApiProblem
 from minutehand.api.problems import TOO_LARGE, Kind
@@ -31,16 +32,6 @@ from minutehand.store.records import Outcome
 
 SECURITY = [{"worker": []}]
 JobIdParam = Annotated[int, PathParameter(ge=-(2**63), le=2**63 - 1, description="the job id")]
-LEASE = msgspec.json.Decoder(LeaseIn)
-OUTCOMES = msgspec.json.Decoder(OutcomesIn)
-HELD, COMPLETE, FAIL = (msgspec.json.Decoder(t) for t in (HeldIn, CompleteIn, FailIn))
-
-# Request bodies the handlers decode themselves, for the schema: (path, method) -> Struct.
-REQUEST_BODIES = {("/v1/worker/lease", "post"): LeaseIn, ("/v1/worker/outcomes", "post"): OutcomesIn,
-                  ("/v1/worker/jobs/{job_id}/heartbeat", "post"): HeldIn,
-                  ("/v1/worker/jobs/{job_id}/complete", "post"): CompleteIn,
-                  ("/v1/worker/jobs/{job_id}/fail", "post"): FailIn,
-                  ("/v1/worker/jobs/{job_id}/release", "post"): HeldIn}
 
 
 def _job_id(text: str) -> int:
@@ -122,6 +113,7 @@ def router(ctx: Context, dispatcher: Dispatcher) -> Router:
                                "create NAME`); team tokens cannot lease jobs")
         return name
 
+    check_first, credential = checked_before_body("credential", worker_credential)
     responses = problems.responses(*COMMON, INVALID)
 
     @post("/lease", operation_id="leaseJobs", status_code=200, security=SECURITY, tags=["workers"],
@@ -129,8 +121,8 @@ def router(ctx: Context, dispatcher: Dispatcher) -> Router:
           description="Answers as soon as at least one job is claimed for this worker (at most `capacity`), "
                       "or with an empty list after wait_s. Each job comes with its lease token and claim "
                       "expiry: heartbeat before it, then complete or fail.", responses=responses)
-    async def lease(request: Request, credential: NamedDependency[str]) -> LeaseOut:
-        body = problems.decode(LEASE, await request.body())
+    async def lease(request: Request, data: JSONBody[LeaseIn], credential: NamedDependency[str]) -> LeaseOut:
+        body = data
         return LeaseOut(await dispatcher.lease(body.worker, int(body.capacity), body.names, body.wait_s,
                                                gone=_hung_up(request), teams=body.teams))
 
@@ -141,8 +133,8 @@ def router(ctx: Context, dispatcher: Dispatcher) -> Router:
                       "changes nothing). " + RESULT_RULE + " Here such a completion alone is refused (ok "
                       "false, the reason giving the size and the limit); the other items are written.",
           responses=responses)
-    async def outcomes(request: Request, credential: NamedDependency[str]) -> OutcomesOut:
-        body: OutcomesIn = problems.decode(OUTCOMES, await request.body())
+    async def outcomes(data: JSONBody[OutcomesIn], credential: NamedDependency[str]) -> OutcomesOut:
+        body = data
         answers: dict[str, list[OutcomeOut]] = {}
         refused: dict[int, OutcomeOut] = {}            # completions refused here, by position
         completions = []
@@ -167,33 +159,30 @@ def router(ctx: Context, dispatcher: Dispatcher) -> Router:
 
     @post("/jobs/{job_id:int}/heartbeat", operation_id="heartbeatJob", status_code=200, security=SECURITY,
           tags=["workers"], summary="Extend one job's claim", responses=one)
-    async def heartbeat(request: Request, credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
-        body: HeldIn = problems.decode(HELD, await request.body())
-        return _one((await write("heartbeat", [(job_id, body.lease_token)], body.extend_s))[0])
+    async def heartbeat(data: JSONBody[HeldIn], credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
+        return _one((await write("heartbeat", [(job_id, data.lease_token)], data.extend_s))[0])
 
     @post("/jobs/{job_id:int}/complete", operation_id="completeJob", status_code=200, security=SECURITY,
           tags=["workers"], summary="One job succeeded",
           description=RESULT_RULE + " Over the size limit: 413; nested too deeply or not storable: 422.",
           responses=problems.responses(*COMMON, INVALID, NOT_FOUND, STALE_CLAIM, TOO_LARGE))
-    async def complete(request: Request, credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
-        body: CompleteIn = problems.decode(COMPLETE, await request.body())
+    async def complete(data: JSONBody[CompleteIn], credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
         try:
-            result = _result(body.result)
+            result = _result(data.result)
         except _Refused as exc:
             raise ApiProblem(exc.kind, exc.reason, job_id=str(job_id)) from None
-        return _one((await write("complete", [(job_id, body.lease_token, result)]))[0])
+        return _one((await write("complete", [(job_id, data.lease_token, result)]))[0])
 
     @post("/jobs/{job_id:int}/fail", operation_id="failJob", status_code=200, security=SECURITY,
           tags=["workers"], summary="One job failed (retried after backoff, or dead)", responses=one)
-    async def fail(request: Request, credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
-        body: FailIn = problems.decode(FAIL, await request.body())
-        return _one((await write("fail", [(job_id, body.lease_token, _error(body.error), body.retryable)]))[0])
+    async def fail(data: JSONBody[FailIn], credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
+        return _one((await write("fail", [(job_id, data.lease_token, _error(data.error), data.retryable)]))[0])
 
     @post("/jobs/{job_id:int}/release", operation_id="releaseJob", status_code=200, security=SECURITY,
           tags=["workers"], summary="Give back a job that was not started", responses=one)
-    async def release(request: Request, credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
-        body: HeldIn = problems.decode(HELD, await request.body())
-        return _one((await write("release", [(job_id, body.lease_token)]))[0])
+    async def release(data: JSONBody[HeldIn], credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
+        return _one((await write("release", [(job_id, data.lease_token)]))[0])
 
     return Router("/v1/worker", route_handlers=[lease, outcomes, heartbeat, complete, fail, release],
-                  dependencies={"credential": Provide(worker_credential)})
+                  dto=StrictBody, return_dto=None,             # bodies: msgspec decodes them
+                  dependencies={"credential": credential}, before_request=check_first)
