@@ -1,6 +1,6 @@
 """Bodies and responses of the HTTP API, as msgspec Structs.
 
-Request bodies are decoded strictly (app/api/jobs.py, teams.py): unknown
+Request bodies are decoded strictly (app/api/bodies.py, jobs.py): unknown
 fields, wrong JSON types, and a due time without a UTC offset are refused
 with 422 before anything reaches the database. Everything else about a job
 (name pattern, ranges, the due-time horizon, payload size) is validated once,

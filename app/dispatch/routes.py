@@ -4,10 +4,11 @@ hashed) may call them: a team's token or none is 401.
 
 Bodies are typed `data` parameters decoded strictly, like the submitter
 API's (app/api/bodies.py): malformed JSON 400, wrong shape or out-of-range
-values (negative capacity, a wait past the limit, unknown fields) 422. The one-job forms answer a refusal with a 4xx:
-404 for a job that does not exist, 409 for a lease token that is not the
-job's current claim (it expired and the job went to another worker, or
-the job is finished); nothing is changed either way.
+values (negative capacity, a wait past the limit, unknown fields) 422. The
+one-job forms answer a refusal with a 4xx: 404 for a job that does not
+exist, 409 for a lease token that is not the job's current claim (it
+expired and the job went to another worker, or the job is finished);
+nothing is changed either way.
 """
 from __future__ import annotations
 
