@@ -21,7 +21,7 @@ from minutehand.api.auth import TokenCache, authenticator
 from minutehand.api.coalesce import SubmitCoalescer
 from minutehand.api.context import Context
 from minutehand.api.schemas import BatchIn, JobIn, TeamIn
-from minutehand.dispatch import routes as worker_routes
+from minutehand.api import workers as worker_routes
 from minutehand.dispatch.dispatcher import Dispatcher
 from minutehand.settings import Settings
 from minutehand.store import migrate
@@ -38,7 +38,7 @@ REQUEST_BODIES = {("/v1/jobs", "post"): JobIn, ("/v1/jobs/batch", "post"): Batch
 def create_app(settings: Settings, store: Store, *, head: str | None = None, submit_api: bool = True,
                dispatcher: Dispatcher | None = None) -> Litestar:
     """submit_api: the teams' routes (jobs, teams); dispatcher: run it with
-    the process, and serve the worker protocol (app/dispatch/routes.py)."""
+    the process, and serve the worker protocol (app/api/workers.py)."""
     ctx = Context(settings=settings, store=store, tokens=TokenCache(settings.api_token_cache_s),
                   head=head or migrate.head())
 

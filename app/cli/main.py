@@ -85,7 +85,7 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def cmd_dev(settings: Settings, args: argparse.Namespace) -> None:
-    from minutehand.cli import dev
+    from minutehand.dev import command as dev
     dev.run(settings, args)
 
 

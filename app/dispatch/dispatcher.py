@@ -1,6 +1,6 @@
 """The dispatcher: hands due jobs of its shards to workers that ask.
 
-Workers long-poll (routes.py): each request becomes a Waiter with room for
+Workers long-poll (app/api/workers.py): each request becomes a Waiter with room for
 `capacity` jobs, perhaps only of some job names or teams (its filter). One
 thread claims for the waiters in turn, from the shards this dispatcher
 leases (shards.py), and answers each with what it got.
@@ -42,7 +42,7 @@ import msgspec
 import psycopg
 
 from minutehand.dispatch.outcomes import OutcomeWriter
-from minutehand.dispatch.protocol import LeasedJob, Replay
+from minutehand.protocol import LeasedJob, Replay
 from minutehand.dispatch.shards import ShardKeeper
 from minutehand.futures import settle
 from minutehand.maintenance.schedule import MaintenanceSchedule

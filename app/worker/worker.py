@@ -43,10 +43,10 @@ from typing import Any
 
 import msgspec
 
-from minutehand.dispatch.protocol import (
+from minutehand.protocol import (
     MAX_CAPACITY, MAX_ITEMS, MAX_WAIT_S, Completed, Failed, Held, LeasedJob, LeaseIn, OutcomesIn,
 )
-from minutehand.jsontext import MAX_JSON_BYTES, json_text_problem
+from minutehand.protocol.jsontext import MAX_JSON_BYTES, json_text_problem
 from minutehand.worker.client import DispatcherClient, Refused, Unavailable
 from minutehand.worker.job import Job, NonRetryable
 from minutehand.worker.logs import log
