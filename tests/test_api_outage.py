@@ -13,7 +13,7 @@ import pytest
 from litestar.testing import TestClient
 
 from minutehand.api.app import create_app
-from minutehand.api.serve import api_store
+from minutehand.serve import api_store
 from minutehand.dev.localpg import LocalCluster
 from minutehand.settings import Settings
 from minutehand.store import migrate

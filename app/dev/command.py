@@ -30,6 +30,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import random
+import runpy
 import signal
 import subprocess
 import sys
@@ -107,8 +108,10 @@ def child_main(argv: list[str]) -> None:
             pass
         os.kill(os.getpid(), signal.SIGTERM)
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-    from minutehand.cli.main import main
-    main(argv)
+    # The `minutehand` program, run as a program (as `python -m` would), not
+    # imported: the CLI reaches this package, so this package does not import the CLI.
+    sys.argv = ["minutehand", *argv]
+    runpy.run_module("minutehand.cli.main", run_name="__main__", alter_sys=True)
 
 
 def start_child(settings: Settings, env: dict[str, str], *argv: str) -> subprocess.Popen:
