@@ -2,7 +2,7 @@
 # holds this project (editable) with the requested extras, and that some
 # PostgreSQL server binaries are available (the pgserver wheel if the machine has none).
 #
-#   source ops/lib/venv.sh; mh_venv test     # or: mh_venv ""  for no extras
+#   source ops/lib/venv.sh; mh_venv test     # or: mh_venv server (what ops/dev runs); "" for the worker library alone
 
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
