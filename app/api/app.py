@@ -18,11 +18,11 @@ from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.openapi.spec import Components, Link, OpenAPIMediaType, RequestBody, SecurityScheme
 
 from minutehand.api import health, jobs, problems, teams
+from minutehand.api import workers as worker_routes
 from minutehand.api.auth import TokenCache, authenticator
 from minutehand.api.coalesce import SubmitCoalescer
 from minutehand.api.context import Context
 from minutehand.api.schemas import BatchIn, JobIn, TeamIn
-from minutehand.api import workers as worker_routes
 from minutehand.dispatch.dispatcher import Dispatcher
 from minutehand.lifecycle import Service
 from minutehand.settings import Settings

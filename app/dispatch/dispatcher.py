@@ -42,9 +42,9 @@ import msgspec
 import psycopg
 
 from minutehand.dispatch.outcomes import OutcomeWriter
-from minutehand.protocol import LeasedJob, Replay
 from minutehand.dispatch.shards import ShardKeeper
 from minutehand.futures import settle
+from minutehand.protocol import LeasedJob, Replay
 from minutehand.settings import Settings
 from minutehand.store import errors
 from minutehand.store.records import ClaimRequest
