@@ -65,6 +65,17 @@ class Process:
     dispatcher: Dispatcher | None
 
 
+def dispatcher_parts(settings: Settings, store: Store | None) -> tuple[Dispatcher, Services]:
+    """A dispatcher and what runs with it, in start order: its outcome writer
+    (before it: a round's give-backs go through the writer), the dispatcher
+    (its threads, then its shard keeper), its maintenance (after it: the
+    duties work on the shards it leases)."""
+    writer = OutcomeWriter(store, extend_s=settings.claim_lease_s)
+    dispatcher = Dispatcher(settings, store, writer=writer)
+    maintenance = MaintenanceSchedule(store, dispatcher.name, dispatcher.owned_shards)
+    return dispatcher, Services(writer, dispatcher, maintenance)
+
+
 def build(settings: Settings, store: Store | None, dispatch_store: Store | None = None, *,
           submit_api: bool = True, dispatch: bool = True, head: str | None = None) -> Process:
     """The process on these stores (none is touched until it starts). Start
@@ -74,10 +85,8 @@ def build(settings: Settings, store: Store | None, dispatch_store: Store | None 
     services: list[Service] = []
     dispatcher = None
     if dispatch:
-        writer = OutcomeWriter(dispatch_store, extend_s=settings.claim_lease_s)
-        dispatcher = Dispatcher(settings, dispatch_store, writer=writer)
-        maintenance = MaintenanceSchedule(dispatch_store, dispatcher.name, dispatcher.owned_shards)
-        services += [writer, dispatcher, maintenance]
+        dispatcher, parts = dispatcher_parts(settings, dispatch_store)
+        services.append(parts)
     submitter = None
     if submit_api and settings.api_submit_workers > 0:
         submitter = SubmitCoalescer(store, workers=settings.api_submit_workers)

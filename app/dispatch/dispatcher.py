@@ -83,18 +83,16 @@ def _key(values: list[str] | None) -> tuple[str, ...] | None:
 class Dispatcher:
     """A Service (minutehand.lifecycle): start() begins its threads and its
     shard keeper, stop() answers every waiting worker, then stops them. The
-    outcome writer is given (the process starts it before the dispatcher and
-    stops it after); without one, the dispatcher makes, starts and stops its
-    own. Building one needs no database (the app's OpenAPI schema is built
-    from it)."""
+    outcome writer is given, started before the dispatcher and stopped after
+    it (app/serve.py). Building one needs no database (the app's OpenAPI
+    schema is built from it)."""
 
-    def __init__(self, settings: Settings, store: Store, writer: OutcomeWriter | None = None):
+    def __init__(self, settings: Settings, store: Store, writer: OutcomeWriter):
         self.settings = settings
         self.store = store
         self.name = settings.dispatcher_name or f"{socket.gethostname()}:{os.getpid()}"
         self.claim_s = settings.claim_lease_s
-        self._owns_writer = writer is None
-        self.writer = writer if writer is not None else OutcomeWriter(store, extend_s=self.claim_s)
+        self.writer = writer
         self.keeper = ShardKeeper(store, self.name, settings.shard_lease_s, self._leases_changed)
         self._cond = threading.Condition()
         self._waiters: deque[Waiter] = deque()
@@ -115,8 +113,6 @@ class Dispatcher:
 
     # ------------------------------------------------------------ life
     def start(self) -> None:
-        if self._owns_writer:
-            self.writer.start()
         for t in self._threads:
             t.start()
         self.keeper.start()
@@ -132,8 +128,6 @@ class Dispatcher:
         for t in self._threads:
             t.join(timeout=10)
         self.keeper.stop()
-        if self._owns_writer:
-            self.writer.stop()
         log.info("dispatcher %s stopped", self.name)
 
     def owned_shards(self) -> list[int]:
