@@ -62,7 +62,8 @@ class BatchThreads(Generic[T]):
     """`threads` threads calling handle(batch) with what has been put: each
     waits for one item, then takes whatever else is queued, up to `limit`
     (counted by size(item)), without waiting for more. Nothing waits to
-    fill a batch: a lone item goes at once; under load, batches grow."""
+    fill a batch: a lone item goes at once; under load, batches grow.
+    A Service (minutehand.lifecycle): the threads run from start() to stop()."""
 
     def __init__(self, name: str, threads: int, handle: Callable[[list[T]], None], limit: int,
                  size: Callable[[T], int] = lambda _: 1):
@@ -70,13 +71,15 @@ class BatchThreads(Generic[T]):
         self._handle, self._limit, self._size = handle, limit, size
         self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
                          for i in range(threads)]
+
+    def start(self) -> None:
         for t in self._threads:
             t.start()
 
     def put(self, item: T) -> None:
         self._queue.put(item)
 
-    def close(self) -> None:
+    def stop(self) -> None:
         """Finish what is queued, then stop the threads."""
         for _ in self._threads:
             self._queue.put(None)

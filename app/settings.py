@@ -1,15 +1,13 @@
-"""Every setting in one place: environment variables MINUTEHAND_<NAME>, or
-the matching command-line flag --<name> (flags win)."""
+"""The server's settings (serve, dispatcher, migrate, dev...): environment
+variables MINUTEHAND_<NAME>, or the matching command-line flag --<name>
+(flags win). The worker library's are in app/worker/settings.py."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import os
-import typing
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
-import msgspec
+from minutehand import envconfig
 
 
 @dataclass(frozen=True)
@@ -28,13 +26,6 @@ class Settings:
     dispatcher_name: str = ""
     # Most jobs claimed for workers in one round, and outcomes written per transaction.
     dispatch_batch: int = 500
-    # Worker (`minutehand worker`): the dispatchers' base URLs (comma-separated),
-    # the fleet token (`minutehand worker-token create NAME`), how many jobs run at
-    # once, and how long SIGTERM waits for running jobs before giving up.
-    worker_urls: str = "http://127.0.0.1:8080"
-    worker_token: str = ""
-    worker_concurrency: int = 10
-    worker_grace_s: float = 30.0
     log_level: str = "INFO"
     # HTTP API. The admin token acts on every team and manages teams; it is
     # compared by hash, and empty means no admin access over HTTP.
@@ -73,40 +64,12 @@ class Settings:
 
     @classmethod
     def load(cls, argv: list[str] | None = None, env: dict[str, str] | None = None) -> Settings:
-        env = os.environ if env is None else env
-        values = {}
-        for f in fields(cls):
-            raw = env.get(f"MINUTEHAND_{f.name.upper()}")
-            if raw is not None:
-                values[f.name] = _convert(f, raw)
-        if argv:
-            flags, _ = cls.parser().parse_known_args(argv)
-            values.update({k: _convert(_field(k), v) for k, v in vars(flags).items() if v is not None})
-        return cls(**values)
+        return envconfig.load(cls, argv, env)
 
     @classmethod
     def parser(cls, parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
         """Add a --flag per setting (default None: unset flags leave env/defaults)."""
-        parser = parser or argparse.ArgumentParser(add_help=False)
-        for f in fields(cls):
-            parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None,
-                                help=f"(env MINUTEHAND_{f.name.upper()}, default {f.default!s})")
-        return parser
-
-
-def _field(name: str) -> dataclasses.Field:
-    return next(f for f in fields(Settings) if f.name == name)
-
-
-def _convert(f: dataclasses.Field, raw: str):
-    """The text of an environment variable or flag as the setting's declared
-    type, by msgspec's lax conversion: "false" is False, "8" is 8, "1.5" a
-    float; anything else is refused with the setting's name."""
-    try:
-        return msgspec.convert(raw, typing.get_type_hints(Settings)[f.name], strict=False,
-                               dec_hook=lambda kind, value: Path(value) if kind is Path else value)
-    except msgspec.ValidationError as exc:
-        raise SystemExit(f"setting {f.name}: {raw!r} is not a valid value ({exc})") from None
+        return envconfig.parser(cls, parser)
 
 
 def sqlalchemy_url(database_url: str) -> str:

@@ -2,7 +2,7 @@
 per session, and a fresh clone of the template for each test that asks for
 `db_dsn` or `db`.
 
-By default the server is a throwaway minutehand.localpg cluster (fsync off) in a temp dir.
+By default the server is a throwaway minutehand.dev.localpg cluster (fsync off) in a temp dir.
 Set MINUTEHAND_TEST_DSN=postgresql://USER[:PASSWORD]@HOST:PORT[/DB] to use an
 already-running server instead; USER must be able to create databases.
 """
@@ -25,7 +25,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 from pytest_postgresql.janitor import DatabaseJanitor
 
-from minutehand.localpg import LocalCluster
+from minutehand.dev.localpg import LocalCluster
 
 # In every database name we create: unique per session and per xdist worker (each is
 # its own process), and random too, so runs from several machines can share a server.

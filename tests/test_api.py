@@ -16,6 +16,7 @@ import pytest
 from litestar.testing import AsyncTestClient, TestClient
 
 from minutehand.api.app import create_app
+from minutehand.serve import build
 from minutehand.settings import Settings
 from minutehand.store import migrate
 from minutehand.store.records import JobSpec
@@ -46,7 +47,7 @@ def api_store(module_dsn):
 
 @pytest.fixture(scope="module")
 def client_module(api_store):
-    with TestClient(create_app(settings(), api_store, head=HEAD)) as c:
+    with TestClient(build(settings(), api_store, dispatch=False, head=HEAD).app) as c:
         yield c
 
 
@@ -164,7 +165,7 @@ def test_idempotency_key_replays_the_first_job_and_refuses_another_body(client, 
 @pytest.mark.parametrize("workers", [4, 0], ids=["coalesced", "one-call-per-request"])
 def test_twenty_concurrent_submissions_of_one_key_make_one_job(api_store, db_dsn, module_conn, workers):
     module_conn.execute("UPDATE teams SET token_hash = %s WHERE name = 't'", (hash_token(TOKENS["t"]),))
-    app = create_app(settings(api_submit_workers=workers), api_store, head=HEAD)
+    app = build(settings(api_submit_workers=workers), api_store, dispatch=False, head=HEAD).app
 
     async def race():
         async with AsyncTestClient(app) as c:

@@ -35,7 +35,7 @@ import msgspec
 import pytest
 
 from minutehand.api import jobs, problems
-from minutehand.jsontext import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_text_problem, nested_deeper
+from minutehand.protocol.jsontext import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_text_problem, nested_deeper
 from minutehand.store.store import Store, hash_token
 from reused_db import RESET, module_conn, module_dsn  # noqa: F401 (fixtures)
 from tests.processes import Server, logs

@@ -13,8 +13,8 @@ import pytest
 from litestar.testing import TestClient
 
 from minutehand.api.app import create_app
-from minutehand.api.serve import api_store
-from minutehand.localpg import LocalCluster
+from minutehand.serve import api_store
+from minutehand.dev.localpg import LocalCluster
 from minutehand.settings import Settings
 from minutehand.store import migrate
 from minutehand.store.store import Store

@@ -20,7 +20,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from minutehand.localpg import LocalCluster
+from minutehand.dev.localpg import LocalCluster
 
 
 def free_port() -> int:
@@ -195,6 +195,6 @@ def test_dev_runs_the_demo_and_the_api_then_a_second_run_reuses_the_cluster(tmp_
         cluster = LocalCluster(tmp_path / "pgdata")
         if cluster.running():
             cluster.stop()
-        # as root the data may live elsewhere (app/localpg.py relocates it): remove it too
+        # as root the data may live elsewhere (app/dev/localpg.py relocates it): remove it too
         pgdata = tmp_path / "pgdata"
         shutil.rmtree(pgdata.resolve().parent if pgdata.is_symlink() else pgdata, ignore_errors=True)

@@ -34,6 +34,8 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from minutehand.dispatch.dispatcher import Dispatcher
+from minutehand.lifecycle import Services
+from minutehand.serve import dispatcher_parts
 from minutehand.settings import Settings
 from minutehand.store import errors
 from minutehand.store.records import JobSpec, Repeat
@@ -143,9 +145,25 @@ def test_zone_names_are_looked_up_not_listed_from_disk(db):
 
 
 # ---------------------------------------------------------------- the dispatcher's waiters
+class StartedDispatcher:
+    """A dispatcher with what runs with it in a process (its outcome writer
+    and maintenance), started; stop() stops them all."""
+
+    def __init__(self, dispatcher: Dispatcher, parts: Services):
+        self.dispatcher, self.parts = dispatcher, parts
+
+    def __getattr__(self, name: str):
+        return getattr(self.dispatcher, name)
+
+    def stop(self) -> None:
+        self.parts.stop()
+
+
 def started_dispatcher(store: Store, **settings) -> Dispatcher:
-    d = Dispatcher(Settings(dispatcher_name=f"d-{secrets.token_hex(3)}", shard_lease_s=5, **settings), store)
-    d.start()
+    dispatcher, parts = dispatcher_parts(
+        Settings(dispatcher_name=f"d-{secrets.token_hex(3)}", shard_lease_s=5, **settings), store)
+    parts.start()
+    d = StartedDispatcher(dispatcher, parts)
     deadline = time.monotonic() + 20
     while len(d._leases) < 256:
         assert time.monotonic() < deadline, "the dispatcher took no shard leases"

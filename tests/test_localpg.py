@@ -1,4 +1,4 @@
-"""minutehand.localpg against real PostgreSQL binaries: start, reuse, stop, restart with data kept."""
+"""minutehand.dev.localpg against real PostgreSQL binaries: start, reuse, stop, restart with data kept."""
 
 import os
 import shutil
@@ -10,7 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from minutehand.localpg import LocalCluster
+from minutehand.dev.localpg import LocalCluster
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -44,7 +44,7 @@ def test_start_reuse_stop_restart(data_dir):
 
     # A second call and a second process both reuse the running server.
     cluster.ensure_started()
-    code = "import sys; from minutehand.localpg import LocalCluster; c = LocalCluster(sys.argv[1]); c.ensure_started(); print(c.port)"
+    code = "import sys; from minutehand.dev.localpg import LocalCluster; c = LocalCluster(sys.argv[1]); c.ensure_started(); print(c.port)"
     out = subprocess.run(
         [sys.executable, "-c", code, str(data_dir)],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, check=True,

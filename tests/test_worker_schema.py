@@ -15,8 +15,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
                                                status_code_conformance)
 
-from minutehand.api.app import create_app
-from minutehand.dispatch.dispatcher import Dispatcher
+from minutehand.serve import build
 from minutehand.settings import Settings
 from minutehand.store import migrate
 from minutehand.store.records import JobSpec
@@ -29,8 +28,7 @@ SETTINGS = Settings(dispatcher_name="schema", shard_lease_s=5)
 
 
 def dispatcher_app(store: Store | None):
-    return create_app(SETTINGS, store, head=migrate.head(), submit_api=False,
-                      dispatcher=Dispatcher(SETTINGS, store))
+    return build(SETTINGS, store, store, head=migrate.head(), submit_api=False).app
 
 
 @pytest.fixture(scope="module")

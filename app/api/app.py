@@ -1,4 +1,5 @@
-"""The submitter HTTP API: wiring only. create_app(settings, store) -> Litestar.
+"""The HTTP app: wiring only. create_app(settings, store, ...) -> Litestar,
+from components it is given (the process is built in app/serve.py).
 
 Routes live in jobs.py, teams.py and health.py; authentication in auth.py;
 errors in problems.py; bodies and responses in schemas.py. The OpenAPI
@@ -15,12 +16,13 @@ from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.openapi.spec import Components, Link, SecurityScheme
 
 from minutehand.api import health, jobs, problems, teams
+from minutehand.api import workers as worker_routes
 from minutehand.api.auth import TokenCache, authenticator, checked_before_body
 from minutehand.api.bodies import StrictBody
 from minutehand.api.coalesce import SubmitCoalescer
 from minutehand.api.context import Context
-from minutehand.dispatch import routes as worker_routes
 from minutehand.dispatch.dispatcher import Dispatcher
+from minutehand.lifecycle import Service
 from minutehand.settings import Settings
 from minutehand.store import migrate
 from minutehand.store.store import Store
@@ -29,24 +31,16 @@ VERSION = "1"
 
 
 def create_app(settings: Settings, store: Store, *, head: str | None = None, submit_api: bool = True,
-               dispatcher: Dispatcher | None = None) -> Litestar:
-    """submit_api: the teams' routes (jobs, teams); dispatcher: run it with
-    the process, and serve the worker protocol (app/dispatch/routes.py)."""
+               dispatcher: Dispatcher | None = None, submitter: SubmitCoalescer | None = None,
+               lifecycle: Service | None = None) -> Litestar:
+    """submit_api: the teams' routes (jobs, teams), single submissions sent
+    through `submitter` if given; dispatcher: serve the worker protocol
+    (app/api/workers.py) from it. lifecycle: the process's background
+    components (app/serve.py builds them), started when the app starts and
+    stopped when it stops; the app starts nothing of its own."""
     ctx = Context(settings=settings, store=store, tokens=TokenCache(settings.api_token_cache_s),
-                  head=head or migrate.head())
-
-    def start() -> None:
-        if submit_api and settings.api_submit_workers > 0:
-            ctx.submitter = SubmitCoalescer(store, workers=settings.api_submit_workers)
-        if dispatcher is not None:
-            dispatcher.start()
-
-    def stop() -> None:
-        if dispatcher is not None:
-            dispatcher.stop()
-        if ctx.submitter is not None:
-            ctx.submitter.close()
-            ctx.submitter = None
+                  head=head or migrate.head(), submitter=submitter if submit_api else None)
+    on_startup, on_shutdown = ([lifecycle.start], [lifecycle.stop]) if lifecycle is not None else ([], [])
 
     @get("/problems/{slug:str}", include_in_schema=False)
     async def problem_type(slug: FromPath[str]) -> dict[str, Any]:
@@ -79,7 +73,7 @@ def create_app(settings: Settings, store: Store, *, head: str | None = None, sub
             render_plugins=[SwaggerRenderPlugin()],
         ),
         request_max_body_size=settings.api_max_body_bytes,
-        on_startup=[start], on_shutdown=[stop],
+        on_startup=on_startup, on_shutdown=on_shutdown,
         debug=False,
     )
     app.state.ctx = ctx

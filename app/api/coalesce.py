@@ -48,8 +48,12 @@ class SubmitCoalescer:
         self._threads.put(_Pending(team, spec, future, loop))
         return await future
 
-    def close(self) -> None:
-        self._threads.close()
+    # A Service (minutehand.lifecycle): the submit threads run from start() to stop().
+    def start(self) -> None:
+        self._threads.start()
+
+    def stop(self) -> None:
+        self._threads.stop()
 
     # ------------------------------------------------------------ workers
     def _send(self, batch: list[_Pending]) -> None:

@@ -37,7 +37,7 @@ from minutehand.api.problems import (COMMON, CONFLICT, INVALID, MALFORMED, NOT_C
                               ApiProblem)
 from minutehand.api.schemas import (KEY_RULE, BatchIn, BatchItemOut, BatchJobIn, BatchOut, CancelledOut, JobCreated, JobIn,
                              JobOut, JobPageOut, JobSummaryOut, Repeat, State, decoder, key_problem, text_problem)
-from minutehand.jsontext import MAX_JSON_DEPTH, json_text_problem
+from minutehand.protocol.jsontext import MAX_JSON_DEPTH, json_text_problem
 from minutehand.store import repeat as repeats
 from minutehand.store import records
 from minutehand.store.records import JobSpec, JobStatus

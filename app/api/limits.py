@@ -1,7 +1,7 @@
 """How a request may arrive: limits the HTTP server enforces before the app
 sees anything.
 
-uvicorn runs with the httptools parser (app/api/serve.py: ~1.5x the
+uvicorn runs with the httptools parser (app/serve.py: ~1.5x the
 requests/s of h11), which has no limit of its own on header size and no
 deadline for reading a request: a client could send a 64 MB header line
 (buffered in full before authentication looks at it) or trickle a request a

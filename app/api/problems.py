@@ -23,7 +23,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.plugins.problem_details import ProblemDetailsConfig, ProblemDetailsException, ProblemDetailsPlugin
 
 from minutehand.api.schemas import Problem
-from minutehand.jsontext import MAX_JSON_DEPTH
+from minutehand.protocol.jsontext import MAX_JSON_DEPTH
 from minutehand.store import errors
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
-from minutehand.jsontext import MAX_JSON_DEPTH
+from minutehand.protocol.jsontext import MAX_JSON_DEPTH
 
 # RFC 3339 with an offset: a naive time is refused, not guessed.
 AwareTime = Annotated[dt.datetime, Meta(tz=True, description="RFC 3339 date-time with a UTC offset")]

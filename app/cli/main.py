@@ -1,7 +1,12 @@
 """`minutehand` command line: one subcommand per process role or operator task.
 
 Settings come from MINUTEHAND_* environment variables or the matching flags
-(app/settings.py), given after the subcommand: `minutehand migrate --database-url URL`.
+(app/settings.py; for `worker`, app/worker/settings.py), given after the
+subcommand: `minutehand migrate --database-url URL`.
+
+Each subcommand imports what it needs when it runs: `minutehand worker` needs
+only the worker library's dependencies (`pip install minutehand`); the others
+need the server's (`pip install 'minutehand[server]'`).
 """
 from __future__ import annotations
 
@@ -10,6 +15,11 @@ import logging
 import sys
 
 from minutehand.settings import Settings
+
+# The server's dependencies (the `server` extra): a subcommand that fails to
+# import one of them says how to install them rather than show a traceback.
+SERVER_PACKAGES = {"sqlalchemy", "psycopg", "psycopg_pool", "alembic", "litestar", "uvicorn", "apscheduler",
+                   "anyio", "httptools", "uvloop"}
 
 
 def _store(settings: Settings):
@@ -57,24 +67,24 @@ def cmd_worker_token(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> None:
-    from minutehand.api.serve import serve
+    from minutehand.serve import serve
     if not settings.database_url:
         raise SystemExit("no database: set MINUTEHAND_DATABASE_URL or pass --database-url")
     serve(settings)
 
 
 def cmd_dispatcher(settings: Settings, args: argparse.Namespace) -> None:
-    from minutehand.api.serve import serve
+    from minutehand.serve import serve
     if not settings.database_url:
         raise SystemExit("no database: set MINUTEHAND_DATABASE_URL or pass --database-url")
     serve(settings, submit_api=False)
 
 
-def cmd_worker(settings: Settings, args: argparse.Namespace) -> None:
+def cmd_worker(settings, args: argparse.Namespace) -> None:
     """Import module:attribute (a Worker with its handlers) and run it until SIGTERM/SIGINT."""
     import importlib
     import os
-    from minutehand.worker import Worker, logs
+    from minutehand.worker import Worker, logs   # settings: a WorkerSettings (see WORKER_COMMANDS)
     logs.setup(settings.log_level)
     module, _, attr = args.target.partition(":")
     sys.path.insert(0, os.getcwd())
@@ -85,7 +95,7 @@ def cmd_worker(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def cmd_dev(settings: Settings, args: argparse.Namespace) -> None:
-    from minutehand.cli import dev
+    from minutehand.dev import command as dev
     dev.run(settings, args)
 
 
@@ -96,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def command(name: str, func, help_: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_, description=help_)
-        Settings.parser(p)
+        settings_class(name).parser(p)
         p.set_defaults(func=func)
         return p
 
@@ -121,14 +131,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def settings_class(command: str) -> type:
+    """The worker reads the worker library's settings; every other command the server's."""
+    if command == "worker":
+        from minutehand.worker.settings import WorkerSettings
+        return WorkerSettings
+    return Settings
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
-    settings = Settings.load(argv[1:])
+    settings = settings_class(args.command).load(argv[1:])
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    args.func(settings, args)
+    try:
+        args.func(settings, args)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in SERVER_PACKAGES:
+            raise
+        raise SystemExit(f"minutehand {args.command} needs the server's dependencies ({exc.name} is missing): "
+                         "pip install 'minutehand[server]'") from None
 
 
 if __name__ == "__main__":

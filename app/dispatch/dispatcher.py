@@ -1,6 +1,6 @@
 """The dispatcher: hands due jobs of its shards to workers that ask.
 
-Workers long-poll (routes.py): each request becomes a Waiter with room for
+Workers long-poll (app/api/workers.py): each request becomes a Waiter with room for
 `capacity` jobs, perhaps only of some job names or teams (its filter). One
 thread claims for the waiters in turn, from the shards this dispatcher
 leases (shards.py), and answers each with what it got.
@@ -42,10 +42,9 @@ import msgspec
 import psycopg
 
 from minutehand.dispatch.outcomes import OutcomeWriter
-from minutehand.dispatch.protocol import LeasedJob, Replay
 from minutehand.dispatch.shards import ShardKeeper
 from minutehand.futures import settle
-from minutehand.maintenance.schedule import MaintenanceSchedule
+from minutehand.protocol import LeasedJob, Replay
 from minutehand.settings import Settings
 from minutehand.store import errors
 from minutehand.store.records import ClaimRequest
@@ -82,15 +81,19 @@ def _key(values: list[str] | None) -> tuple[str, ...] | None:
 
 
 class Dispatcher:
-    def __init__(self, settings: Settings, store: Store):
+    """A Service (minutehand.lifecycle): start() begins its threads and its
+    shard keeper, stop() answers every waiting worker, then stops them. The
+    outcome writer is given, started before the dispatcher and stopped after
+    it (app/serve.py). Building one needs no database (the app's OpenAPI
+    schema is built from it)."""
+
+    def __init__(self, settings: Settings, store: Store, writer: OutcomeWriter):
         self.settings = settings
         self.store = store
         self.name = settings.dispatcher_name or f"{socket.gethostname()}:{os.getpid()}"
         self.claim_s = settings.claim_lease_s
-        # Made by start(): building the app (and its OpenAPI schema) needs no database.
-        self.writer: OutcomeWriter | None = None
-        self.keeper: ShardKeeper | None = None
-        self.maintenance: MaintenanceSchedule | None = None
+        self.writer = writer
+        self.keeper = ShardKeeper(store, self.name, settings.shard_lease_s, self._leases_changed)
         self._cond = threading.Condition()
         self._waiters: deque[Waiter] = deque()
         self._leases: dict[int, int] = {}
@@ -110,14 +113,9 @@ class Dispatcher:
 
     # ------------------------------------------------------------ life
     def start(self) -> None:
-        self.writer = OutcomeWriter(self.store, extend_s=self.claim_s)
-        self.keeper = ShardKeeper(self.store, self.name, len(self.store.shard_owners()),
-                                  self.settings.shard_lease_s, self._leases_changed)
-        self.maintenance = MaintenanceSchedule(self.store, self.name, lambda: sorted(self._leases))
         for t in self._threads:
             t.start()
         self.keeper.start()
-        self.maintenance.start()
         log.info("dispatcher %s started", self.name)
 
     def stop(self) -> None:
@@ -129,10 +127,12 @@ class Dispatcher:
         settle((w.future, w.loop, [], None) for w in gone)
         for t in self._threads:
             t.join(timeout=10)
-        self.maintenance.stop()
         self.keeper.stop()
-        self.writer.close()
         log.info("dispatcher %s stopped", self.name)
+
+    def owned_shards(self) -> list[int]:
+        """The shards this dispatcher leases now (its maintenance works on these)."""
+        return sorted(self._leases)
 
     # ------------------------------------------------------------ workers ask
     async def lease(self, worker: str, capacity: int, names: list[str] | None, wait_s: float,

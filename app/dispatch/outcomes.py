@@ -55,8 +55,13 @@ class OutcomeWriter:
         if items:
             self._threads.put(_Pending(kind, items, None, None, None))
 
-    def close(self) -> None:
-        self._threads.close()
+    # A Service (minutehand.lifecycle): the writing threads run from start() to
+    # stop(), which writes what is queued first.
+    def start(self) -> None:
+        self._threads.start()
+
+    def stop(self) -> None:
+        self._threads.stop()
 
     def _send(self, batch: list[_Pending]) -> None:
         groups: dict[tuple[str, float | None], list[_Pending]] = {}

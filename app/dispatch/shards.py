@@ -39,13 +39,14 @@ def assign(shards: Sequence[int], members: Sequence[str]) -> dict[int, str]:
 
 class ShardKeeper:
     """Keeps this dispatcher's shard leases; calls on_change(leases) with
-    {shard: epoch} whenever the set or an epoch changes."""
+    {shard: epoch} whenever the set or an epoch changes. A Service
+    (minutehand.lifecycle): renews from start() to stop()."""
 
-    def __init__(self, store: Store, name: str, shard_count: int, lease_s: float,
+    def __init__(self, store: Store, name: str, lease_s: float,
                  on_change: Callable[[dict[int, int]], None]):
         self.store = store
         self.name = name
-        self.shards = range(shard_count)
+        self.shards: Sequence[int] = range(0)     # every shard; read at start (building needs no database)
         self.lease_s = lease_s
         self.on_change = on_change
         self.leases: dict[int, int] = {}
@@ -53,6 +54,7 @@ class ShardKeeper:
         self._thread = threading.Thread(target=self._run, name="shard-keeper", daemon=True)
 
     def start(self) -> None:
+        self.shards = range(len(self.store.shard_owners()))
         self._thread.start()
 
     def stop(self) -> None:

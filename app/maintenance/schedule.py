@@ -26,6 +26,8 @@ logging.getLogger("apscheduler").setLevel(logging.WARNING)
 
 
 class MaintenanceSchedule:
+    """A Service (minutehand.lifecycle): the duties run from start() to stop()."""
+
     def __init__(self, store: Store, owner: str, shards: Callable[[], list[int]], *,
                  expire_every_s: float = 1.0, purge_every_s: float = 60.0, wheel_every_s: float = 30.0):
         self.store = store

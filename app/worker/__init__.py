@@ -14,9 +14,18 @@ a concurrency limit against one or more dispatchers.
 
     worker.run()   # or: minutehand worker mymodule:worker
 
-Modules: worker.py (the run loop), client.py (HTTP calls), job.py (Job,
-NonRetryable), effects.py (exactly-once database side effects), logs.py
-(JSON log lines).
+Modules: worker.py (Worker: handlers, run, stop), settings.py (WorkerSettings),
+session.py (one run: its parts started and stopped in order), poller.py (a
+dispatcher's lease loop), runner.py (a job: handler, heartbeats, report),
+outbox.py (outcomes in batches), slots.py (the concurrency limit),
+threads.py (threads for sync handlers), grace.py (the stop deadline),
+client.py (HTTP calls), job.py (Job, NonRetryable), effects.py
+(exactly-once database side effects; needs psycopg, imported on use),
+logs.py (JSON log lines).
+
+It imports only itself, minutehand.protocol and two leaves
+(minutehand.lifecycle, minutehand.envconfig): it installs and runs with
+`pip install minutehand` alone, without the server's dependencies.
 """
 from minutehand.worker.job import Job, NonRetryable
 from minutehand.worker.worker import Worker

@@ -1,5 +1,5 @@
 """HTTP calls to one dispatcher: the two batch endpoints of the worker
-protocol (app/dispatch/protocol.py), over one keep-alive connection pool.
+protocol (app/protocol/), over one keep-alive connection pool.
 
 Errors are sorted into what the caller does next: `Unavailable` (connection
 refused or lost, timeout, 5xx: back off and retry, perhaps elsewhere) and
@@ -11,7 +11,7 @@ from __future__ import annotations
 import httpx
 import msgspec
 
-from minutehand.dispatch.protocol import LeaseIn, LeaseOut, OutcomesIn, OutcomesOut
+from minutehand.protocol import LeaseIn, LeaseOut, OutcomesIn, OutcomesOut
 
 
 class Unavailable(Exception):

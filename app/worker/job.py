@@ -1,4 +1,6 @@
-"""What a handler receives (`Job`) and how it says "do not retry" (`NonRetryable`)."""
+"""What a handler receives (`Job`), how it says "do not retry"
+(`NonRetryable`), and how a handler's exception is told to the scheduler
+(`error_text`)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -6,9 +8,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from minutehand.worker import effects
-
 T = TypeVar("T")
+
+MAX_ERROR = 10_000          # longest error text the protocol takes
 
 
 class NonRetryable(Exception):
@@ -44,8 +46,16 @@ class Job:
     def once(self, conn, effect: str, fn: Callable[[Any], T]) -> T | Any:
         """Do fn(conn) exactly once for this job, atomically with recording it
         (see app/worker/effects.py); the stored result on later runs."""
+        from minutehand.worker import effects   # psycopg: imported by those who use it
         return effects.once(conn, self.effect_key(effect), fn)
 
     async def once_async(self, conn, effect: str, fn: Callable[[Any], Awaitable[T]]) -> T | Any:
         """`once` for a psycopg AsyncConnection and an async fn."""
+        from minutehand.worker import effects
         return await effects.once_async(conn, self.effect_key(effect), fn)
+
+
+def error_text(exc: BaseException) -> str:
+    """"ExcType: message", cut to what the protocol takes."""
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return text[:MAX_ERROR]

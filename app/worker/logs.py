@@ -61,3 +61,11 @@ def setup(level: str | int = "INFO") -> None:
     root.setLevel(level.upper() if isinstance(level, str) else level)
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def fields(worker: str, **kw) -> dict:
+    """logging kwargs for a worker's event ('name' is LogRecord's own
+    attribute: the job's name travels as job_name, written out as "name")."""
+    if "name" in kw:
+        kw["job_name"] = kw.pop("name")
+    return {"extra": {"worker": worker, **kw}}

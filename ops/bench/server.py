@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from minutehand.localpg import LocalCluster
+from minutehand.dev.localpg import LocalCluster
 
 
 @contextmanager

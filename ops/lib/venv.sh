@@ -2,12 +2,12 @@
 # holds this project (editable) with the requested extras, and that some
 # PostgreSQL server binaries are available (the pgserver wheel if the machine has none).
 #
-#   source ops/lib/venv.sh; mh_venv test     # or: mh_venv ""  for no extras
+#   source ops/lib/venv.sh; mh_venv test     # or: mh_venv server (what ops/dev runs); "" for the worker library alone
 
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
-# Server binaries on the machine (as app/localpg.py looks for them before pgserver).
+# Server binaries on the machine (as app/dev/localpg.py looks for them before pgserver).
 mh_have_system_pg() {
     command -v pg_ctl >/dev/null 2>&1 || compgen -G '/usr/lib/postgresql/*/bin/pg_ctl' >/dev/null
 }

@@ -92,7 +92,7 @@ def find_bindir() -> Path:
 
 def default_data_dir() -> Path:
     """`minutehand dev`'s data: .minutehand/pgdata in the checkout (app/ is installed editable)."""
-    return Path(__file__).resolve().parent.parent / ".minutehand" / "pgdata"
+    return Path(__file__).resolve().parents[2] / ".minutehand" / "pgdata"
 
 
 def _as_server_user() -> list[str]:
@@ -272,7 +272,7 @@ class LocalCluster:
         args = ["-D", d, "-U", SERVER_USER, "--auth=trust", "--encoding=UTF8", "--locale=C"]
         self._pg("initdb", *args, *([] if self.fsync else ["--no-sync"]))
         with open(d / "postgresql.conf", "a") as f:
-            f.write("\n# minutehand: written by app/localpg.py at every start\ninclude_if_exists = 'minutehand.conf'\n")
+            f.write("\n# minutehand: written by app/dev/localpg.py at every start\ninclude_if_exists = 'minutehand.conf'\n")
 
     def _running_port(self) -> int | None:
         if self._pg("pg_ctl", "status", "-D", self.data_dir, check=False).returncode != 0:

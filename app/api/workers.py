@@ -1,4 +1,4 @@
-"""The worker pull protocol's routes (bodies in protocol.py), for a process
+"""The worker pull protocol's routes (bodies in minutehand.protocol), for a process
 that runs a Dispatcher. Only a worker credential (a fleet token, stored
 hashed) may call them: a team's token or none is 401.
 
@@ -25,10 +25,10 @@ from minutehand.api.bodies import StrictBody
 from minutehand.api.context import Context
 from minutehand.api.problems import COMMON, INVALID, NOT_FOUND, STALE_CLAIM, ApiProblem
 from minutehand.api.problems import TOO_LARGE, Kind
-from minutehand.jsontext import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_text_problem
 from minutehand.dispatch.dispatcher import Dispatcher
-from minutehand.dispatch.protocol import (CompleteIn, FailIn, HeldIn, LeaseIn, LeaseOut, OutcomeOut, OutcomesIn,
-                                   OutcomesOut)
+from minutehand.protocol import (CompleteIn, FailIn, HeldIn, LeaseIn, LeaseOut, OutcomeOut, OutcomesIn,
+                                 OutcomesOut)
+from minutehand.protocol.jsontext import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_text_problem
 from minutehand.store.records import Outcome
 
 SECURITY = [{"worker": []}]

@@ -1,5 +1,5 @@
 """The demo workload's worker (`minutehand dev` runs it as a child process):
-handlers for the demo job names (NAMES: what app/cli/dev.py submits as team
+handlers for the demo job names (NAMES: what app/dev/command.py submits as team
 "demo") that take 1-50 ms and fail 5% of the time, so retries show up too.
 It asks only for these names: jobs of other names wait for other workers."""
 from __future__ import annotations

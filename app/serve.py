@@ -1,12 +1,26 @@
-"""`minutehand serve` and `minutehand dispatcher`: one uvicorn process, with a store whose pool
-fails fast when the database is away and reconnects when it is back."""
+"""The composition root of `minutehand serve` and `minutehand dispatcher`:
+builds the stores (pools that fail fast when the database is away and
+reconnect when it is back), the dispatcher, its outcome writer, the
+maintenance duties, the submit threads and the HTTP app, and runs them in
+one uvicorn process, started in order and stopped in reverse
+(minutehand.lifecycle)."""
 from __future__ import annotations
 
 import gc
 import logging
+from dataclasses import dataclass
 
+import uvicorn
+from litestar import Litestar
 from psycopg.conninfo import make_conninfo
 
+from minutehand.api.app import create_app
+from minutehand.api.coalesce import SubmitCoalescer
+from minutehand.api.limits import protocol_class
+from minutehand.dispatch.dispatcher import Dispatcher
+from minutehand.dispatch.outcomes import OutcomeWriter
+from minutehand.lifecycle import Service, Services
+from minutehand.maintenance.schedule import MaintenanceSchedule
 from minutehand.settings import Settings
 from minutehand.store.store import Store
 
@@ -42,25 +56,60 @@ def quiet_gc() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
+@dataclass
+class Process:
+    """What `serve` runs: the HTTP app, and the background components it
+    starts with itself, in order (stopped in reverse)."""
+    app: Litestar
+    services: Services
+    dispatcher: Dispatcher | None
+
+
+def dispatcher_parts(settings: Settings, store: Store | None) -> tuple[Dispatcher, Services]:
+    """A dispatcher and what runs with it, in start order: its outcome writer
+    (before it: a round's give-backs go through the writer), the dispatcher
+    (its threads, then its shard keeper), its maintenance (after it: the
+    duties work on the shards it leases)."""
+    writer = OutcomeWriter(store, extend_s=settings.claim_lease_s)
+    dispatcher = Dispatcher(settings, store, writer=writer)
+    maintenance = MaintenanceSchedule(store, dispatcher.name, dispatcher.owned_shards)
+    return dispatcher, Services(writer, dispatcher, maintenance)
+
+
+def build(settings: Settings, store: Store | None, dispatch_store: Store | None = None, *,
+          submit_api: bool = True, dispatch: bool = True, head: str | None = None) -> Process:
+    """The process on these stores (none is touched until it starts). Start
+    order: outcome writer, dispatcher (its threads, then its shard keeper),
+    maintenance, submit threads; the app starts them (its lifespan) before
+    it serves and stops them in reverse after."""
+    services: list[Service] = []
+    dispatcher = None
+    if dispatch:
+        dispatcher, parts = dispatcher_parts(settings, dispatch_store)
+        services.append(parts)
+    submitter = None
+    if submit_api and settings.api_submit_workers > 0:
+        submitter = SubmitCoalescer(store, workers=settings.api_submit_workers)
+        services.append(submitter)
+    lifecycle = Services(*services)
+    app = create_app(settings, store, head=head, submit_api=submit_api, dispatcher=dispatcher,
+                     submitter=submitter, lifecycle=lifecycle)
+    return Process(app, lifecycle, dispatcher)
+
+
 def serve(settings: Settings, *, submit_api: bool = True, dispatch: bool = True) -> None:
     """One process: the submitter API (submit_api), and a dispatcher with the
     worker protocol (dispatch); `minutehand serve` runs both, `minutehand
     dispatcher` only the second."""
-    import uvicorn
-
-    from minutehand.api.app import create_app
-    from minutehand.api.limits import protocol_class
-    from minutehand.dispatch.dispatcher import Dispatcher
     store = api_store(settings)
     # The dispatcher's leases, claims, outcomes and maintenance have a pool of
     # their own: requests that hold the API's connections (slow submissions,
     # a flood) must never keep a dispatcher from renewing its shard leases.
     dispatch_store = dispatcher_store(settings) if dispatch else None
     try:
-        dispatcher = Dispatcher(settings, dispatch_store) if dispatch else None
-        app = create_app(settings, store, submit_api=submit_api, dispatcher=dispatcher)
+        process = build(settings, store, dispatch_store, submit_api=submit_api, dispatch=dispatch)
         quiet_gc()
-        uvicorn.run(app, host=settings.http_host, port=settings.http_port,
+        uvicorn.run(process.app, host=settings.http_host, port=settings.http_port,
                     log_level=settings.log_level.lower(), access_log=False,
                     timeout_graceful_shutdown=10,
                     # httptools with a head size limit and read deadlines (app/api/limits.py); the

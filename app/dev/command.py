@@ -1,6 +1,6 @@
 """`minutehand dev`: the embedded PostgreSQL (started if needed, reused if
 running), migrated; `minutehand serve` (HTTP API + dispatcher) and a demo
-worker (`minutehand worker minutehand.cli.demo_worker:worker`) as child processes;
+worker (`minutehand worker minutehand.dev.demo_worker:worker`) as child processes;
 and a demo workload submitted through the store, with a status line every
 few seconds.
 
@@ -22,7 +22,7 @@ worker first (it gives back what it holds), then serve, then the database
 if this command started it. Each child also stops by itself if this
 process dies without stopping it (its stdin, a pipe from here, closes).
 
-Run as `python -m minutehand.cli.dev ARGS...`, this module is the children's entry
+Run as `python -m minutehand.dev.command ARGS...`, this module is the children's entry
 point: `minutehand ARGS...` plus that stdin watch.
 """
 from __future__ import annotations
@@ -30,6 +30,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import random
+import runpy
 import signal
 import subprocess
 import sys
@@ -41,8 +42,8 @@ from pathlib import Path
 
 import psycopg
 
-from minutehand.cli.demo_worker import NAMES as DEMO_NAMES
-from minutehand.localpg import LocalCluster
+from minutehand.dev.demo_worker import NAMES as DEMO_NAMES
+from minutehand.dev.localpg import LocalCluster
 from minutehand.settings import Settings
 from minutehand.store import migrate
 from minutehand.store.records import JobSpec
@@ -107,8 +108,10 @@ def child_main(argv: list[str]) -> None:
             pass
         os.kill(os.getpid(), signal.SIGTERM)
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-    from minutehand.cli.main import main
-    main(argv)
+    # The `minutehand` program, run as a program (as `python -m` would), not
+    # imported: the CLI reaches this package, so this package does not import the CLI.
+    sys.argv = ["minutehand", *argv]
+    runpy.run_module("minutehand.cli.main", run_name="__main__", alter_sys=True)
 
 
 def start_child(settings: Settings, env: dict[str, str], *argv: str) -> subprocess.Popen:
@@ -116,7 +119,7 @@ def start_child(settings: Settings, env: dict[str, str], *argv: str) -> subproce
     group of its own (a Ctrl-C in the terminal reaches only the parent)."""
     env = {**os.environ, "MINUTEHAND_HTTP_HOST": settings.http_host,
            "MINUTEHAND_HTTP_PORT": str(settings.http_port), "MINUTEHAND_LOG_LEVEL": "WARNING", **env}
-    return subprocess.Popen([sys.executable, "-m", "minutehand.cli.dev", *argv], env=env,
+    return subprocess.Popen([sys.executable, "-m", "minutehand.dev.command", *argv], env=env,
                             stdin=subprocess.PIPE, process_group=0)
 
 
@@ -281,7 +284,7 @@ def run(settings: Settings, args) -> None:
                                                "MINUTEHAND_WORKER_TOKEN": demo_token,
                                                "MINUTEHAND_WORKER_CONCURRENCY": "50",
                                                "MINUTEHAND_LOG_LEVEL": "ERROR"},
-                                    "worker", "minutehand.cli.demo_worker:worker"))
+                                    "worker", "minutehand.dev.demo_worker:worker"))
         print_intro(url, base, token, user_token, args.rate)
         demo_loop(store, children, args)
     except Stop:

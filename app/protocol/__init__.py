@@ -1,6 +1,7 @@
 """The worker pull protocol over HTTP: bodies and responses, as msgspec
-Structs shared by the dispatcher's routes (app/dispatch/routes.py) and the
-worker library (app/worker/).
+Structs shared by the dispatcher's routes (app/api/workers.py) and the
+worker library (app/worker/). What JSON text a payload or a result may be
+is in jsontext.py, next to them: the server accepts only what a worker reads.
 
     POST /v1/worker/lease      long-poll for up to `capacity` jobs
     POST /v1/worker/outcomes   heartbeats, completions, failures and give-backs, batched

@@ -1,0 +1,204 @@
+"""Running the jobs a worker leased: the handler called (async in the loop,
+sync in a handler thread), its claim kept alive by heartbeats, its outcome
+reported, unless the claim may no longer be ours (then it is dropped: the
+scheduler may have given the job to another worker, and a job must not be
+finished twice)."""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import msgspec
+
+from minutehand.protocol import Completed, Failed, Held, LeasedJob
+from minutehand.protocol.jsontext import MAX_JSON_BYTES, json_text_problem
+from minutehand.worker.grace import Grace
+from minutehand.worker.job import Job, NonRetryable, error_text
+from minutehand.worker.logs import fields, log
+from minutehand.worker.outbox import Outbox
+from minutehand.worker.slots import Slots
+from minutehand.worker.threads import HandlerThreads
+
+Handler = Callable[[Job], Any]
+
+
+@dataclass(eq=False)
+class Running:
+    """A job this worker holds: where it came from and until when its claim lasts."""
+    job: Job
+    outbox: Outbox
+    deadline: float                     # time.monotonic() by which the claim must be renewed
+    started: float = field(default_factory=time.monotonic)
+    handler_done: bool = False
+    lost: str | None = None             # why the claim is no longer ours (then the result is dropped)
+
+
+class JobRunner:
+    """The running jobs of one worker run; an AsyncService: stop() waits for
+    them until the grace period ends, then abandons the rest to claim expiry."""
+
+    def __init__(self, handlers: dict[str, Handler], worker_id: str, slots: Slots, grace: Grace,
+                 concurrency: int):
+        self.handlers = handlers
+        self.worker_id = worker_id
+        self.slots = slots
+        self.grace = grace
+        self.threads = HandlerThreads(concurrency)
+        self.jobs: dict[asyncio.Task, Running] = {}
+
+    async def start(self) -> None:
+        """Nothing to start: jobs come from the pollers, threads as needed."""
+
+    async def stop(self) -> None:
+        await self.grace.wait(list(self.jobs))
+        for task, run in list(self.jobs.items()):
+            if not run.handler_done:
+                run.lost = "abandoned at the end of the grace period"
+                log.warning("job_abandoned", **fields(
+                    self.worker_id, job_id=run.job.id, name=run.job.name, attempt=run.job.attempt,
+                    duration_ms=_ms(run.started), reason="still running when the grace period ended; "
+                                                         "its claim will expire"))
+            task.cancel()
+        await asyncio.gather(*self.jobs, return_exceptions=True)
+        self.threads.close()
+
+    def start_job(self, lj: LeasedJob, outbox: Outbox, received: float) -> None:
+        job = Job(id=int(lj.job_id), team=lj.team, name=lj.name, payload=None, attempt=lj.attempt,
+                  max_attempts=lj.max_attempts, idempotency_key=lj.idempotency_key,
+                  due_at=lj.due_at, run_at=lj.run_at, claim_expires_at=lj.claim_expires_at,
+                  lease_token=lj.lease_token, claim_s=lj.claim_s)
+        # The dispatcher claims a job just before it answers, so the claim is taken
+        # to run from the answer's arrival, less a margin for the way here.
+        run = Running(job, outbox, deadline=received + lj.claim_s - _margin(lj.claim_s))
+        task = asyncio.create_task(self.run_job(run, lj))
+        self.jobs[task] = run
+        task.add_done_callback(self._job_done)
+
+    def _job_done(self, task: asyncio.Task) -> None:
+        self.jobs.pop(task, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("worker_bug", exc_info=task.exception(), **fields(self.worker_id))
+
+    async def run_job(self, run: Running, lj: LeasedJob) -> None:
+        job = run.job
+        ids = {"job_id": job.id, "name": job.name, "attempt": job.attempt}
+        if lj.replay is not None:
+            self.slots.give(1)
+            run.handler_done = True
+            outcome = Completed(job_id=lj.job_id, lease_token=lj.lease_token,
+                                result=msgspec.Raw(msgspec.json.encode(lj.replay.result)))
+            await self.report(run, "complete", outcome, "job_replayed", ids)
+            return
+        # Heartbeats start a third of the claim period in (a timer costs less
+        # than a task, and most jobs are done by then).
+        keep_alive: list[asyncio.Task] = []
+        timer = asyncio.get_running_loop().call_later(
+            job.claim_s / 3, lambda: keep_alive.append(asyncio.ensure_future(self.keep_alive(run))))
+        if log.isEnabledFor(logging.DEBUG):             # per job: skip building the fields when off
+            log.debug("job_started", **fields(self.worker_id, **ids))
+        try:
+            outcome, event = await self.call_handler(run, lj)
+        finally:
+            run.handler_done = True
+            self.slots.give(1)
+            timer.cancel()
+            for task in keep_alive:
+                task.cancel()
+        kind = "complete" if isinstance(outcome, Completed) else "fail"
+        await self.report(run, kind, outcome, event, ids)
+
+    async def call_handler(self, run: Running, lj: LeasedJob) -> tuple[Completed | Failed, str]:
+        handler = self.handlers.get(lj.name)
+        try:
+            if handler is None:
+                raise LookupError(f"no handler registered for {lj.name!r} on this worker")
+            job = replace(run.job, payload=msgspec.json.decode(lj.payload))
+            run.job = job
+            if inspect.iscoroutinefunction(handler):
+                result = await handler(job)
+            else:
+                result = await self.threads.run(handler, job)
+                if inspect.isawaitable(result):
+                    result = await result
+            try:
+                raw = msgspec.Raw(msgspec.json.encode(result))
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise TypeError(f"the handler's result is not JSON-able: {exc}") from exc
+            # A result the dispatcher would refuse fails the job instead (a refused
+            # report would leave it claimed until its claim expired).
+            if len(raw) > MAX_JSON_BYTES:
+                raise NonRetryable(f"the handler's result is {len(raw):,} bytes as JSON, over the limit of "
+                                   f"{MAX_JSON_BYTES:,}: store large results elsewhere and return a reference")
+            if reason := json_text_problem("the handler's result", bytes(raw)):
+                raise NonRetryable(reason)
+            return Completed(job_id=lj.job_id, lease_token=lj.lease_token, result=raw), "job_succeeded"
+        except NonRetryable as exc:
+            return Failed(job_id=lj.job_id, lease_token=lj.lease_token, error=error_text(exc),
+                          retryable=False), "job_failed"
+        except Exception as exc:
+            return Failed(job_id=lj.job_id, lease_token=lj.lease_token, error=error_text(exc),
+                          retryable=True), "job_failed"
+
+    async def report(self, run: Running, kind: str, outcome, event: str, ids: dict) -> None:
+        """Send the outcome, unless the claim may no longer be ours."""
+        duration = _ms(run.started)
+        error = outcome.error if isinstance(outcome, Failed) else None
+        if run.lost is None and time.monotonic() > run.deadline:
+            run.lost = "claim expired before the handler returned"
+        if run.lost is not None:
+            log.warning("job_dropped", **fields(self.worker_id, **ids, duration_ms=duration, error=error,
+                                                     reason=f"{run.lost}: outcome not reported ({kind})"))
+            return
+        answer = await run.outbox.send(kind, outcome)
+        if answer is not None and answer.ok:
+            level = logging.WARNING if kind == "fail" else logging.INFO
+            if log.isEnabledFor(level):
+                log.log(level, event, **fields(self.worker_id, **ids, duration_ms=duration, error=error, state=answer.state))
+
+    async def keep_alive(self, run: Running) -> None:
+        """Heartbeat every third of the claim period while the handler runs
+        (started a third of the way in: the first beat goes at once); a
+        claim that lapses or is refused marks the job lost."""
+        job = run.job
+        period = job.claim_s / 3
+        next_beat = time.monotonic()
+        while True:
+            now = time.monotonic()
+            await asyncio.sleep(max(0.0, min(next_beat, run.deadline) - now))
+            if time.monotonic() >= run.deadline:
+                run.lost = "claim expired: no heartbeat got through in time"
+                log.warning("claim_expired", **fields(self.worker_id, job_id=job.id, name=job.name, attempt=job.attempt,
+                                                          reason=run.lost))
+                return
+            sent = time.monotonic()
+            beat = run.outbox.send("heartbeat", Held(job_id=str(job.id), lease_token=job.lease_token),
+                                   extend_s=max(1.0, job.claim_s))
+            try:                                        # an answer after the deadline comes too late
+                answer = await asyncio.wait_for(asyncio.shield(beat), max(0.0, run.deadline - sent))
+            except TimeoutError:
+                continue                                # the deadline check above drops the job
+            if answer is None:                          # not delivered: try again soon
+                next_beat = time.monotonic() + min(period, 2.0)
+            elif answer.ok:
+                run.deadline = max(run.deadline, sent + job.claim_s - _margin(job.claim_s))
+                next_beat = sent + period
+            else:
+                run.lost = f"claim lost: {answer.reason}"
+                log.warning("claim_lost", **fields(self.worker_id, job_id=job.id, name=job.name, attempt=job.attempt,
+                                                       reason=answer.reason, state=answer.state))
+                return
+
+
+def _margin(claim_s: float) -> float:
+    """How much sooner than the dispatcher's clock says a claim is taken to end
+    here: for what may pass between its clock reading and ours."""
+    return min(1.0, claim_s / 10)
+
+
+def _ms(since: float) -> float:
+    return round((time.monotonic() - since) * 1000, 1)

@@ -1,0 +1,29 @@
+"""The worker library's settings: MINUTEHAND_WORKER_* environment variables
+or the matching flags of `minutehand worker` (flags win), read the way the
+server reads its own (minutehand.envconfig), without the server's code."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from minutehand import envconfig
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    # The dispatchers' base URLs (comma-separated), the fleet token (`minutehand
+    # worker-token create NAME`), how many jobs run at once, and how long
+    # SIGTERM waits for running jobs before giving up.
+    worker_urls: str = "http://127.0.0.1:8080"
+    worker_token: str = ""
+    worker_concurrency: int = 10
+    worker_grace_s: float = 30.0
+    log_level: str = "INFO"
+
+    @classmethod
+    def load(cls, argv: list[str] | None = None, env: dict[str, str] | None = None) -> WorkerSettings:
+        return envconfig.load(cls, argv, env)
+
+    @classmethod
+    def parser(cls, parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+        return envconfig.parser(cls, parser)
