@@ -27,7 +27,7 @@ from minutehand.jsontext import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_text_proble
 from minutehand.dispatch.dispatcher import Dispatcher
 from minutehand.dispatch.protocol import (CompleteIn, FailIn, HeldIn, LeaseIn, LeaseOut, OutcomeOut, OutcomesIn,
                                    OutcomesOut)
-from minutehand.store.records import Outcome
+from minutehand.store.records import Complete, Fail, Heartbeat, Outcome, Release, Report, Start
 
 SECURITY = [{"worker": []}]
 JobIdParam = Annotated[int, PathParameter(ge=-(2**63), le=2**63 - 1, description="the job id")]
@@ -37,6 +37,7 @@ HELD, COMPLETE, FAIL = (msgspec.json.Decoder(t) for t in (HeldIn, CompleteIn, Fa
 
 # Request bodies the handlers decode themselves, for the schema: (path, method) -> Struct.
 REQUEST_BODIES = {("/v1/worker/lease", "post"): LeaseIn, ("/v1/worker/outcomes", "post"): OutcomesIn,
+                  ("/v1/worker/jobs/{job_id}/start", "post"): HeldIn,
                   ("/v1/worker/jobs/{job_id}/heartbeat", "post"): HeldIn,
                   ("/v1/worker/jobs/{job_id}/complete", "post"): CompleteIn,
                   ("/v1/worker/jobs/{job_id}/fail", "post"): FailIn,
@@ -108,8 +109,8 @@ def _one(o: Outcome) -> OutcomeOut:
 def router(ctx: Context, dispatcher: Dispatcher) -> Router:
     tokens = TokenCache(ctx.settings.api_token_cache_s)
 
-    async def write(kind: str, items: list[tuple], extend_s: float | None = None) -> list[Outcome]:
-        return await dispatcher.writer.write(kind, items, extend_s)
+    async def write(reports: list[Report], extend_s: float | None = None) -> list[Outcome]:
+        return await dispatcher.writer.write(reports, extend_s)
 
     async def worker_credential(request: Request) -> str:
         token_hash = bearer_hash(request)
@@ -149,15 +150,16 @@ def router(ctx: Context, dispatcher: Dispatcher) -> Router:
         for n, c in enumerate(body.complete):
             job_id = _job_id(c.job_id)
             try:
-                completions.append((job_id, c.lease_token, _result(c.result)))
+                completions.append(Complete(job_id, c.lease_token, _result(c.result)))
             except _Refused as exc:
                 refused[n] = OutcomeOut(str(job_id), False, None, exc.reason)
-        for kind, items in (("heartbeat", [(_job_id(h.job_id), h.lease_token) for h in body.heartbeat]),
+        for kind, items in (("start", [Start(_job_id(s.job_id), s.lease_token) for s in body.start]),
+                            ("heartbeat", [Heartbeat(_job_id(h.job_id), h.lease_token) for h in body.heartbeat]),
                             ("complete", completions),
-                            ("fail", [(_job_id(f.job_id), f.lease_token, _error(f.error), f.retryable)
+                            ("fail", [Fail(_job_id(f.job_id), f.lease_token, _error(f.error), f.retryable)
                                       for f in body.fail]),
-                            ("release", [(_job_id(r.job_id), r.lease_token) for r in body.release])):
-            answers[kind] = [_out(o) for o in await write(kind, items, body.extend_s)]
+                            ("release", [Release(_job_id(r.job_id), r.lease_token) for r in body.release])):
+            answers[kind] = [_out(o) for o in await write(items, body.extend_s)]
         if refused:
             written = iter(answers["complete"])
             answers["complete"] = [refused[n] if n in refused else next(written) for n in range(len(body.complete))]
@@ -165,11 +167,17 @@ def router(ctx: Context, dispatcher: Dispatcher) -> Router:
 
     one = problems.responses(*COMMON, INVALID, NOT_FOUND, STALE_CLAIM)
 
+    @post("/jobs/{job_id:int}/start", operation_id="startJob", status_code=200, security=SECURITY,
+          tags=["workers"], summary="The worker began running one job (claimed → running)", responses=one)
+    async def start(request: Request, credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
+        body: HeldIn = problems.decode(HELD, await request.body())
+        return _one((await write([Start(job_id, body.lease_token)]))[0])
+
     @post("/jobs/{job_id:int}/heartbeat", operation_id="heartbeatJob", status_code=200, security=SECURITY,
           tags=["workers"], summary="Extend one job's claim", responses=one)
     async def heartbeat(request: Request, credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
         body: HeldIn = problems.decode(HELD, await request.body())
-        return _one((await write("heartbeat", [(job_id, body.lease_token)], body.extend_s))[0])
+        return _one((await write([Heartbeat(job_id, body.lease_token)], body.extend_s))[0])
 
     @post("/jobs/{job_id:int}/complete", operation_id="completeJob", status_code=200, security=SECURITY,
           tags=["workers"], summary="One job succeeded",
@@ -181,19 +189,19 @@ def router(ctx: Context, dispatcher: Dispatcher) -> Router:
             result = _result(body.result)
         except _Refused as exc:
             raise ApiProblem(exc.kind, exc.reason, job_id=str(job_id)) from None
-        return _one((await write("complete", [(job_id, body.lease_token, result)]))[0])
+        return _one((await write([Complete(job_id, body.lease_token, result)]))[0])
 
     @post("/jobs/{job_id:int}/fail", operation_id="failJob", status_code=200, security=SECURITY,
           tags=["workers"], summary="One job failed (retried after backoff, or dead)", responses=one)
     async def fail(request: Request, credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
         body: FailIn = problems.decode(FAIL, await request.body())
-        return _one((await write("fail", [(job_id, body.lease_token, _error(body.error), body.retryable)]))[0])
+        return _one((await write([Fail(job_id, body.lease_token, _error(body.error), body.retryable)]))[0])
 
     @post("/jobs/{job_id:int}/release", operation_id="releaseJob", status_code=200, security=SECURITY,
           tags=["workers"], summary="Give back a job that was not started", responses=one)
     async def release(request: Request, credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
         body: HeldIn = problems.decode(HELD, await request.body())
-        return _one((await write("release", [(job_id, body.lease_token)]))[0])
+        return _one((await write([Release(job_id, body.lease_token)]))[0])
 
-    return Router("/v1/worker", route_handlers=[lease, outcomes, heartbeat, complete, fail, release],
+    return Router("/v1/worker", route_handlers=[lease, outcomes, start, heartbeat, complete, fail, release],
                   dependencies={"credential": Provide(worker_credential)})
