@@ -3,6 +3,7 @@ clock, a team, and leases on every shard."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -81,3 +82,8 @@ def due_rows(conn: psycopg.Connection, job_id: int) -> list[tuple[str, dt.dateti
 
 def minute_part(conn: psycopg.Connection, t: dt.datetime) -> str:
     return conn.execute("SELECT mh_minute_part(mh_minute_slot(%s))", (t,)).fetchone()[0]
+
+
+def json_text(value) -> bytes:
+    """A job result as a worker reports it: JSON text."""
+    return json.dumps(value).encode()

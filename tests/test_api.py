@@ -19,7 +19,7 @@ from minutehand.api.app import create_app
 from minutehand.serve import build
 from minutehand.settings import Settings
 from minutehand.store import migrate
-from minutehand.store.records import JobSpec
+from minutehand.store.records import Complete, Fail, JobSpec, Start
 from minutehand.store.store import Store, hash_token
 from reused_db import db_dsn, module_conn, module_dsn  # noqa: F401 (fixtures)
 
@@ -272,10 +272,10 @@ def test_status_of_a_running_job_shows_its_claim_and_lateness(client, api_store)
     job_id = int(client.post("/v1/jobs", headers=T, json={"name": "run"}).json()["job_id"])
     leases = api_store.take_leases([job_id & 1023], "d1", 60)
     claimed = api_store.claim(leases, 10, "d1", 30, worker="w7").jobs
-    api_store.start([(job_id, claimed[0].lease_token)])
+    api_store.start([Start(job_id, claimed[0].lease_token)])
     s = client.get(f"/v1/jobs/{job_id}", headers=T).json()
     assert s["state"] == "running" and s["claimed_by"] and s["claim_expires_at"] and s["lateness_s"] >= 0
-    api_store.complete([(job_id, claimed[0].lease_token, {"ok": True})])
+    api_store.complete([Complete(job_id, claimed[0].lease_token, json.dumps({"ok": True}).encode())])
     s = client.get(f"/v1/jobs/{job_id}", headers=T).json()
     assert s["state"] == "succeeded" and s["result"] == {"ok": True} and s["finished_at"]
 
@@ -304,7 +304,7 @@ def test_cancel_of_a_running_job_is_409_and_leaves_it_alone(client, conn, api_st
     job_id = int(client.post("/v1/jobs", headers=T, json={"name": "c"}).json()["job_id"])
     leases = api_store.take_leases([job_id & 1023], "d1", 60)
     token = api_store.claim(leases, 10, "d1", 30).jobs[0].lease_token
-    api_store.start([(job_id, token)])
+    api_store.start([Start(job_id, token)])
     body = assert_problem(client.delete(f"/v1/jobs/{job_id}", headers=T), 409, "not-cancellable", "running")
     assert body["state"] == "running" and job_state(conn, job_id) == "running"
 
@@ -414,9 +414,9 @@ def test_team_stats(client, api_store):
     client.post("/v1/jobs", headers=U, json={"name": "other"})
     leases = api_store.take_leases(range(256), "d1", 60)
     claimed = [c for c in api_store.claim(leases, 100, "d1", 30).jobs if c.name in ("a", "b")]
-    api_store.start([(c.job_id, c.lease_token) for c in claimed])
+    api_store.start([Start(c.job_id, c.lease_token) for c in claimed])
     a = [c for c in claimed if c.name == "a"]
-    api_store.fail([(a[0].job_id, a[0].lease_token, "boom", True)])   # max_attempts 1: dead
+    api_store.fail([Fail(a[0].job_id, a[0].lease_token, "boom", True)])   # max_attempts 1: dead
     r = client.get("/v1/teams/me/stats", headers=T)
     assert r.status_code == 200, r.text
     s = r.json()

@@ -15,8 +15,8 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from minutehand.store.errors import Conflict
-from minutehand.store.records import JobSpec
-from support import T0, counts, pin, submit_sql, submit_store
+from minutehand.store.records import Complete, JobSpec
+from support import T0, counts, json_text, pin, submit_sql, submit_store
 
 S = dt.timedelta(seconds=1)
 H = dt.timedelta(hours=1)
@@ -312,7 +312,7 @@ def test_complete_stores_the_result_under_the_key(conn, store):
     job = store.submit("t", JobSpec("paid", payload={"order": 1}, idempotency_key="pay-1"))
     c = claim_job(store, job.job_id)
     store.clock = T0 + 5 * S
-    [out] = store.complete([(job.job_id, c.lease_token, {"receipt": "r-1"})])
+    [out] = store.complete([Complete(job.job_id, c.lease_token, json_text({"receipt": "r-1"}))])
     assert out.ok and out.state == "succeeded"
     k = key_row(conn, "t", "pay-1")
     assert k["result"] == {"receipt": "r-1"}
@@ -326,7 +326,7 @@ def test_complete_stores_the_result_under_the_key(conn, store):
 def test_complete_without_key_stores_no_key(conn, store):
     job = store.submit("t", JobSpec("plain"))
     c = claim_job(store, job.job_id)
-    [out] = store.complete([(job.job_id, c.lease_token, {"r": 1})])
+    [out] = store.complete([Complete(job.job_id, c.lease_token, json_text({"r": 1}))])
     assert out.ok
     assert counts(conn)["idempotency_keys"] == 0
     assert store.status(job.job_id).result == {"r": 1}
@@ -339,7 +339,7 @@ def test_completing_a_job_whose_key_moved_on_leaves_the_new_jobs_key_alone(conn,
     store.clock = T0 + TTL + S                     # the key expired; a new job takes it
     new = store.submit("t", spec)
     assert new.created and new.job_id != old.job_id
-    [out] = store.complete([(old.job_id, c.lease_token, {"from": "old"})])
+    [out] = store.complete([Complete(old.job_id, c.lease_token, json_text({"from": "old"}))])
     assert out.ok
     k = key_row(conn, "t", "long-key")
     assert k["job_id"] == new.job_id and k["result"] is None and k["completed_at"] is None

@@ -17,8 +17,8 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from minutehand.store.errors import InvalidInput
-from minutehand.store.records import JobSpec, Outcome
-from support import T0, counts, pin
+from minutehand.store.records import Complete, Fail, Heartbeat, JobSpec, Outcome, Start
+from support import T0, counts, json_text, pin
 
 S = dt.timedelta(seconds=1)
 H = dt.timedelta(hours=1)
@@ -78,12 +78,12 @@ def job(store):
 # returns an Outcome.
 def via_store(store, conn, op: str, job_id: int, token, **kw) -> Outcome:
     if op == "start":
-        return store.start([(job_id, token)])[0]
+        return store.start([Start(job_id, token)])[0]
     if op == "heartbeat":
-        return store.heartbeat([(job_id, token)], kw.get("extend_s", 60))[0]
+        return store.heartbeat([Heartbeat(job_id, token)], kw.get("extend_s", 60))[0]
     if op == "complete":
-        return store.complete([(job_id, token, kw.get("result", {"r": 1}))])[0]
-    return store.fail([(job_id, token, kw.get("error", "boom"), kw.get("retryable", True))])[0]
+        return store.complete([Complete(job_id, token, json_text(kw.get("result", {"r": 1})))])[0]
+    return store.fail([Fail(job_id, token, kw.get("error", "boom"), kw.get("retryable", True))])[0]
 
 
 def via_sql(store, conn, op: str, job_id: int, token, **kw) -> Outcome:
@@ -149,8 +149,8 @@ def test_batch_forms_answer_per_item_in_order(conn, store):
     unknown = (ids[0] & ~1023) ^ (1 << 40)            # same shard, no such job
     before_1 = row(conn, ids[1])
 
-    started = store.start([(ids[0], claimed[ids[0]]), (ids[1], uuid.uuid4()), (unknown, uuid.uuid4()),
-                           (ids[2], claimed[ids[2]]), (ids[3], claimed[ids[3]])])
+    started = store.start([Start(ids[0], claimed[ids[0]]), Start(ids[1], uuid.uuid4()), Start(unknown, uuid.uuid4()),
+                           Start(ids[2], claimed[ids[2]]), Start(ids[3], claimed[ids[3]])])
     assert [(o.job_id, o.ok, o.state) for o in started] == [
         (ids[0], True, "running"), (ids[1], False, "claimed"), (unknown, False, None),
         (ids[2], True, "running"), (ids[3], True, "running")]
@@ -158,19 +158,19 @@ def test_batch_forms_answer_per_item_in_order(conn, store):
     assert row(conn, ids[1]) == before_1
 
     store.clock = T0 + 10 * S
-    beats = store.heartbeat([(ids[0], claimed[ids[0]]), (ids[1], claimed[ids[1]]), (ids[2], uuid.uuid4())], 120)
+    beats = store.heartbeat([Heartbeat(ids[0], claimed[ids[0]]), Heartbeat(ids[1], claimed[ids[1]]), Heartbeat(ids[2], uuid.uuid4())], 120)
     assert [(o.ok, o.state) for o in beats] == [(True, "running"), (True, "claimed"), (False, "running")]
     assert store.status(ids[0]).claim_expires_at == T0 + 130 * S
     assert store.status(ids[1]).claim_expires_at == T0 + 130 * S
     assert store.status(ids[2]).claim_expires_at == T0 + 30 * S
 
-    done = store.complete([(ids[0], claimed[ids[0]], {"i": 0}), (ids[1], uuid.uuid4(), {"i": 1}),
-                           (ids[2], claimed[ids[2]], None)])
+    done = store.complete([Complete(ids[0], claimed[ids[0]], json_text({"i": 0})), Complete(ids[1], uuid.uuid4(), json_text({"i": 1})),
+                           Complete(ids[2], claimed[ids[2]], None)])
     assert [(o.ok, o.state) for o in done] == [(True, "succeeded"), (False, "claimed"), (True, "succeeded")]
     assert store.status(ids[0]).result == {"i": 0} and store.status(ids[2]).result is None
 
-    failed = store.fail([(ids[3], claimed[ids[3]], "e3", False), (ids[0], claimed[ids[0]], "late", True),
-                         (ids[1], claimed[ids[1]], "e1", True)])
+    failed = store.fail([Fail(ids[3], claimed[ids[3]], "e3", False), Fail(ids[0], claimed[ids[0]], "late", True),
+                         Fail(ids[1], claimed[ids[1]], "e1", True)])
     assert [(o.ok, o.state) for o in failed] == [(True, "dead"), (False, "succeeded"), (True, "retrying")]
     assert "not claimed" in failed[1].reason
     assert store.status(ids[0]).state == "succeeded"
@@ -250,7 +250,7 @@ def test_outcome_after_completion_changes_nothing(conn, store, job, do, op):
 
 def test_duplicate_item_with_wrong_token_in_one_batch_is_refused(conn, store, job):
     job_id, token = job
-    out = store.complete([(job_id, token, {"good": 1}), (job_id, uuid.uuid4(), {"bad": 1})])
+    out = store.complete([Complete(job_id, token, json_text({"good": 1})), Complete(job_id, uuid.uuid4(), json_text({"bad": 1}))])
     assert out[0].ok is True
     assert out[1].ok is False and MISMATCH in (out[1].reason or "")
 
@@ -279,7 +279,7 @@ def test_heartbeat_extension_out_of_range_is_invalid(conn, store, job, extend_s)
     job_id, token = job
     before = snapshot(conn, job_id)
     with pytest.raises(InvalidInput) as err:
-        store.heartbeat([(job_id, token)], extend_s)
+        store.heartbeat([Heartbeat(job_id, token)], extend_s)
     assert err.value.status == 400 and "extension" in err.value.message
     with pytest.raises(psycopg.Error) as err:
         conn.execute("SELECT heartbeat(%s, %s, %s::real)", (job_id, token, extend_s))
@@ -329,11 +329,11 @@ def test_cancel_a_future_job(conn, store):
 def test_cancel_refuses_a_job_that_started_or_ended(conn, store, job, state):
     job_id, token = job
     if state == "running":
-        assert store.start([(job_id, token)])[0].ok
+        assert store.start([Start(job_id, token)])[0].ok
     elif state == "succeeded":
-        assert store.complete([(job_id, token, None)])[0].ok
+        assert store.complete([Complete(job_id, token, None)])[0].ok
     elif state == "dead":
-        assert store.fail([(job_id, token, "fatal", False)])[0].state == "dead"
+        assert store.fail([Fail(job_id, token, "fatal", False)])[0].state == "dead"
     elif state == "cancelled":
         store.clock = T0 + 31 * S
         store.expire_claims([job_id & 1023])
@@ -371,7 +371,7 @@ def test_cancel_without_team_acts_for_every_team(conn, store):
 
 def test_cancel_a_retrying_job(conn, store, job):
     job_id, token = job
-    assert store.fail([(job_id, token, "flaky", True)])[0].state == "retrying"
+    assert store.fail([Fail(job_id, token, "flaky", True)])[0].state == "retrying"
     run_at = store.status(job_id).run_at
     assert due_count(conn, job_id) == 1
     out = store.cancel(job_id, "t")

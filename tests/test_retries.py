@@ -9,8 +9,8 @@ from __future__ import annotations
 import datetime as dt
 
 
-from minutehand.store.records import JobSpec
-from support import T0, due_rows, make_store, minute_part, pin
+from minutehand.store.records import Complete, Fail, Heartbeat, JobSpec, Start
+from support import T0, due_rows, json_text, make_store, minute_part, pin
 
 S = dt.timedelta(seconds=1)
 US = dt.timedelta(microseconds=1)
@@ -55,7 +55,7 @@ def test_fail_twice_then_succeed(conn, store):
         assert c.attempt == attempt
         failed_at = store.clock + S
         store.clock = failed_at
-        [out] = store.fail([(job_id, c.lease_token, f"error {attempt}", True)])
+        [out] = store.fail([Fail(job_id, c.lease_token, f"error {attempt}", True)])
         assert (out.ok, out.state) == (True, "retrying")
         st = store.status(job_id)
         assert st.state == "retrying" and st.attempts == attempt and st.last_error == f"error {attempt}"
@@ -71,7 +71,7 @@ def test_fail_twice_then_succeed(conn, store):
     assert gaps[1] >= gaps[0]
     c = claim_job(store, job_id)
     assert c.attempt == 3
-    [out] = store.complete([(job_id, c.lease_token, {"third": "time lucky"})])
+    [out] = store.complete([Complete(job_id, c.lease_token, json_text({"third": "time lucky"}))])
     assert (out.ok, out.state) == (True, "succeeded")
     st = store.status(job_id)
     assert (st.state, st.attempts, st.result) == ("succeeded", 3, {"third": "time lucky"})
@@ -92,7 +92,7 @@ def test_jitter_spreads_retries_of_jobs_failing_together(conn, store):
     ids = [s.job_id for s in store.submit_many("t", [JobSpec(f"j{i}", backoff_base_s=base) for i in range(50)])]
     claimed = claim(store, ids)
     assert sorted(c.job_id for c in claimed) == sorted(ids)
-    outs = store.fail([(c.job_id, c.lease_token, "thundering herd", True) for c in claimed])
+    outs = store.fail([Fail(c.job_id, c.lease_token, "thundering herd", True) for c in claimed])
     assert all(o.ok and o.state == "retrying" for o in outs)
     run_ats = [store.status(i).run_at for i in ids]
     assert len(set(run_ats)) == 50
@@ -107,7 +107,7 @@ def test_backoff_is_capped(conn, store):
     for attempt in range(1, 6):
         c = claim_job(store, job_id)
         assert c.attempt == attempt
-        [out] = store.fail([(job_id, c.lease_token, "again", True)])
+        [out] = store.fail([Fail(job_id, c.lease_token, "again", True)])
         assert out.state == "retrying"
         st = store.status(job_id)
         gap = st.run_at - store.clock
@@ -120,7 +120,7 @@ def test_backoff_is_capped(conn, store):
 def test_large_base_is_capped_from_the_first_attempt(conn, store):
     job_id = store.submit("t", JobSpec("big", backoff_base_s=7200, backoff_cap_s=7200)).job_id
     c = claim_job(store, job_id)
-    store.fail([(job_id, c.lease_token, "x", True)])
+    store.fail([Fail(job_id, c.lease_token, "x", True)])
     st = store.status(job_id)
     assert_backoff(st.run_at - T0, 7200)
     # Over an hour ahead: waits on the wheel at its own run time.
@@ -132,7 +132,7 @@ def test_non_retryable_failure_is_dead_at_once(conn, store):
     job_id = store.submit("t", JobSpec("fatal", max_attempts=5)).job_id
     c = claim_job(store, job_id)
     store.clock = T0 + 3 * S
-    [out] = store.fail([(job_id, c.lease_token, "bad input", False)])
+    [out] = store.fail([Fail(job_id, c.lease_token, "bad input", False)])
     assert (out.ok, out.state) == (True, "dead")
     st = store.status(job_id)
     assert (st.state, st.attempts, st.last_error, st.finished_at) == ("dead", 1, "bad input", T0 + 3 * S)
@@ -144,11 +144,11 @@ def test_non_retryable_failure_is_dead_at_once(conn, store):
 def test_last_attempt_failure_is_dead_with_its_error(conn, store):
     job_id = store.submit("t", JobSpec("twice", max_attempts=2)).job_id
     c = claim_job(store, job_id)
-    assert store.fail([(job_id, c.lease_token, "first", True)])[0].state == "retrying"
+    assert store.fail([Fail(job_id, c.lease_token, "first", True)])[0].state == "retrying"
     store.clock = store.status(job_id).run_at
     c = claim_job(store, job_id)
     assert c.attempt == 2 and c.max_attempts == 2
-    [out] = store.fail([(job_id, c.lease_token, "second", True)])
+    [out] = store.fail([Fail(job_id, c.lease_token, "second", True)])
     assert (out.ok, out.state) == (True, "dead")
     st = store.status(job_id)
     assert (st.state, st.attempts, st.last_error) == ("dead", 2, "second")
@@ -161,7 +161,7 @@ def test_last_attempt_failure_is_dead_with_its_error(conn, store):
 def test_single_attempt_job_is_dead_after_one_failure(conn, store):
     job_id = store.submit("t", JobSpec("once", max_attempts=1)).job_id
     c = claim_job(store, job_id)
-    assert store.fail([(job_id, c.lease_token, "nope", True)])[0].state == "dead"
+    assert store.fail([Fail(job_id, c.lease_token, "nope", True)])[0].state == "dead"
 
 
 # ---------------------------------------------------------------- expired claims
@@ -189,7 +189,7 @@ def test_expired_claim_returns_to_the_current_bucket(conn, store):
 def test_expired_running_job_returns_too(conn, store):
     job_id = store.submit("t", JobSpec("hung")).job_id
     c = claim_job(store, job_id, lease_s=10)
-    assert store.start([(job_id, c.lease_token)])[0].ok
+    assert store.start([Start(job_id, c.lease_token)])[0].ok
     store.clock = T0 + 11 * S
     pin(conn, store.clock)
     assert conn.execute("SELECT returned, dead FROM expire_claims(%s)", (job_id & 1023,)).fetchone() == (1, 0)
@@ -218,7 +218,7 @@ def test_expired_claim_at_the_last_attempt_is_dead(conn, store):
 def test_completed_claim_is_not_expired(conn, store):
     job_id = store.submit("t", JobSpec("quick")).job_id
     c = claim_job(store, job_id, lease_s=30)
-    assert store.complete([(job_id, c.lease_token, None)])[0].ok
+    assert store.complete([Complete(job_id, c.lease_token, None)])[0].ok
     store.clock = T0 + 31 * S
     assert store.expire_claims([job_id & 1023]) == (0, 0)
     assert store.status(job_id).state == "succeeded"
@@ -229,7 +229,7 @@ def test_claim_shortened_by_a_heartbeat_is_returned_once_it_expires(conn, store)
     job_id = store.submit("t", JobSpec("short-beat")).job_id
     c = claim_job(store, job_id, lease_s=300)
     store.clock = T0 + 5 * S
-    assert store.heartbeat([(job_id, c.lease_token)], 10)[0].ok
+    assert store.heartbeat([Heartbeat(job_id, c.lease_token)], 10)[0].ok
     expires = store.status(job_id).claim_expires_at
     store.clock = expires + S                                  # the claim, as recorded, has expired
     assert store.expire_claims([job_id & 1023]) == (1, 0)

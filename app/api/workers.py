@@ -29,7 +29,7 @@ from minutehand.dispatch.dispatcher import Dispatcher
 from minutehand.protocol import (CompleteIn, FailIn, HeldIn, LeaseIn, LeaseOut, OutcomeOut, OutcomesIn,
                                  OutcomesOut)
 from minutehand.protocol.jsontext import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_text_problem
-from minutehand.store.records import Outcome
+from minutehand.store.records import Complete, Fail, Heartbeat, Outcome, Release, Report, Start
 
 SECURITY = [{"worker": []}]
 JobIdParam = Annotated[int, PathParameter(ge=-(2**63), le=2**63 - 1, description="the job id")]
@@ -100,8 +100,8 @@ def _one(o: Outcome) -> OutcomeOut:
 def router(ctx: Context, dispatcher: Dispatcher) -> Router:
     tokens = TokenCache(ctx.settings.api_token_cache_s)
 
-    async def write(kind: str, items: list[tuple], extend_s: float | None = None) -> list[Outcome]:
-        return await dispatcher.writer.write(kind, items, extend_s)
+    async def write(reports: list[Report], extend_s: float | None = None) -> list[Outcome]:
+        return await dispatcher.writer.write(reports, extend_s)
 
     async def worker_credential(request: Request) -> str:
         token_hash = bearer_hash(request)
@@ -129,7 +129,7 @@ def router(ctx: Context, dispatcher: Dispatcher) -> Router:
 
     @post("/outcomes", operation_id="reportOutcomes", status_code=200, security=SECURITY, tags=["workers"],
           request_max_body_size=ctx.settings.api_max_batch_body_bytes,
-          summary="Heartbeats, completions, failures and give-backs, in one request",
+          summary="Starts, heartbeats, completions, failures and give-backs, in one request",
           description="Each item is answered in order: ok, or refused with the reason (a stale lease token "
                       "changes nothing). " + RESULT_RULE + " Here such a completion alone is refused (ok "
                       "false, the reason giving the size and the limit); the other items are written.",
@@ -142,15 +142,16 @@ def router(ctx: Context, dispatcher: Dispatcher) -> Router:
         for n, c in enumerate(body.complete):
             job_id = _job_id(c.job_id)
             try:
-                completions.append((job_id, c.lease_token, _result(c.result)))
+                completions.append(Complete(job_id, c.lease_token, _result(c.result)))
             except _Refused as exc:
                 refused[n] = OutcomeOut(str(job_id), False, None, exc.reason)
-        for kind, items in (("heartbeat", [(_job_id(h.job_id), h.lease_token) for h in body.heartbeat]),
+        for kind, items in (("start", [Start(_job_id(s.job_id), s.lease_token) for s in body.start]),
+                            ("heartbeat", [Heartbeat(_job_id(h.job_id), h.lease_token) for h in body.heartbeat]),
                             ("complete", completions),
-                            ("fail", [(_job_id(f.job_id), f.lease_token, _error(f.error), f.retryable)
+                            ("fail", [Fail(_job_id(f.job_id), f.lease_token, _error(f.error), f.retryable)
                                       for f in body.fail]),
-                            ("release", [(_job_id(r.job_id), r.lease_token) for r in body.release])):
-            answers[kind] = [_out(o) for o in await write(kind, items, body.extend_s)]
+                            ("release", [Release(_job_id(r.job_id), r.lease_token) for r in body.release])):
+            answers[kind] = [_out(o) for o in await write(items, body.extend_s)]
         if refused:
             written = iter(answers["complete"])
             answers["complete"] = [refused[n] if n in refused else next(written) for n in range(len(body.complete))]
@@ -158,10 +159,15 @@ def router(ctx: Context, dispatcher: Dispatcher) -> Router:
 
     one = problems.responses(*COMMON, INVALID, NOT_FOUND, STALE_CLAIM)
 
+    @post("/jobs/{job_id:int}/start", operation_id="startJob", status_code=200, security=SECURITY,
+          tags=["workers"], summary="The worker began running one job (claimed → running)", responses=one)
+    async def start(data: JSONBody[HeldIn], credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
+        return _one((await write([Start(job_id, data.lease_token)]))[0])
+
     @post("/jobs/{job_id:int}/heartbeat", operation_id="heartbeatJob", status_code=200, security=SECURITY,
           tags=["workers"], summary="Extend one job's claim", responses=one)
     async def heartbeat(data: JSONBody[HeldIn], credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
-        return _one((await write("heartbeat", [(job_id, data.lease_token)], data.extend_s))[0])
+        return _one((await write([Heartbeat(job_id, data.lease_token)], data.extend_s))[0])
 
     @post("/jobs/{job_id:int}/complete", operation_id="completeJob", status_code=200, security=SECURITY,
           tags=["workers"], summary="One job succeeded",
@@ -172,18 +178,18 @@ def router(ctx: Context, dispatcher: Dispatcher) -> Router:
             result = _result(data.result)
         except _Refused as exc:
             raise ApiProblem(exc.kind, exc.reason, job_id=str(job_id)) from None
-        return _one((await write("complete", [(job_id, data.lease_token, result)]))[0])
+        return _one((await write([Complete(job_id, data.lease_token, result)]))[0])
 
     @post("/jobs/{job_id:int}/fail", operation_id="failJob", status_code=200, security=SECURITY,
           tags=["workers"], summary="One job failed (retried after backoff, or dead)", responses=one)
     async def fail(data: JSONBody[FailIn], credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
-        return _one((await write("fail", [(job_id, data.lease_token, _error(data.error), data.retryable)]))[0])
+        return _one((await write([Fail(job_id, data.lease_token, _error(data.error), data.retryable)]))[0])
 
     @post("/jobs/{job_id:int}/release", operation_id="releaseJob", status_code=200, security=SECURITY,
           tags=["workers"], summary="Give back a job that was not started", responses=one)
     async def release(data: JSONBody[HeldIn], credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
-        return _one((await write("release", [(job_id, data.lease_token)]))[0])
+        return _one((await write([Release(job_id, data.lease_token)]))[0])
 
-    return Router("/v1/worker", route_handlers=[lease, outcomes, heartbeat, complete, fail, release],
+    return Router("/v1/worker", route_handlers=[lease, outcomes, start, heartbeat, complete, fail, release],
                   dto=StrictBody, return_dto=None,             # bodies: msgspec decodes them
                   dependencies={"credential": credential}, before_request=check_first)

@@ -47,7 +47,7 @@ from minutehand.futures import settle
 from minutehand.protocol import LeasedJob, Replay
 from minutehand.settings import Settings
 from minutehand.store import errors
-from minutehand.store.records import ClaimRequest
+from minutehand.store.records import ClaimRequest, Fail, Release
 from minutehand.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -359,7 +359,7 @@ class Dispatcher:
             answers = [(w, self._deliverable(got[id(w)])) for w in waiters]
         except BaseException:
             # Claimed, committed, and not handed out: back at once, attempts not counted.
-            self.writer.later("release", [(r["job_id"], r["lease_token"]) for rows in got.values() for r in rows])
+            self.writer.later([Release(r["job_id"], r["lease_token"]) for rows in got.values() for r in rows])
             raise
         with self._cond:
             for s in drained:
@@ -394,16 +394,16 @@ class Dispatcher:
                 jobs.append(_leased(row, self.claim_s))
             except (TypeError, ValueError) as exc:
                 log.error("job %s cannot be delivered, set aside as dead: %s", row["job_id"], exc)
-                undeliverable.append((row["job_id"], row["lease_token"],
-                                      f"the job cannot be delivered to a worker: {exc}", False))
-        self.writer.later("fail", undeliverable)
+                undeliverable.append(Fail(row["job_id"], row["lease_token"],
+                                          f"the job cannot be delivered to a worker: {exc}", retryable=False))
+        self.writer.later(undeliverable)
         return jobs
 
     def _give_back(self, jobs: list[LeasedJob]) -> None:
         """The request went away before its jobs reached it."""
         if jobs:
             log.info("worker request gone: giving back %d jobs", len(jobs))
-            self.writer.later("release", [(int(j.job_id), j.lease_token) for j in jobs])
+            self.writer.later([Release(int(j.job_id), j.lease_token) for j in jobs])
 
     # ------------------------------------------------------------ wake-ups
     def _listen(self) -> None:

@@ -1,33 +1,31 @@
-"""Outcomes from workers reach the database in batches: every heartbeat,
-completion, failure and give-back that arrives while the previous batch is
-being written goes into the next one, one procedure call per kind and one
-transaction each, so the commit rate does not cap throughput. Nothing
-waits to fill a batch: a lone outcome is written at once.
+"""Outcomes from workers reach the database in batches: every start,
+heartbeat, completion, failure and give-back that arrives while the
+previous batch is being written goes into the next one, one procedure call
+per kind and one transaction each, so the commit rate does not cap
+throughput. Nothing waits to fill a batch: a lone outcome is written at once.
 
-Each request waits on a future for its own items' answers (ok, or why
+Each request waits on a future for its own reports' answers (ok, or why
 refused), matched by position.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import psycopg
 
 from minutehand.futures import BatchThreads, settle
-from minutehand.store.records import Outcome
+from minutehand.store.records import Complete, Fail, Heartbeat, Outcome, Release, Report, Start
 from minutehand.store.store import Store
 
 log = logging.getLogger(__name__)
 
-KINDS = ("heartbeat", "complete", "fail", "release")
-
 
 @dataclass
 class _Pending:
-    kind: str
-    items: list[tuple]
+    reports: Sequence[Report]            # all of one kind
     extend_s: float | None
     future: asyncio.Future | None       # None: nobody waits (written by the dispatcher itself)
     loop: asyncio.AbstractEventLoop | None
@@ -37,23 +35,31 @@ class OutcomeWriter:
     def __init__(self, store: Store, *, extend_s: float, threads: int = 2, max_items: int = 5000):
         self.store = store
         self.extend_s = extend_s
-        self._threads = BatchThreads("outcomes", threads, self._send, max_items, size=lambda p: len(p.items))
+        self._threads = BatchThreads("outcomes", threads, self._send, max_items, size=lambda p: len(p.reports))
+        # The procedure call for each kind of report.
+        self._writers: dict[type, Callable[[Sequence, float], list[Outcome]]] = {
+            Start: lambda items, _: store.start(items),
+            Heartbeat: store.heartbeat,
+            Complete: lambda items, _: store.complete(items),
+            Fail: lambda items, _: store.fail(items),
+            Release: lambda items, _: store.release(items),
+        }
 
-    async def write(self, kind: str, items: list[tuple], extend_s: float | None = None) -> list[Outcome]:
-        """items per kind: heartbeat/release (id, token); complete (id, token,
-        result); fail (id, token, error, retryable)."""
-        if not items:
+    async def write(self, reports: Sequence[Report], extend_s: float | None = None) -> list[Outcome]:
+        """Write reports of one kind; their answers, in order. extend_s:
+        heartbeats extend claims to now + extend_s (default: the claim period)."""
+        if not reports:
             return []
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._threads.put(_Pending(kind, items, extend_s, future, loop))
+        self._threads.put(_Pending(reports, extend_s, future, loop))
         return await future
 
-    def later(self, kind: str, items: list[tuple]) -> None:
-        """Write outcomes without waiting for the answer (jobs given back, or
+    def later(self, reports: Sequence[Report]) -> None:
+        """Write reports without waiting for the answer (jobs given back, or
         failed, by the dispatcher itself)."""
-        if items:
-            self._threads.put(_Pending(kind, items, None, None, None))
+        if reports:
+            self._threads.put(_Pending(reports, None, None, None))
 
     # A Service (minutehand.lifecycle): the writing threads run from start() to
     # stop(), which writes what is queued first.
@@ -64,19 +70,20 @@ class OutcomeWriter:
         self._threads.stop()
 
     def _send(self, batch: list[_Pending]) -> None:
-        groups: dict[tuple[str, float | None], list[_Pending]] = {}
+        groups: dict[tuple[type, float | None], list[_Pending]] = {}
         for p in batch:
-            key = (p.kind, (p.extend_s or self.extend_s) if p.kind == "heartbeat" else None)
+            kind = type(p.reports[0])
+            key = (kind, (p.extend_s or self.extend_s) if kind is Heartbeat else None)
             groups.setdefault(key, []).append(p)
         for (kind, extend_s), group in groups.items():
             self._write(kind, extend_s, group)
 
-    def _write(self, kind: str, extend_s: float | None, group: list[_Pending]) -> None:
-        items = [i for p in group for i in p.items]
+    def _write(self, kind: type, extend_s: float | None, group: list[_Pending]) -> None:
+        items = [r for p in group for r in p.reports]
         try:
-            outcomes = self._call(kind, extend_s, items)
+            outcomes = self._writers[kind](items, extend_s)
         except psycopg.OperationalError as exc:   # the database is away: every request shares that fate
-            log.warning("writing %d %s outcomes failed: %s", len(items), kind, exc)
+            log.warning("writing %d %s outcomes failed: %s", len(items), kind.__name__, exc)
             settle((p.future, p.loop, None, exc) for p in group if p.future is not None)
             return
         except Exception as exc:
@@ -87,17 +94,12 @@ class OutcomeWriter:
                 for p in group:
                     self._write(kind, extend_s, [p])
                 return
-            log.warning("writing %d %s outcomes failed: %s", len(items), kind, exc)
+            log.warning("writing %d %s outcomes failed: %s", len(items), kind.__name__, exc)
             settle((p.future, p.loop, None, exc) for p in group if p.future is not None)
             return
         answers, at = [], 0
         for p in group:
             if p.future is not None:
-                answers.append((p.future, p.loop, outcomes[at:at + len(p.items)], None))
-            at += len(p.items)
+                answers.append((p.future, p.loop, outcomes[at:at + len(p.reports)], None))
+            at += len(p.reports)
         settle(answers)
-
-    def _call(self, kind: str, extend_s: float | None, items: list[tuple]) -> list[Outcome]:
-        if kind == "heartbeat":
-            return self.store.heartbeat(items, extend_s)
-        return getattr(self.store, kind)(items)

@@ -4,8 +4,8 @@ worker library (app/worker/). What JSON text a payload or a result may be
 is in jsontext.py, next to them: the server accepts only what a worker reads.
 
     POST /v1/worker/lease      long-poll for up to `capacity` jobs
-    POST /v1/worker/outcomes   heartbeats, completions, failures and give-backs, batched
-    POST /v1/worker/jobs/{id}/{heartbeat|complete|fail|release}
+    POST /v1/worker/outcomes   starts, heartbeats, completions, failures and give-backs, batched
+    POST /v1/worker/jobs/{id}/{start|heartbeat|complete|fail|release}
                                one job: a refusal is a 4xx (404 no such job,
                                409 stale lease token), not a per-item answer
 
@@ -110,9 +110,12 @@ ExtendS = Annotated[float, Meta(ge=1, le=86400, description="a heartbeat extends
 
 class OutcomesIn(Struct, forbid_unknown_fields=True):
     """Many outcomes in one request (each list may be empty); the dispatcher
-    writes them in batches, one transaction for many jobs. heartbeat
-    extends claims; release gives back claimed jobs that were not started
-    (they are due again at once, the attempt not counted)."""
+    writes them in batches, one transaction for many jobs. start marks
+    claimed jobs running (a completion or failure of a job whose start was
+    not reported records its start at the claim); heartbeat extends claims;
+    release gives back claimed jobs that were not started (they are due
+    again at once, the attempt not counted)."""
+    start: Annotated[list[Held], Meta(max_length=MAX_ITEMS)] = []
     heartbeat: Annotated[list[Held], Meta(max_length=MAX_ITEMS)] = []
     complete: Annotated[list[Completed], Meta(max_length=MAX_ITEMS)] = []
     fail: Annotated[list[Failed], Meta(max_length=MAX_ITEMS)] = []
@@ -134,6 +137,7 @@ class OutcomesOut(Struct):
     complete: list[OutcomeOut]
     fail: list[OutcomeOut]
     release: list[OutcomeOut]
+    start: list[OutcomeOut] = []
 
 
 # ---------------------------------------------------------------- one job

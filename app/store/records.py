@@ -89,8 +89,54 @@ class ClaimResult:
     refused: dict[int, str]  # shard -> why its claim was refused (stale lease)
 
 
+# What a worker (or the dispatcher) reports about a claimed job, one record
+# per kind: each names the job and the lease token of the claim it acts on.
+@dataclass(frozen=True, slots=True)
+class Start:
+    """The worker began running the job (claimed → running)."""
+    job_id: int
+    lease_token: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """The job still runs: extend its claim to now + extend_s."""
+    job_id: int
+    lease_token: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True)
+class Complete:
+    """The job succeeded; result is its JSON text (None: no result)."""
+    job_id: int
+    lease_token: uuid.UUID
+    result: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """The job failed: retried after backoff while attempts remain and
+    retryable, else dead."""
+    job_id: int
+    lease_token: uuid.UUID
+    error: str
+    retryable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Give back a claimed job that was not started: due again at once,
+    the attempt not counted."""
+    job_id: int
+    lease_token: uuid.UUID
+
+
+Report = Start | Heartbeat | Complete | Fail | Release
+
+
 @dataclass(frozen=True)
 class Outcome:
+    """The answer to one report: ok, or refused (changed nothing) and why."""
     job_id: int
     ok: bool
     state: str | None

@@ -22,8 +22,9 @@ from psycopg_pool import ConnectionPool
 
 from minutehand.store import errors, repeat
 from minutehand.store.queries import q
-from minutehand.store.records import (BatchItem, ClaimedJob, ClaimRequest, ClaimResult, JobPage, JobSpec, JobStatus, JobSummary,
-                               Maintenance, Outcome, Submitted, TeamStats)
+from minutehand.store.records import (BatchItem, ClaimedJob, ClaimRequest, ClaimResult, Complete, Fail, Heartbeat,
+                                     JobPage, JobSpec, JobStatus, JobSummary, Maintenance, Outcome, Release, Report,
+                                     Start, Submitted, TeamStats)
 
 
 log = logging.getLogger(__name__)
@@ -434,29 +435,27 @@ class Store:
         return results, refused
 
     # ------------------------------------------------------------ outcomes
-    def start(self, items: Sequence[tuple[int, Any]]) -> list[Outcome]:
+    def start(self, items: Sequence[Start]) -> list[Outcome]:
         return self._outcomes("start_many", items, {})
 
-    def heartbeat(self, items: Sequence[tuple[int, Any]], extend_s: float) -> list[Outcome]:
+    def heartbeat(self, items: Sequence[Heartbeat], extend_s: float) -> list[Outcome]:
         return self._outcomes("heartbeat_many", items, {"extend_s": extend_s})
 
-    def complete(self, items: Sequence[tuple[int, Any, Any]]) -> list[Outcome]:
-        """items: (job_id, lease_token, result); a result may be JSON text (bytes)."""
+    def complete(self, items: Sequence[Complete]) -> list[Outcome]:
         return self._outcomes("complete_many", items,
-                              {"results": [_jsonb(i[2]) if i[2] is not None else None for i in items]})
+                              {"results": [_jsonb(i.result) if i.result is not None else None for i in items]})
 
-    def fail(self, items: Sequence[tuple[int, Any, str, bool]]) -> list[Outcome]:
-        """items: (job_id, lease_token, error, retryable)."""
-        return self._outcomes("fail_many", items, {"errors": [i[2] for i in items],
-                                                    "retryable": [i[3] for i in items]})
+    def fail(self, items: Sequence[Fail]) -> list[Outcome]:
+        return self._outcomes("fail_many", items, {"errors": [i.error for i in items],
+                                                    "retryable": [i.retryable for i in items]})
 
-    def _outcomes(self, name: str, items: Sequence[tuple], extra: dict[str, Any]) -> list[Outcome]:
-        rows = self._all(name, {"ids": [i[0] for i in items], "tokens": [i[1] for i in items], **extra})
-        return [Outcome(**r) for r in rows]
-
-    def release(self, items: Sequence[tuple[int, Any]]) -> list[Outcome]:
-        """Give back claimed, unstarted jobs: items (job_id, lease_token)."""
+    def release(self, items: Sequence[Release]) -> list[Outcome]:
         return self._outcomes("release_many", items, {})
+
+    def _outcomes(self, name: str, items: Sequence[Report], extra: dict[str, Any]) -> list[Outcome]:
+        rows = self._all(name, {"ids": [i.job_id for i in items], "tokens": [i.lease_token for i in items],
+                                **extra})
+        return [Outcome(**r) for r in rows]
 
     def cancel(self, job_id: int, team: str | None) -> Outcome:
         """Cancel a job that has not started, as `team`; team None (an

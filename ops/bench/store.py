@@ -29,7 +29,7 @@ import psycopg
 
 from minutehand.store import migrate
 from ops.bench.server import bench_server
-from minutehand.store.records import JobSpec
+from minutehand.store.records import Complete, JobSpec
 from minutehand.store.store import Store
 
 FLOOR = Path(__file__).with_name("floor") / "run.sh"
@@ -121,7 +121,7 @@ def _lifecycle(start, url: str, shards: list[int], owner: str, counter) -> None:
             for shard, epoch in leases.items():
                 jobs = store.claim({shard: epoch}, 100, owner, 60).jobs
                 if jobs:
-                    store.complete([(j.job_id, j.lease_token, None) for j in jobs])
+                    store.complete([Complete(j.job_id, j.lease_token, None) for j in jobs])
                     n += len(jobs)
                     idle = False
         with counter.get_lock():
