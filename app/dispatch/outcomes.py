@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -36,14 +36,6 @@ class OutcomeWriter:
         self.store = store
         self.extend_s = extend_s
         self._threads = BatchThreads("outcomes", threads, self._send, max_items, size=lambda p: len(p.reports))
-        # The procedure call for each kind of report.
-        self._writers: dict[type, Callable[[Sequence, float], list[Outcome]]] = {
-            Start: lambda items, _: store.start(items),
-            Heartbeat: store.heartbeat,
-            Complete: lambda items, _: store.complete(items),
-            Fail: lambda items, _: store.fail(items),
-            Release: lambda items, _: store.release(items),
-        }
 
     async def write(self, reports: Sequence[Report], extend_s: float | None = None) -> list[Outcome]:
         """Write reports of one kind; their answers, in order. extend_s:
@@ -81,7 +73,7 @@ class OutcomeWriter:
     def _write(self, kind: type, extend_s: float | None, group: list[_Pending]) -> None:
         items = [r for p in group for r in p.reports]
         try:
-            outcomes = self._writers[kind](items, extend_s)
+            outcomes = self._call(kind, items, extend_s)
         except psycopg.OperationalError as exc:   # the database is away: every request shares that fate
             log.warning("writing %d %s outcomes failed: %s", len(items), kind.__name__, exc)
             settle((p.future, p.loop, None, exc) for p in group if p.future is not None)
@@ -103,3 +95,11 @@ class OutcomeWriter:
                 answers.append((p.future, p.loop, outcomes[at:at + len(p.reports)], None))
             at += len(p.reports)
         settle(answers)
+
+    def _call(self, kind: type, items: list, extend_s: float | None) -> list[Outcome]:
+        """The procedure call for each kind of report."""
+        if kind is Heartbeat:
+            return self.store.heartbeat(items, extend_s)
+        writers = {Start: self.store.start, Complete: self.store.complete, Fail: self.store.fail,
+                   Release: self.store.release}
+        return writers[kind](items)
