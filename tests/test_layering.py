@@ -202,8 +202,8 @@ BLOCKED_WORKER = textwrap.dedent(f"""
         return outbox.sent
 
     sent = asyncio.run(main())
-    assert [kind for kind, _ in sent] == ["complete"], sent
-    assert bytes(sent[0][1].result) == b'{{"twice":42}}', sent
+    assert [kind for kind, _ in sent] == ["start", "complete"], sent
+    assert bytes(sent[1][1].result) == b'{{"twice":42}}', sent
     assert not [m for m in sys.modules if m.partition(".")[0] in {SERVER_ONLY!r}]
     print("ok")
 """)

@@ -24,7 +24,8 @@ class Outbox:
     dispatcher); if none can, completions, failures and releases are kept
     and retried, heartbeats are answered None (the next one will try)."""
 
-    KINDS = ("heartbeat", "complete", "fail", "release")
+    KINDS = ("start", "heartbeat", "complete", "fail", "release")
+    NOT_RETRIED = ("start", "heartbeat")     # a later report covers them
 
     def __init__(self, client: DispatcherClient, others: list[DispatcherClient], *, worker_id: str,
                  flush_s: float, drain_s: float = 5.0):
@@ -71,7 +72,7 @@ class Outbox:
             await self.wake.wait()
             await asyncio.sleep(self.flush_s)
             self.wake.clear()
-            batch, self.items = self.items, []
+            batch, self.items = _without_covered_starts(self.items), []
             left = await self.deliver(batch)
             if left:
                 self.items[:0] = left
@@ -121,16 +122,33 @@ class Outbox:
                 results = getattr(answer, kind) if answer is not None else [None] * len(request[kind])
                 for item, result in zip(request[kind], results):
                     fut = item[3]
-                    if result is None and kind != "heartbeat" and not isinstance(error, Refused):
+                    if result is None and kind not in self.NOT_RETRIED and not isinstance(error, Refused):
                         left.append(item)               # retried: it must get through
                         continue
-                    if result is not None and not result.ok and kind != "heartbeat":
+                    if result is not None and not result.ok and kind not in self.NOT_RETRIED:
                         log.warning("outcome_refused", extra={
                             "worker": self.worker_id, "job_id": int(result.job_id), "state": result.state,
                             "reason": f"{kind}: {result.reason} (not retried)"})
                     if not fut.done():
                         fut.set_result(result)
         return left
+
+
+def _without_covered_starts(batch: list) -> list:
+    """The batch less the starts of jobs whose completion or failure goes in
+    it too: that report records the start (at the claim), and a job done
+    quickly costs one write, not two. Those starts are answered None."""
+    done = {i[1].job_id for i in batch if i[0] in ("complete", "fail")}
+    if not done:
+        return batch
+    kept = []
+    for item in batch:
+        if item[0] == "start" and item[1].job_id in done:
+            if not item[3].done():
+                item[3].set_result(None)
+        else:
+            kept.append(item)
+    return kept
 
 
 def _requests(batch: list) -> list[dict]:

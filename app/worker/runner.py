@@ -99,6 +99,10 @@ class JobRunner:
         keep_alive: list[asyncio.Task] = []
         timer = asyncio.get_running_loop().call_later(
             job.claim_s / 3, lambda: keep_alive.append(asyncio.ensure_future(self.keep_alive(run))))
+        # Reported with the next batch of outcomes (or, for a job done by then,
+        # covered by its completion): the job is running, no longer cancellable.
+        run.outbox.send("start", Held(job_id=lj.job_id, lease_token=lj.lease_token)).add_done_callback(
+            lambda answer: self._start_answered(run, answer))
         if log.isEnabledFor(logging.DEBUG):             # per job: skip building the fields when off
             log.debug("job_started", **fields(self.worker_id, **ids))
         try:
@@ -111,6 +115,13 @@ class JobRunner:
                 task.cancel()
         kind = "complete" if isinstance(outcome, Completed) else "fail"
         await self.report(run, kind, outcome, event, ids)
+
+    def _start_answered(self, run: Running, answer: asyncio.Future) -> None:
+        """A refused start (the job was cancelled, or its claim is gone): its
+        outcome will not be reported."""
+        result = answer.result() if not answer.cancelled() else None
+        if result is not None and not result.ok and run.lost is None:
+            run.lost = f"start refused: {result.reason}"
 
     async def call_handler(self, run: Running, lj: LeasedJob) -> tuple[Completed | Failed, str]:
         handler = self.handlers.get(lj.name)
