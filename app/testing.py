@@ -28,6 +28,9 @@ the same is the fixture `minutehand_drain`, on the database the fixture
 
 The database is the test's alone: the drain's dispatcher takes every shard,
 and its worker token ("testing-drain") is rotated on each drain.
+
+PYTEST_DONT_REWRITE: this plugin has no asserts to rewrite; the marker keeps
+pytest from warning when a test module imported it before loading it.
 """
 from __future__ import annotations
 
