@@ -120,7 +120,8 @@ def run_job(worker: Worker, job: Job) -> Outcome:
 # ================================================================ every due job, through a real dispatcher
 @dataclass(frozen=True)
 class Drained:
-    """Every job of the worker's names that the drain saw due or running,
+    """The jobs of the worker's names that the drain saw due or running
+    (polled every 50 ms: a job a handler submits may finish unseen), each
     as its status record read after everything stopped (`jobs`, by id)."""
     jobs: dict[int, Any]
 
@@ -172,12 +173,13 @@ def drain(worker: Worker, database_url: str, *, timeout_s: float = 30.0, retries
     outstanding: list[int] = []
     try:
         token = store.create_worker_token(WORKER_TOKEN_NAME)
-        with _dispatcher(database_url, claim_lease_s) as url, _running(_copy_worker(worker, url, token)):
+        with (_dispatcher(database_url, claim_lease_s) as url,
+              _running(_copy_worker(worker, url, token)) as run):
             while True:
                 outstanding = _outstanding(store, names, worker.teams, retry_horizon)
                 seen.update(outstanding)
-                if not outstanding or time.monotonic() >= deadline:
-                    break
+                if not outstanding or time.monotonic() >= deadline or not run.thread.is_alive():
+                    break                       # a worker that died raises its error on exit
                 time.sleep(0.05)
         drained = Drained({i: st for i in sorted(seen) if (st := store.status(i)) is not None})
     finally:
@@ -207,9 +209,9 @@ class _running:
         except BaseException as exc:        # noqa: BLE001 - raised in the test's thread on exit
             self.errors.append(exc)
 
-    def __enter__(self) -> Worker:
+    def __enter__(self) -> _running:
         self.thread.start()
-        return self.worker
+        return self
 
     def __exit__(self, *exc) -> None:
         self.worker.stop()
@@ -217,7 +219,7 @@ class _running:
         if self.thread.is_alive():
             raise RuntimeError("the worker did not stop")
         if self.errors and exc[0] is None:
-            raise self.errors[0]
+            raise RuntimeError("the worker's loop failed") from self.errors[0]
 
 
 class _dispatcher:
@@ -226,9 +228,12 @@ class _dispatcher:
 
     def __init__(self, database_url: str, claim_lease_s: float):
         self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        port = self.sock.getsockname()[1]
-        self.app, self.close = _dispatcher_app(database_url, port, claim_lease_s)
+        try:
+            self.sock.bind(("127.0.0.1", 0))
+            self.app, self.close = _dispatcher_app(database_url, self.sock.getsockname()[1], claim_lease_s)
+        except BaseException:
+            self.sock.close()
+            raise
         self.server = None
         self.thread = None
 
@@ -345,12 +350,14 @@ def _store(database_url: str):
 def _copy_worker(worker: Worker, url: str, token: str) -> Worker:
     """A Worker with `worker`'s handlers and options, pointed at the drain's
     dispatcher (the user's own Worker is left untouched). Its long-poll is
-    short: a stop waits for the poll in flight."""
-    defaults = _settings()
+    short, as a stop waits for the poll in flight; unless the worker sets
+    one, the grace period is short too (a handler stuck past a drain's
+    timeout holds the test only that long)."""
     copy = Worker(urls=[url], token=token,
-                  concurrency=worker.concurrency or defaults.worker_concurrency,
-                  grace_s=worker.grace_s if worker.grace_s is not None else defaults.worker_grace_s,
-                  worker_id=f"testing-{secrets.token_hex(4)}", wait_s=min(worker.wait_s, 1.0),
+                  concurrency=(worker.concurrency if worker.concurrency is not None
+                               else _settings().worker_concurrency),
+                  grace_s=worker.grace_s if worker.grace_s is not None else 5.0,
+                  worker_id=f"testing-{secrets.token_hex(4)}", wait_s=min(worker.wait_s, 0.25),
                   flush_s=worker.flush_s, teams=worker.teams)
     for name, handler in worker.handlers.items():
         copy.job(name)(handler)

@@ -202,3 +202,13 @@ def test_a_drain_that_does_not_settle_in_time_says_which_jobs_are_left(worker, s
         testing.drain(worker, db_dsn, timeout_s=1)
     assert caught.value.outstanding == [stuck]
     assert stuck in caught.value.drained.jobs
+
+
+def test_a_worker_whose_loop_fails_fails_the_drain_at_once(store, db_dsn):
+    worker = make_worker(concurrency=0)
+    submit(store, "emails.send", {"to": "a@b"})
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="loop failed") as caught:
+        testing.drain(worker, db_dsn, timeout_s=30)
+    assert "concurrency" in str(caught.value.__cause__)
+    assert time.monotonic() - started < 15
