@@ -44,11 +44,14 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from minutehand.worker import Job, Worker
+
+if TYPE_CHECKING:
+    from minutehand.store.records import JobStatus
 
 __all__ = ["Drained", "DrainTimeout", "Failed", "Outcome", "Succeeded", "drain", "drain_async",
            "make_job", "run_job", "run_job_async"]
@@ -123,7 +126,7 @@ class Drained:
     """The jobs of the worker's names that the drain saw due or running
     (polled every 50 ms: a job a handler submits may finish unseen), each
     as its status record read after everything stopped (`jobs`, by id)."""
-    jobs: dict[int, Any]
+    jobs: dict[int, JobStatus]
 
     def ids(self, state: str) -> list[int]:
         return sorted(i for i, st in self.jobs.items() if st.state == state)
