@@ -175,6 +175,8 @@ def drain(worker: Worker, database_url: str, *, timeout_s: float = 30.0, retries
     seen: set[int] = set()
     outstanding: list[int] = []
     try:
+        if not _outstanding(store, names, worker.teams, retry_horizon):
+            return Drained({})                  # nothing to run: no dispatcher to start
         token = store.create_worker_token(WORKER_TOKEN_NAME)
         with (_dispatcher(database_url, claim_lease_s) as url,
               _running(_copy_worker(worker, url, token)) as run):

@@ -179,6 +179,12 @@ def test_drain_without_retries_stops_at_a_retry_not_yet_due(worker, store, db_ds
     assert (store.status(failing).state, store.status(failing).attempts) == ("retrying", 1)
 
 
+def test_a_drain_with_nothing_due_returns_at_once(worker, store, db_dsn):
+    later = submit(store, "emails.send", {"to": "a@b"}, due_at=dt.datetime.now(UTC) + dt.timedelta(minutes=5))
+    assert testing.drain(worker, db_dsn) == testing.Drained({})
+    assert store.status(later).state == "scheduled"
+
+
 def test_drain_keeps_to_the_teams_a_worker_names(store, db_dsn):
     worker = make_worker(teams=["shop"])
     ours = submit(store, "emails.send", {"to": "a@b"})
