@@ -108,11 +108,7 @@ async def run_job_async(worker: Worker, job: Job) -> Outcome:
     LookupError (the loop would fail such a job; in a test it is a typo)."""
     if job.name not in worker.handlers:
         raise LookupError(f"no handler registered for {job.name!r}; registered: {sorted(worker.handlers)}")
-    reported = await _worker_outcome(worker, job)
-    error = getattr(reported, "error", None)
-    if error is not None:
-        return Failed(error=error, retryable=reported.retryable)
-    return Succeeded(result=msgspec.json.decode(bytes(reported.result)))
+    return await _worker_outcome(worker, job)
 
 
 def run_job(worker: Worker, job: Job) -> Outcome:
@@ -290,15 +286,15 @@ if pytest is not None:
 # Each function below is the one place this module reaches past the public
 # API; rewire them here when the modules they name move.
 
-async def _worker_outcome(worker: Worker, job: Job):
+async def _worker_outcome(worker: Worker, job: Job) -> Outcome:
     """The worker loop's own "handler return or exception -> Completed or
     Failed" (minutehand.worker.worker: _Run.call_handler), on a job that did
-    not come from a dispatcher. call_handler is a method of one run of a
-    worker; it uses only `w.handlers` and `threads` of it, and `job` of the
-    running job, so a stand-in gives it those."""
+    not come from a dispatcher, as an Outcome. call_handler is a method of
+    one run of a worker; it uses only `w.handlers` and `threads` of it, and
+    `job` of the running job, so a stand-in gives it those."""
     from types import SimpleNamespace
 
-    from minutehand.dispatch.protocol import LeasedJob
+    from minutehand.dispatch.protocol import Completed, LeasedJob
     from minutehand.worker.worker import _Run, _Threads
     leased = LeasedJob(job_id=str(job.id), team=job.team, name=job.name,
                        payload=msgspec.Raw(msgspec.json.encode(job.payload)), attempt=job.attempt,
@@ -311,7 +307,9 @@ async def _worker_outcome(worker: Worker, job: Job):
                                                   SimpleNamespace(job=job), leased)
     finally:
         threads.close()
-    return outcome
+    if isinstance(outcome, Completed):
+        return Succeeded(result=msgspec.json.decode(bytes(outcome.result)))
+    return Failed(error=outcome.error, retryable=outcome.retryable)
 
 
 def _dispatcher_app(database_url: str, port: int, claim_lease_s: float):
