@@ -43,12 +43,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from minutehand.worker import Job, Worker
+from minutehand.worker.settings import WorkerSettings
 
 if TYPE_CHECKING:
     from minutehand.store.records import JobStatus
@@ -287,54 +288,44 @@ if pytest is not None:
 # API; rewire them here when the modules they name move.
 
 async def _worker_outcome(worker: Worker, job: Job) -> Outcome:
-    """The worker loop's own "handler return or exception -> Completed or
-    Failed" (minutehand.worker.worker: _Run.call_handler), on a job that did
-    not come from a dispatcher, as an Outcome. call_handler is a method of
-    one run of a worker; it uses only `w.handlers` and `threads` of it, and
-    `job` of the running job, so a stand-in gives it those."""
-    from types import SimpleNamespace
-
-    from minutehand.dispatch.protocol import Completed, LeasedJob
-    from minutehand.worker.worker import _Run, _Threads
-    leased = LeasedJob(job_id=str(job.id), team=job.team, name=job.name,
-                       payload=msgspec.Raw(msgspec.json.encode(job.payload)), attempt=job.attempt,
-                       max_attempts=job.max_attempts, idempotency_key=job.idempotency_key,
-                       lease_token=job.lease_token, claim_expires_at=job.claim_expires_at, claim_s=job.claim_s,
-                       due_at=job.due_at, run_at=job.run_at)
-    threads = _Threads(1)
+    """The worker loop's own handler call (minutehand.worker.runner:
+    run_handler), its Completed or Failed as an Outcome."""
+    from minutehand.worker.job import NonRetryable, error_text
+    from minutehand.worker.runner import run_handler
+    from minutehand.worker.threads import HandlerThreads
+    # The payload as a handler gets it from a dispatcher: through JSON.
+    job = replace(job, payload=msgspec.json.decode(msgspec.json.encode(job.payload)))
+    threads = HandlerThreads(1)
     try:
-        outcome, _event = await _Run.call_handler(SimpleNamespace(w=worker, threads=threads),
-                                                  SimpleNamespace(job=job), leased)
+        raw = await run_handler(worker.handlers.get(job.name), job, threads)
+    except NonRetryable as exc:
+        return Failed(error=error_text(exc), retryable=False)
+    except Exception as exc:
+        return Failed(error=error_text(exc), retryable=True)
     finally:
         threads.close()
-    if isinstance(outcome, Completed):
-        return Succeeded(result=msgspec.json.decode(bytes(outcome.result)))
-    return Failed(error=outcome.error, retryable=outcome.retryable)
+    return Succeeded(result=msgspec.json.decode(bytes(raw)))
 
 
 def _dispatcher_app(database_url: str, port: int, claim_lease_s: float):
-    """The app `minutehand dispatcher` serves (minutehand.api.serve: serve with
-    submit_api=False, less uvicorn.run): its two stores, the Dispatcher and
-    create_app. (app, close) where close() closes the stores."""
-    from minutehand.api.app import create_app
-    from minutehand.api.serve import api_store, dispatcher_store
-    from minutehand.dispatch.dispatcher import Dispatcher
+    """The process `minutehand dispatcher` serves (minutehand.serve.build with
+    the worker protocol only), less uvicorn.run: (app, close) where close()
+    closes its stores."""
+    from minutehand.serve import api_store, build, dispatcher_store
     settings = _settings(database_url=database_url, http_host="127.0.0.1", http_port=port,
                          claim_lease_s=claim_lease_s, dispatcher_name=f"testing-{secrets.token_hex(4)}",
                          log_level="WARNING")
     store = api_store(settings)
     dispatch_store = dispatcher_store(settings)
-    try:
-        app = create_app(settings, store, submit_api=False, dispatcher=Dispatcher(settings, dispatch_store))
-    except BaseException:
-        store.close()
-        dispatch_store.close()
-        raise
 
     def close() -> None:
         store.close()
         dispatch_store.close()
-    return app, close
+    try:
+        return build(settings, store, dispatch_store, submit_api=False).app, close
+    except BaseException:
+        close()
+        raise
 
 
 def _settings(**values):
@@ -358,7 +349,7 @@ def _copy_worker(worker: Worker, url: str, token: str) -> Worker:
     timeout holds the test only that long)."""
     copy = Worker(urls=[url], token=token,
                   concurrency=(worker.concurrency if worker.concurrency is not None
-                               else _settings().worker_concurrency),
+                               else WorkerSettings().worker_concurrency),
                   grace_s=worker.grace_s if worker.grace_s is not None else 5.0,
                   worker_id=f"testing-{secrets.token_hex(4)}", wait_s=min(worker.wait_s, 0.25),
                   flush_s=worker.flush_s, teams=worker.teams)

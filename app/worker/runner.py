@@ -124,29 +124,9 @@ class JobRunner:
             run.lost = f"start refused: {result.reason}"
 
     async def call_handler(self, run: Running, lj: LeasedJob) -> tuple[Completed | Failed, str]:
-        handler = self.handlers.get(lj.name)
         try:
-            if handler is None:
-                raise LookupError(f"no handler registered for {lj.name!r} on this worker")
-            job = replace(run.job, payload=msgspec.json.decode(lj.payload))
-            run.job = job
-            if inspect.iscoroutinefunction(handler):
-                result = await handler(job)
-            else:
-                result = await self.threads.run(handler, job)
-                if inspect.isawaitable(result):
-                    result = await result
-            try:
-                raw = msgspec.Raw(msgspec.json.encode(result))
-            except (TypeError, ValueError, OverflowError) as exc:
-                raise TypeError(f"the handler's result is not JSON-able: {exc}") from exc
-            # A result the dispatcher would refuse fails the job instead (a refused
-            # report would leave it claimed until its claim expired).
-            if len(raw) > MAX_JSON_BYTES:
-                raise NonRetryable(f"the handler's result is {len(raw):,} bytes as JSON, over the limit of "
-                                   f"{MAX_JSON_BYTES:,}: store large results elsewhere and return a reference")
-            if reason := json_text_problem("the handler's result", bytes(raw)):
-                raise NonRetryable(reason)
+            run.job = replace(run.job, payload=msgspec.json.decode(lj.payload))
+            raw = await run_handler(self.handlers.get(lj.name), run.job, self.threads)
             return Completed(job_id=lj.job_id, lease_token=lj.lease_token, result=raw), "job_succeeded"
         except NonRetryable as exc:
             return Failed(job_id=lj.job_id, lease_token=lj.lease_token, error=error_text(exc),
@@ -203,6 +183,32 @@ class JobRunner:
                 log.warning("claim_lost", **fields(self.worker_id, job_id=job.id, name=job.name, attempt=job.attempt,
                                                        reason=answer.reason, state=answer.state))
                 return
+
+
+async def run_handler(handler: Handler | None, job: Job, threads: HandlerThreads) -> msgspec.Raw:
+    """Run a handler on a job as the worker loop does (async in the loop, sync
+    in a handler thread): its result as JSON text, checked against what the
+    dispatcher accepts. Raises what the handler raised, or NonRetryable for a
+    result the dispatcher would refuse (a refused report would leave the job
+    claimed until its claim expired)."""
+    if handler is None:
+        raise LookupError(f"no handler registered for {job.name!r} on this worker")
+    if inspect.iscoroutinefunction(handler):
+        result = await handler(job)
+    else:
+        result = await threads.run(handler, job)
+        if inspect.isawaitable(result):
+            result = await result
+    try:
+        raw = msgspec.Raw(msgspec.json.encode(result))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise TypeError(f"the handler's result is not JSON-able: {exc}") from exc
+    if len(raw) > MAX_JSON_BYTES:
+        raise NonRetryable(f"the handler's result is {len(raw):,} bytes as JSON, over the limit of "
+                           f"{MAX_JSON_BYTES:,}: store large results elsewhere and return a reference")
+    if reason := json_text_problem("the handler's result", bytes(raw)):
+        raise NonRetryable(reason)
+    return raw
 
 
 def _margin(claim_s: float) -> float:
