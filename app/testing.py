@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from minutehand.protocol import JobId
 from minutehand.worker import Job, Worker
 from minutehand.worker.settings import WorkerSettings
 
@@ -97,10 +98,10 @@ def make_job(name: str, payload: Any = None, *, team: str = "test", attempt: int
     now = dt.datetime.now(UTC)
     due_at = due_at or now
     run_at = run_at or due_at
-    return Job(id=next(_job_ids) if id is None else id, team=team, name=name, payload=payload, attempt=attempt,
+    return Job(id=JobId(next(_job_ids) if id is None else id), team=team, name=name, payload=payload, attempt=attempt,
                max_attempts=max_attempts, idempotency_key=idempotency_key, due_at=due_at, run_at=run_at,
                claim_expires_at=max(now, run_at) + dt.timedelta(seconds=claim_s),
-               lease_token=str(uuid.uuid4()), claim_s=claim_s)
+               lease_token=uuid.uuid4(), claim_s=claim_s)
 
 
 async def run_job_async(worker: Worker, job: Job) -> Outcome:

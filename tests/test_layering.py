@@ -164,7 +164,7 @@ BLOCKED_WORKER = textwrap.dedent(f"""
 
     sys.meta_path.insert(0, Blocked())
     import asyncio
-    from minutehand.protocol import LeasedJob
+    from minutehand.protocol import JobId, LeasedJob
     from minutehand.worker import Job, NonRetryable, Worker
     from minutehand.worker.outbox import Outbox
     from minutehand.worker.runner import JobRunner
@@ -192,8 +192,8 @@ BLOCKED_WORKER = textwrap.dedent(f"""
         slots = Slots(1)
         runner = JobRunner(worker.handlers, "w", slots, Grace(asyncio.Event()), 1)
         outbox = Recording()
-        job = LeasedJob(job_id="1", team="t", name="double", payload=b'{{"n": 21}}', attempt=1,
-                        max_attempts=3, idempotency_key=None, lease_token="00000000-0000-0000-0000-000000000001",
+        job = LeasedJob(job_id=JobId(1), team="t", name="double", payload=b'{{"n": 21}}', attempt=1,
+                        max_attempts=3, idempotency_key=None, lease_token=__import__("uuid").UUID(int=1),
                         claim_expires_at="2030-01-01T00:00:00Z", claim_s=30.0, due_at="2030-01-01T00:00:00Z",
                         run_at="2030-01-01T00:00:00Z")
         await slots.take(1)

@@ -15,14 +15,16 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.openapi.spec import Components, Link, SecurityScheme
 
+from minutehand import protocol
 from minutehand.api import health, jobs, problems, teams
 from minutehand.api import workers as worker_routes
 from minutehand.api.auth import TokenCache, authenticator, checked_before_body
-from minutehand.api.bodies import StrictBody
+from minutehand.api.bodies import JobIdSchema, StrictBody
 from minutehand.api.coalesce import SubmitCoalescer
 from minutehand.api.context import Context
 from minutehand.dispatch.dispatcher import Dispatcher
 from minutehand.lifecycle import Service
+from minutehand.protocol import JobId
 from minutehand.settings import Settings
 from minutehand.store import migrate
 from minutehand.store.store import Store
@@ -56,9 +58,10 @@ def create_app(settings: Settings, store: Store, *, head: str | None = None, sub
 
     app = Litestar(
         route_handlers=handlers,
-        dto=StrictBody, return_dto=None,          # bodies: msgspec decodes them (bodies.py)
+        dto=StrictBody, return_dto=None,
+        type_encoders={JobId: protocol.enc_hook},  # a job id is a decimal string in JSON          # bodies: msgspec decodes them (bodies.py)
         dependencies={"principal": principal}, before_request=check_first,
-        plugins=[problems.plugin(settings.api_retry_after_s, ctx.database_unreachable)],
+        plugins=[problems.plugin(settings.api_retry_after_s, ctx.database_unreachable), JobIdSchema()],
         openapi_config=OpenAPIConfig(
             title="minutehand", version=VERSION,
             description="Submit, inspect, cancel and list jobs; every call carries a team's bearer token "

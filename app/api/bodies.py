@@ -28,8 +28,10 @@ import msgspec
 from litestar.dto import AbstractDTO
 from litestar.exceptions import SerializationException
 from litestar.openapi.spec import Reference, Schema
+from litestar.plugins import OpenAPISchemaPlugin
 from litestar.typing import FieldDefinition
 
+from minutehand import protocol
 from minutehand.api.schemas import decoder
 
 
@@ -131,7 +133,8 @@ def openapi_schema(kind: Any, registry: Any) -> Reference | Schema:
     Struct a component of the document (where Litestar keeps its own; the
     same component from a response is replaced by this, the decoder's)."""
     structs = _structs(kind)
-    (root,), components = msgspec.json.schema_components([kind], ref_template=_REF + "{name}")
+    (root,), components = msgspec.json.schema_components([kind], schema_hook=protocol.schema_hook,
+                                                           ref_template=_REF + "{name}")
     components = msgspec.json.decode(msgspec.json.encode(components))    # defaults as plain JSON
 
     def ref(name: str) -> Reference:
@@ -162,3 +165,15 @@ def openapi_schema(kind: Any, registry: Any) -> Reference | Schema:
         for field in Schema.__dataclass_fields__:
             setattr(target, field, getattr(made, field))
     return convert(msgspec.json.decode(msgspec.json.encode(root)))
+
+
+class JobIdSchema(OpenAPISchemaPlugin):
+    """Responses (documented by Litestar) name a JobId as the protocol does:
+    a decimal string."""
+
+    @staticmethod
+    def is_plugin_supported_type(value: Any) -> bool:
+        return value is protocol.JobId
+
+    def to_openapi_schema(self, field_definition: FieldDefinition, schema_creator: Any) -> Schema:
+        return Schema(**protocol.schema_hook(protocol.JobId))

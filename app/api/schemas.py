@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
+from minutehand import protocol
 from minutehand.protocol.jsontext import MAX_JSON_DEPTH
 
 # RFC 3339 with an offset: a naive time is refused, not guessed.
@@ -68,7 +69,7 @@ def decode_hook(kind: type, value: Any) -> Any:
         if not INT32_MIN <= number <= INT32_MAX:
             raise ValueError(f"Expected `int` from {INT32_MIN} to {INT32_MAX}: {number} is out of range")
         return Integer(number)
-    raise NotImplementedError(kind)
+    return protocol.dec_hook(kind, value)
 
 
 def _json_type(value: Any) -> str:

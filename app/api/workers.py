@@ -26,20 +26,13 @@ from minutehand.api.context import Context
 from minutehand.api.problems import COMMON, INVALID, NOT_FOUND, STALE_CLAIM, ApiProblem
 from minutehand.api.problems import TOO_LARGE, Kind
 from minutehand.dispatch.dispatcher import Dispatcher
-from minutehand.protocol import (CompleteIn, FailIn, HeldIn, LeaseIn, LeaseOut, OutcomeOut, OutcomesIn,
+from minutehand.protocol import (CompleteIn, FailIn, HeldIn, JobId, LeaseIn, LeaseOut, OutcomeOut, OutcomesIn,
                                  OutcomesOut)
 from minutehand.protocol.jsontext import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_text_problem
 from minutehand.store.records import Complete, Fail, Heartbeat, Outcome, Release, Report, Start
 
 SECURITY = [{"worker": []}]
 JobIdParam = Annotated[int, PathParameter(ge=-(2**63), le=2**63 - 1, description="the job id")]
-
-
-def _job_id(text: str) -> int:
-    job_id = int(text)
-    if not -(2**63) <= job_id < 2**63:
-        raise ApiProblem(INVALID, f"job id {text} is out of range")
-    return job_id
 
 
 async def _hung_up(request: Request) -> None:
@@ -85,7 +78,7 @@ def _error(text: str) -> str:
 
 
 def _out(o: Outcome) -> OutcomeOut:
-    return OutcomeOut(str(o.job_id), o.ok, o.state, o.reason)
+    return OutcomeOut(JobId(o.job_id), o.ok, o.state, o.reason)
 
 
 def _one(o: Outcome) -> OutcomeOut:
@@ -140,17 +133,16 @@ def router(ctx: Context, dispatcher: Dispatcher) -> Router:
         refused: dict[int, OutcomeOut] = {}            # completions refused here, by position
         completions = []
         for n, c in enumerate(body.complete):
-            job_id = _job_id(c.job_id)
             try:
-                completions.append(Complete(job_id, c.lease_token, _result(c.result)))
+                completions.append(Complete(c.job_id, c.lease_token, _result(c.result)))
             except _Refused as exc:
-                refused[n] = OutcomeOut(str(job_id), False, None, exc.reason)
-        for kind, items in (("start", [Start(_job_id(s.job_id), s.lease_token) for s in body.start]),
-                            ("heartbeat", [Heartbeat(_job_id(h.job_id), h.lease_token) for h in body.heartbeat]),
+                refused[n] = OutcomeOut(c.job_id, False, None, exc.reason)
+        for kind, items in (("start", [Start(s.job_id, s.lease_token) for s in body.start]),
+                            ("heartbeat", [Heartbeat(h.job_id, h.lease_token) for h in body.heartbeat]),
                             ("complete", completions),
-                            ("fail", [Fail(_job_id(f.job_id), f.lease_token, _error(f.error), f.retryable)
+                            ("fail", [Fail(f.job_id, f.lease_token, _error(f.error), f.retryable)
                                       for f in body.fail]),
-                            ("release", [Release(_job_id(r.job_id), r.lease_token) for r in body.release])):
+                            ("release", [Release(r.job_id, r.lease_token) for r in body.release])):
             answers[kind] = [_out(o) for o in await write(items, body.extend_s)]
         if refused:
             written = iter(answers["complete"])

@@ -44,7 +44,7 @@ import psycopg
 from minutehand.dispatch.outcomes import OutcomeWriter
 from minutehand.dispatch.shards import ShardKeeper
 from minutehand.futures import settle
-from minutehand.protocol import LeasedJob, Replay
+from minutehand.protocol import JobId, LeasedJob, Replay
 from minutehand.settings import Settings
 from minutehand.store import errors
 from minutehand.store.records import ClaimRequest, Fail, Release
@@ -403,7 +403,7 @@ class Dispatcher:
         """The request went away before its jobs reached it."""
         if jobs:
             log.info("worker request gone: giving back %d jobs", len(jobs))
-            self.writer.later([Release(int(j.job_id), j.lease_token) for j in jobs])
+            self.writer.later([Release(j.job_id, j.lease_token) for j in jobs])
 
     # ------------------------------------------------------------ wake-ups
     def _listen(self) -> None:
@@ -433,9 +433,9 @@ def _leased(row: dict, claim_s: float) -> LeasedJob:
         if row[column] is None:                 # claim_for_worker: a time no client can read
             raise ValueError(f"its {column} is outside the years 1 to 9999 that a client can read")
     replay = Replay(msgspec.Raw(row["replay"].encode())) if row["replay"] is not None else None
-    return LeasedJob(job_id=str(row["job_id"]), team=row["team"], name=row["name"],
+    return LeasedJob(job_id=JobId(row["job_id"]), team=row["team"], name=row["name"],
                      payload=msgspec.Raw(row["payload"].encode()),
                      attempt=row["attempt"], max_attempts=row["max_attempts"],
-                     idempotency_key=row["idempotency_key"], lease_token=str(row["lease_token"]),
+                     idempotency_key=row["idempotency_key"], lease_token=row["lease_token"],
                      claim_expires_at=row["claim_expires_at"], claim_s=claim_s, due_at=row["due_at"],
                      run_at=row["run_at"], replay=replay)

@@ -16,13 +16,50 @@ are decimal strings (64-bit ids exceed what many JSON readers hold exactly).
 from __future__ import annotations
 
 import datetime as dt
+import re
 import uuid
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 from msgspec import Meta, Struct
 
-JobId = Annotated[str, Meta(pattern=r"^-?[0-9]{1,19}$", description="64-bit job id, as a decimal string")]
+class JobId(int):
+    """A job's id: one type from the database to the handler. In Python an
+    int (64 bits, made by the database); in JSON a decimal string, as 64-bit
+    ids exceed what many JSON readers hold exactly. Every encoder and decoder
+    of the protocol takes enc_hook / dec_hook below; schema_hook documents it."""
+    __slots__ = ()
+
+
+JOB_ID_PATTERN = r"^-?[0-9]{1,19}$"
+_JOB_ID = re.compile(JOB_ID_PATTERN)
+
+
+def enc_hook(value: Any) -> Any:
+    if isinstance(value, JobId):
+        return int.__repr__(value)
+    raise TypeError(f"Encoding objects of type {type(value).__name__} is unsupported")
+
+
+def dec_hook(kind: type, value: Any) -> Any:
+    """JobId from its decimal string; refusals read like msgspec's own."""
+    if kind is JobId:
+        if not isinstance(value, str) or not _JOB_ID.fullmatch(value):
+            raise ValueError("Expected a job id: a string of decimal digits")
+        number = int(value)
+        if not -(2**63) <= number < 2**63:
+            raise ValueError(f"Expected a 64-bit job id: {value} is out of range")
+        return JobId(number)
+    raise NotImplementedError(kind)
+
+
+def schema_hook(kind: type) -> dict[str, Any]:
+    if kind is JobId:
+        return {"type": "string", "pattern": JOB_ID_PATTERN, "description": "64-bit job id, as a decimal string"}
+    raise NotImplementedError(kind)
+
+
+# The lease token: the claim's own type, a UUID (a string in JSON).
 Token = Annotated[uuid.UUID, Meta(description="the lease token of the job's current claim")]
 Worker = Annotated[str, Meta(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@/-]+$",
                              description="the worker's id, recorded as the job's claimer")]
@@ -69,7 +106,7 @@ class LeasedJob(Struct):
     attempt: int
     max_attempts: int
     idempotency_key: str | None
-    lease_token: str
+    lease_token: uuid.UUID
     claim_expires_at: dt.datetime
     claim_s: float                     # the claim period: heartbeat well within it
     due_at: dt.datetime

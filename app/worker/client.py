@@ -11,7 +11,7 @@ from __future__ import annotations
 import httpx
 import msgspec
 
-from minutehand.protocol import LeaseIn, LeaseOut, OutcomesIn, OutcomesOut
+from minutehand.protocol import LeaseIn, LeaseOut, OutcomesIn, OutcomesOut, dec_hook, enc_hook
 
 
 class Unavailable(Exception):
@@ -26,9 +26,9 @@ class Refused(Exception):
         self.status = status
 
 
-_lease_out = msgspec.json.Decoder(LeaseOut)
-_outcomes_out = msgspec.json.Decoder(OutcomesOut)
-_encode = msgspec.json.Encoder().encode
+_lease_out = msgspec.json.Decoder(LeaseOut, dec_hook=dec_hook)
+_outcomes_out = msgspec.json.Decoder(OutcomesOut, dec_hook=dec_hook)
+_encode = msgspec.json.Encoder(enc_hook=enc_hook).encode
 
 
 def _decode(decoder: msgspec.json.Decoder, raw: bytes):

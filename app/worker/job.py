@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from minutehand.protocol import JobId
 
 T = TypeVar("T")
 
@@ -24,7 +27,7 @@ class Job:
     """One run of one job. `team` submitted it; `attempt` counts from 1;
     `payload` is the decoded JSON the submitter sent. `idempotency_key` is
     the submitter's key, if any."""
-    id: int
+    id: JobId
     team: str
     name: str
     payload: Any
@@ -35,7 +38,7 @@ class Job:
     run_at: dt.datetime
     claim_expires_at: dt.datetime
     # the claim's token and period: the worker's business, not the handler's
-    lease_token: str = field(default="", repr=False, compare=False)
+    lease_token: uuid.UUID | None = field(default=None, repr=False, compare=False)
     claim_s: float = field(default=30.0, repr=False, compare=False)
 
     def effect_key(self, effect: str) -> str:

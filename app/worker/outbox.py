@@ -127,7 +127,7 @@ class Outbox:
                         continue
                     if result is not None and not result.ok and kind not in self.NOT_RETRIED:
                         log.warning("outcome_refused", extra={
-                            "worker": self.worker_id, "job_id": int(result.job_id), "state": result.state,
+                            "worker": self.worker_id, "job_id": result.job_id, "state": result.state,
                             "reason": f"{kind}: {result.reason} (not retried)"})
                     if not fut.done():
                         fut.set_result(result)

@@ -117,7 +117,7 @@ class Poller:
                 if self.stopping.is_set():
                     slots.give(1)
                     outbox.release(Held(job_id=lj.job_id, lease_token=lj.lease_token))
-                    log.info("job_released", **fields(worker_id, job_id=int(lj.job_id), name=lj.name,
+                    log.info("job_released", **fields(worker_id, job_id=lj.job_id, name=lj.name,
                                                       attempt=lj.attempt, reason="worker stopping"))
                 else:
                     self.runner.start_job(lj, outbox, received)

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from minutehand.protocol import Completed, Failed, Held, LeasedJob
+from minutehand.protocol import Completed, Failed, Held, LeasedJob, enc_hook
 from minutehand.protocol.jsontext import MAX_JSON_BYTES, json_text_problem
 from minutehand.worker.grace import Grace
 from minutehand.worker.job import Job, NonRetryable, error_text
@@ -68,7 +68,7 @@ class JobRunner:
         self.threads.close()
 
     def start_job(self, lj: LeasedJob, outbox: Outbox, received: float) -> None:
-        job = Job(id=int(lj.job_id), team=lj.team, name=lj.name, payload=None, attempt=lj.attempt,
+        job = Job(id=lj.job_id, team=lj.team, name=lj.name, payload=None, attempt=lj.attempt,
                   max_attempts=lj.max_attempts, idempotency_key=lj.idempotency_key,
                   due_at=lj.due_at, run_at=lj.run_at, claim_expires_at=lj.claim_expires_at,
                   lease_token=lj.lease_token, claim_s=lj.claim_s)
@@ -167,7 +167,7 @@ class JobRunner:
                                                           reason=run.lost))
                 return
             sent = time.monotonic()
-            beat = run.outbox.send("heartbeat", Held(job_id=str(job.id), lease_token=job.lease_token),
+            beat = run.outbox.send("heartbeat", Held(job_id=job.id, lease_token=job.lease_token),
                                    extend_s=max(1.0, job.claim_s))
             try:                                        # an answer after the deadline comes too late
                 answer = await asyncio.wait_for(asyncio.shield(beat), max(0.0, run.deadline - sent))
@@ -200,7 +200,7 @@ async def run_handler(handler: Handler | None, job: Job, threads: HandlerThreads
         if inspect.isawaitable(result):
             result = await result
     try:
-        raw = msgspec.Raw(msgspec.json.encode(result))
+        raw = msgspec.Raw(msgspec.json.encode(result, enc_hook=enc_hook))
     except (TypeError, ValueError, OverflowError) as exc:
         raise TypeError(f"the handler's result is not JSON-able: {exc}") from exc
     if len(raw) > MAX_JSON_BYTES:
