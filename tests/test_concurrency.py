@@ -19,7 +19,7 @@ import pytest
 
 from minutehand.store.errors import StaleLease
 from minutehand.store.records import JobSpec
-from support import T0, lease_all, make_store, pin
+from support import T0, claim, lease_all, make_store, pin
 
 TEAM = "racers"
 N_JOBS = 20_000
@@ -89,7 +89,7 @@ def _claim_with_stores(dsn: str, leases: dict[int, int]) -> Callable[[int], list
         got: list[int] = []
         try:
             while True:
-                jobs = store.claim(leases, 10, "d1", 300, worker=f"w{i}").jobs
+                jobs = claim(store, leases, 10, "d1", 300, worker=f"w{i}").jobs
                 if not jobs:
                     return got
                 got.extend(j.job_id for j in jobs)
@@ -163,7 +163,7 @@ def refused_shards(store, leases: dict[int, int], owner: str) -> set[int]:
     """Shards on which Store.claim refused `owner`: it reports them in ClaimResult.refused (or, as
     before that was implemented, raises); a refused claim hands out no job."""
     try:
-        result = store.claim(leases, 100, owner, 30)
+        result = claim(store, leases, 100, owner, 30)
     except (StaleLease, psycopg.Error):
         return set(leases)
     assert result.jobs == []
@@ -194,13 +194,13 @@ def test_a_live_lease_keeps_another_dispatcher_out(db_dsn, db, dispatchers):
     assert b.take_leases(range(256), "B", 60) == {}
     # nothing was claimed by the refused attempts
     assert db.execute("SELECT count(*) FROM jobs WHERE state <> 'scheduled'").fetchone()[0] == 0
-    assert len([j for j in a.claim(a_leases, 100, "A", 30).jobs]) == 512
+    assert len([j for j in claim(a, a_leases, 100, "A", 30).jobs]) == 512
 
 
 def test_fencing_after_the_lease_lapses(db_dsn, db, dispatchers):
     a, b = dispatchers
     a_leases = a.take_leases(range(256), "A", 60)
-    first = a.claim({s: a_leases[s] for s in range(128)}, 100, "A", 30).jobs   # A works half the shards
+    first = claim(a, {s: a_leases[s] for s in range(128)}, 100, "A", 30).jobs   # A works half the shards
     assert first
 
     # A pauses; its lease runs out; B takes every shard with a higher epoch.
@@ -222,7 +222,7 @@ def test_fencing_after_the_lease_lapses(db_dsn, db, dispatchers):
     assert a.take_leases(range(256), "A", 60) == {}           # nor can it take them back
     assert db.execute("SELECT count(*) FROM jobs WHERE state = 'claimed'").fetchone()[0] == before
     # B claims what is left; A's first claims are untouched
-    rest = b.claim(b_leases, 100, "B", 30).jobs
+    rest = claim(b, b_leases, 100, "B", 30).jobs
     assert len(first) + len(rest) == 512
     assert not {j.job_id for j in first} & {j.job_id for j in rest}
     # B can even claim with A's old name? no: the epoch and the owner must both match
@@ -306,7 +306,7 @@ def test_claim_with_one_stale_shard_refuses_only_that_shard(db_dsn, db, dispatch
     leases = lease_all(a, "A")
     stale = dict(leases)
     stale[200] = leases[200] + 1                         # as if another dispatcher had taken it
-    result = a.claim(stale, 100, "A", 30)
+    result = claim(a, stale, 100, "A", 30)
     assert set(result.refused) == {200}
     # every job claimed on the other shards is handed back to the caller
     claimed_now = db.execute("SELECT count(*) FROM jobs WHERE state = 'claimed'").fetchone()[0]

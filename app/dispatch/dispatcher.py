@@ -341,7 +341,7 @@ class Dispatcher:
                 if not requests:
                     break
                 per_waiter = min(per_waiter * 4, MAX_SHARDS_PER_WAITER)
-                results, refused = self.store.claim_for_workers(requests, self.name, self.claim_s)
+                results, refused = self.store.claim(requests, self.name, self.claim_s)
                 if refused:
                     self._drop(refused)
                 for r, w, rows in zip(requests, whose, results):
@@ -430,7 +430,7 @@ class Dispatcher:
 
 def _leased(row: dict, claim_s: float) -> LeasedJob:
     for column in ("due_at", "run_at"):
-        if row[column] is None:                 # claim_for_worker: a time no client can read
+        if row[column] is None:                 # claim_due: a time no client can read
             raise ValueError(f"its {column} is outside the years 1 to 9999 that a client can read")
     replay = Replay(msgspec.Raw(row["replay"].encode())) if row["replay"] is not None else None
     return LeasedJob(job_id=str(row["job_id"]), team=row["team"], name=row["name"],

@@ -54,23 +54,6 @@ class BatchItem:
 
 
 @dataclass(frozen=True)
-class ClaimedJob:
-    job_id: int
-    team_id: int
-    name: str
-    payload: Any
-    attempt: int
-    max_attempts: int
-    idempotency_key: str | None
-    lease_token: uuid.UUID
-    claim_expires_at: dt.datetime
-    due_at: dt.datetime
-    run_at: dt.datetime
-    priority: int
-    strict: bool
-
-
-@dataclass(frozen=True)
 class ClaimRequest:
     """One claim of the dispatcher's round trip: up to `limit` due jobs of a
     shard it leases (at `epoch`) for a worker, of these job names and teams
@@ -81,12 +64,6 @@ class ClaimRequest:
     worker: str
     names: list[str] | None = None
     teams: list[str] | None = None
-
-
-@dataclass(frozen=True)
-class ClaimResult:
-    jobs: list[ClaimedJob]
-    refused: dict[int, str]  # shard -> why its claim was refused (stale lease)
 
 
 @dataclass(frozen=True)
