@@ -53,7 +53,7 @@ BEGIN
            count(*) FILTER (WHERE e.state = 'dead')
       INTO v_rows, returned, dead
       FROM expired e;
-    PERFORM mh_enqueue(v_rows, v_now);
+    PERFORM mh_enqueue_many(v_rows, v_now);
 
     INSERT INTO claim_checks (shard, check_at, job_ids)
     SELECT p_shard, min(j.claim_expires_at), array_agg(j.id)
@@ -97,7 +97,7 @@ BEGIN
     )
     SELECT array_agg(ROW(m.shard, m.strict, m.priority, m.run_at, m.job_id)::due_row), count(*)
       INTO v_rows, from_far FROM moved m;
-    PERFORM mh_enqueue(v_rows, v_now);
+    PERFORM mh_enqueue_many(v_rows, v_now);
 
     IF v_since IS NOT NULL AND v_since >= v_minute_end - interval '24 hours' THEN
         v_hour := v_minute_end - interval '24 hours';

@@ -162,8 +162,7 @@ BEGIN
                SET state = 'retrying', run_at = v_run_at, last_error = v_error, updated_at = v_now,
                    claimed_by = NULL, claim_expires_at = NULL, lease_token = NULL
              WHERE j.shard = v_job.shard AND j.id = v_job.id;
-            PERFORM mh_enqueue(ARRAY[ROW(v_job.shard, (v_job).strict, v_job.priority, v_run_at, v_job.id)::due_row],
-                               v_now);
+            PERFORM mh_enqueue(v_job.shard, v_job.id, v_run_at, (v_job).strict, v_job.priority, v_now);
             v_answers[i] := ROW(v_job.id, true, 'retrying'::job_state, NULL::text)::outcome;
         ELSE
             UPDATE jobs j
@@ -206,7 +205,7 @@ BEGIN
     SELECT array_agg(r.ord), array_agg(r.state), array_agg(ROW(r.shard, r.strict, r.priority, r.run_at, r.id)::due_row)
       INTO v_ords, v_states, v_rows FROM released r;
     IF v_rows IS NOT NULL THEN
-        PERFORM mh_enqueue(v_rows, v_now);
+        PERFORM mh_enqueue_many(v_rows, v_now);
     END IF;
     RETURN QUERY
     SELECT u.id, r.ord IS NOT NULL, coalesce(r.state, j.state),

@@ -111,7 +111,7 @@ BEGIN
                       max_attempts, backoff_base_s, backoff_cap_s, idempotency_key, created_at, updated_at)
     VALUES (p_shard, p_id, p_team, p_name, p_payload, p_priority, coalesce(p_due_at, p_now), p_flex_s, p_strict,
             v_run_at, 'scheduled', p_max_attempts, p_base, p_cap, p_key, p_now, p_now);
-    PERFORM mh_enqueue(ARRAY[ROW(p_shard, p_strict, p_priority::smallint, v_run_at, p_id)::due_row], p_now);
+    PERFORM mh_enqueue(p_shard, p_id, v_run_at, p_strict, p_priority::smallint, p_now);
     RETURN v_run_at;
 END $$;
 
@@ -319,7 +319,7 @@ BEGIN
               FROM checked c LEFT JOIN fresh f ON f.idx = c.idx
              WHERE c.key IS NULL OR c.problem IS NOT NULL)
       INTO v_due, v_results;
-    PERFORM mh_enqueue(v_due, v_now);
+    PERFORM mh_enqueue_many(v_due, v_now);
     RETURN QUERY SELECT * FROM unnest(v_results);
 
     FOR r IN SELECT * FROM mh_batch_items(p_names, p_due_ats, p_payloads, p_priorities, p_max_attempts, p_flex_s,

@@ -38,9 +38,10 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT mh_hour(t + mh_horizon()) + in
 CREATE OR REPLACE FUNCTION mh_hour_end(t timestamptz) RETURNS timestamptz
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT mh_hour(t) + mh_hour_span() $$;
 
--- Put pending jobs on the wheel, each at the level its run time belongs to
--- at p_now, with three set-based INSERTs; a run time already past goes into
--- the current minute bucket. Returns how many rows went to each level.
+-- Put one pending job on the wheel, at the level its run time belongs to at
+-- p_now; a run time already past goes into the current minute bucket. One
+-- INSERT into one level: the plans of a single submission name one level
+-- (tests/test_explain.py), which the set form below, three INSERTs, would not.
 --
 -- A row put into the current or next minute bucket wakes the dispatchers
 -- (LISTEN minutehand_due): they otherwise sleep until the next run time
@@ -48,7 +49,29 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT mh_hour(t) + mh_hour_span() $$
 -- separated (at most 256 numbers, within NOTIFY's 8000 bytes), so a
 -- dispatcher claims from those shards only. Sent at commit; a repeated
 -- payload in one transaction is sent once.
-CREATE OR REPLACE FUNCTION mh_enqueue(p_rows due_row[], p_now timestamptz,
+CREATE OR REPLACE FUNCTION mh_enqueue(p_shard smallint, p_job bigint, p_run_at timestamptz,
+                                      p_strict boolean, p_priority smallint, p_now timestamptz)
+RETURNS void LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+BEGIN
+    IF p_run_at < mh_minute_end(p_now) THEN
+        INSERT INTO due_minutes (slot, shard, strict, priority, run_at, job_id)
+        VALUES (mh_minute_slot(greatest(p_run_at, p_now)), p_shard, p_strict, p_priority, p_run_at, p_job);
+        IF p_run_at < mh_minute(p_now) + interval '2 minutes' THEN
+            PERFORM pg_notify('minutehand_due', p_shard::text);
+        END IF;
+    ELSIF p_run_at < mh_hour_end(p_now) THEN
+        INSERT INTO due_hours (slot, shard, strict, priority, run_at, job_id)
+        VALUES (mh_hour_slot(p_run_at), p_shard, p_strict, p_priority, p_run_at, p_job);
+    ELSE
+        INSERT INTO due_far (shard, strict, priority, run_at, job_id)
+        VALUES (p_shard, p_strict, p_priority, p_run_at, p_job);
+    END IF;
+END $$;
+
+-- The same for a set of rows (bulk submission, cascades, expiry, give-back):
+-- three set-based INSERTs, no per-row round trip. Returns how many rows
+-- went to each level.
+CREATE OR REPLACE FUNCTION mh_enqueue_many(p_rows due_row[], p_now timestamptz,
                                       OUT to_minutes bigint, OUT to_hours bigint, OUT to_far bigint)
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
