@@ -17,8 +17,8 @@
 -- Tables never call our functions (the functions are applied after them),
 -- so the sizes are written out: 480 = mh_minute_slots(), 96 =
 -- mh_hour_slots(), 256 = mh_shard_count(), partition names as
--- mh_minute_part() and mh_hour_part() spell them (tests/test_wheel.py and
--- tests/test_migrations.py check they agree).
+-- mh_minute_part() and mh_hour_part() spell them (tests/test_migrations.py
+-- checks they agree).
 
 -- Per-shard state: the dispatcher lease with its fencing epoch, and the hand
 -- of the wheel (the oldest minute bucket that may still hold due rows).
