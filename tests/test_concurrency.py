@@ -73,14 +73,6 @@ def submit_due_jobs(dsn: str) -> set[int]:
     return ids
 
 
-def sqlstate_of(call: Callable[[], object]) -> str | None:
-    try:
-        call()
-    except psycopg.Error as exc:
-        return exc.sqlstate
-    return None
-
-
 # ---------------------------------------------------------------- many claimers
 
 def _claim_with_stores(dsn: str, leases: dict[int, int]) -> Callable[[int], list[int]]:

@@ -7,10 +7,10 @@ is defined once in sql/. A user's session with the server's default
 search_path calls minutehand.submit_job beside a table of its own named jobs."""
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 from collections import Counter
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -81,7 +81,7 @@ def assert_same(a: dict, b: dict) -> None:
 @pytest.fixture
 def new_db(pg_server):
     """A function making empty databases, dropped afterwards."""
-    with __import__("contextlib").ExitStack() as stack:
+    with contextlib.ExitStack() as stack:
         def make() -> str:
             name = f"mh_schema_{os.getpid()}_{secrets.token_hex(4)}"
             stack.enter_context(pg_server.janitor(name))

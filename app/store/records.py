@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
