@@ -213,7 +213,7 @@ RETURNING name
 SELECT name FROM worker_tokens WHERE token_hash = %(token_hash)s
 
 -- ---------------------------------------------------------------- series
--- Repeating jobs (sql/007_series.sql, revision 0002).
+-- Repeating jobs (sql/functions/series.sql).
 
 -- name: db_now
 -- The database's clock (mh_now(): pinned in tests), from which fire times are computed.

@@ -8,7 +8,7 @@ leases (shards.py), and answers each with what it got.
 It never polls empty buckets. For each shard it knows the next run time
 among the rows of its current and next minute buckets (next_due), and
 sleeps until the earliest, or until:
-- a NOTIFY names shards that got rows due now (sql/008_dispatch.sql; a
+- a NOTIFY names shards that got rows due now (mh_enqueue in sql/functions/wheel.sql; a
   listener thread marks those shards due),
 - the minute turns (every shard's next run time is read again: the wheel
   moved a bucket on), or the shard set changed.
