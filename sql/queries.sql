@@ -1,5 +1,5 @@
 -- Named statements the Python store sends, looked up by name
--- (app/store/queries.py). Each calls a procedure of sql/00*.sql: the logic
+-- (app/store/queries.py). Each calls a procedure of sql/functions/: the logic
 -- lives there, these only bind parameters. `-- name: X` starts one; the
 -- next line says what it does.
 
@@ -28,12 +28,6 @@ SELECT take_shard_lease(%(shard)s::int, %(owner)s::text, %(ttl_s)s::real) AS epo
 -- name: release_shard_lease
 -- Give a shard up at once.
 SELECT release_shard_lease(%(shard)s::int, %(owner)s::text, %(epoch)s::bigint) AS released
-
--- name: claim_due
--- Claim up to limit due jobs of one shard under a current lease.
-SELECT job_id, team_id, name, payload, attempt, max_attempts, idempotency_key, lease_token,
-       claim_expires_at, due_at, run_at, priority, strict
-  FROM claim_due(%(shard)s::int, %(limit)s::int, %(owner)s::text, %(epoch)s::bigint, %(lease_s)s::real, %(worker)s::text)
 
 -- name: next_due
 -- Earliest run time in one shard's current and next buckets; one before
@@ -180,13 +174,13 @@ SELECT (SELECT version_num FROM alembic_version LIMIT 1) AS revision
 
 -- ---------------------------------------------------------------- dispatch (revision 0003)
 
--- name: claim_for_worker
+-- name: claim_due
 -- Claim up to limit due jobs of one shard for one worker, of the given names
 -- and teams (NULL: any); a stale lease is one row with `refused` set. The
 -- payload and a replayed result come as JSON text: the dispatcher hands them
 -- on as they are.
-SELECT * FROM claim_for_worker(%(shard)s::int, %(limit)s::int, %(owner)s::text, %(epoch)s::bigint,
-                               %(lease_s)s::real, %(worker)s::text, %(names)s::text[], %(teams)s::text[])
+SELECT * FROM claim_due(%(shard)s::int, %(limit)s::int, %(owner)s::text, %(epoch)s::bigint,
+                        %(lease_s)s::real, %(worker)s::text, %(names)s::text[], %(teams)s::text[])
 
 -- name: release_many
 -- Give back claimed jobs that were not started (due again at once, the attempt not counted).
@@ -219,7 +213,7 @@ RETURNING name
 SELECT name FROM worker_tokens WHERE token_hash = %(token_hash)s
 
 -- ---------------------------------------------------------------- series
--- Repeating jobs (sql/007_series.sql, revision 0002).
+-- Repeating jobs (sql/functions/series.sql).
 
 -- name: db_now
 -- The database's clock (mh_now(): pinned in tests), from which fire times are computed.

@@ -26,6 +26,7 @@ from psycopg.conninfo import conninfo_to_dict
 from pytest_postgresql.janitor import DatabaseJanitor
 
 from minutehand.dev.localpg import LocalCluster
+from minutehand.store.schema import SEARCH_PATH
 
 # In every database name we create: unique per session and per xdist worker (each is
 # its own process), and random too, so runs from several machines can share a server.
@@ -41,10 +42,14 @@ class PgServer:
     password: str | None = None
     maintenance_dbname: str = "postgres"  # where CREATE/DROP DATABASE is issued from
 
-    def dsn(self, dbname: str = "postgres") -> str:
+    def dsn(self, dbname: str = "postgres", search_path: bool = True) -> str:
+        """A URL of the database; its sessions find our objects unqualified
+        (search_path=minutehand, as the store's own connections), unless
+        search_path is False (a user's session: the server's default path)."""
         host = f"[{self.host}]" if ":" in self.host else quote(self.host, safe="")  # IPv6 / socket dir
         auth = quote(self.user, safe="") + (f":{quote(self.password, safe='')}" if self.password else "")
-        return f"postgresql://{auth}@{host}:{self.port}/{quote(dbname, safe='')}"
+        url = f"postgresql://{auth}@{host}:{self.port}/{quote(dbname, safe='')}"
+        return url + "?options=" + quote(SEARCH_PATH, safe="") if search_path else url
 
     def janitor(self, dbname: str, **kwargs) -> DatabaseJanitor:
         return DatabaseJanitor(

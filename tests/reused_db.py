@@ -21,7 +21,7 @@ DO $$
 DECLARE t text;
 BEGIN
     FOR t IN SELECT c.relname FROM pg_class c
-              WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'p')
+              WHERE c.relnamespace = 'minutehand'::regnamespace AND c.relkind IN ('r', 'p')
                 AND NOT c.relispartition AND c.relname NOT IN ('alembic_version', 'shards', 'wheel', 'timezone_names')
     LOOP
         EXECUTE format('DELETE FROM %I', t);

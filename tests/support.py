@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg.types.json import Jsonb
 
-from minutehand.store.records import JobSpec
+from minutehand.store import errors
+from minutehand.store.records import ClaimRequest, JobSpec
 from minutehand.store.store import Store
 
 UTC = dt.timezone.utc
@@ -36,12 +39,53 @@ def shard_count(store: Store) -> int:
         return conn.execute("SELECT mh_shard_count() AS n").fetchone()["n"]
 
 
+@dataclass(frozen=True)
+class Claimed:
+    """A job as claim_due hands it out, its JSON decoded."""
+    job_id: int
+    team: str
+    name: str
+    payload: Any
+    attempt: int
+    max_attempts: int
+    idempotency_key: str | None
+    lease_token: Any
+    claim_expires_at: dt.datetime
+    due_at: dt.datetime | None
+    run_at: dt.datetime | None
+    replay: Any
+
+
+class Claims(NamedTuple):
+    jobs: list[Claimed]
+    refused: dict[int, str]   # shard -> why its claim was refused (stale lease)
+
+
+def claim(store: Store, leases: dict[int, int], limit: int, owner: str = "d1", lease_s: float = 30,
+          worker: str | None = None, names: list[str] | None = None, teams: list[str] | None = None) -> Claims:
+    """Store.claim for every leased shard ({shard: epoch}), in one round trip:
+    the jobs claimed, and the shards refused. Any other error is raised."""
+    results, refused = store.claim([ClaimRequest(shard, epoch, limit, worker, names, teams)
+                                    for shard, epoch in leases.items()], owner, lease_s)
+    jobs = []
+    for rows in results:
+        if isinstance(rows, errors.StaleLease):
+            continue
+        if isinstance(rows, Exception):
+            raise rows
+        for r in rows:
+            jobs.append(Claimed(**{**{k: v for k, v in r.items() if k != "refused"},
+                                   "payload": json.loads(r["payload"]),
+                                   "replay": None if r["replay"] is None else json.loads(r["replay"])}))
+    return Claims(jobs, refused)
+
+
 def claim_all(store: Store, leases: dict[int, int], owner: str = "d1", limit: int = 100,
               lease_s: float = 30) -> list:
     """Claim until nothing more is due; every claimed job."""
     got = []
     while True:
-        batch = store.claim(leases, limit, owner, lease_s).jobs
+        batch = claim(store, leases, limit, owner, lease_s).jobs
         if not batch:
             return got
         got.extend(batch)

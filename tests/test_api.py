@@ -22,6 +22,7 @@ from minutehand.store import migrate
 from minutehand.store.records import Complete, Fail, JobSpec, Start
 from minutehand.store.store import Store, hash_token
 from reused_db import db_dsn, module_conn, module_dsn  # noqa: F401 (fixtures)
+from support import claim
 
 UTC = dt.timezone.utc
 ADMIN = "admin-secret-token"
@@ -271,7 +272,7 @@ def test_status_of_a_job(client):
 def test_status_of_a_running_job_shows_its_claim_and_lateness(client, api_store):
     job_id = int(client.post("/v1/jobs", headers=T, json={"name": "run"}).json()["job_id"])
     leases = api_store.take_leases([job_id & 1023], "d1", 60)
-    claimed = api_store.claim(leases, 10, "d1", 30, worker="w7").jobs
+    claimed = claim(api_store, leases, 10, "d1", 30, worker="w7").jobs
     api_store.start([Start(job_id, claimed[0].lease_token)])
     s = client.get(f"/v1/jobs/{job_id}", headers=T).json()
     assert s["state"] == "running" and s["claimed_by"] and s["claim_expires_at"] and s["lateness_s"] >= 0
@@ -303,7 +304,7 @@ def test_cancel_before_start_then_again_is_409_with_the_state(client, conn):
 def test_cancel_of_a_running_job_is_409_and_leaves_it_alone(client, conn, api_store):
     job_id = int(client.post("/v1/jobs", headers=T, json={"name": "c"}).json()["job_id"])
     leases = api_store.take_leases([job_id & 1023], "d1", 60)
-    token = api_store.claim(leases, 10, "d1", 30).jobs[0].lease_token
+    token = claim(api_store, leases, 10, "d1", 30).jobs[0].lease_token
     api_store.start([Start(job_id, token)])
     body = assert_problem(client.delete(f"/v1/jobs/{job_id}", headers=T), 409, "not-cancellable", "running")
     assert body["state"] == "running" and job_state(conn, job_id) == "running"
@@ -413,7 +414,7 @@ def test_team_stats(client, api_store):
         client.post("/v1/jobs", headers=T, json={"name": name, "max_attempts": 1})
     client.post("/v1/jobs", headers=U, json={"name": "other"})
     leases = api_store.take_leases(range(256), "d1", 60)
-    claimed = [c for c in api_store.claim(leases, 100, "d1", 30).jobs if c.name in ("a", "b")]
+    claimed = [c for c in claim(api_store, leases, 100, "d1", 30).jobs if c.name in ("a", "b")]
     api_store.start([Start(c.job_id, c.lease_token) for c in claimed])
     a = [c for c in claimed if c.name == "a"]
     api_store.fail([Fail(a[0].job_id, a[0].lease_token, "boom", True)])   # max_attempts 1: dead

@@ -19,7 +19,7 @@ import pytest
 
 from minutehand.store.errors import StaleLease
 from minutehand.store.records import JobSpec
-from support import T0, lease_all, make_store, pin
+from support import T0, claim, lease_all, make_store, pin
 
 TEAM = "racers"
 N_JOBS = 20_000
@@ -73,14 +73,6 @@ def submit_due_jobs(dsn: str) -> set[int]:
     return ids
 
 
-def sqlstate_of(call: Callable[[], object]) -> str | None:
-    try:
-        call()
-    except psycopg.Error as exc:
-        return exc.sqlstate
-    return None
-
-
 # ---------------------------------------------------------------- many claimers
 
 def _claim_with_stores(dsn: str, leases: dict[int, int]) -> Callable[[int], list[int]]:
@@ -89,7 +81,7 @@ def _claim_with_stores(dsn: str, leases: dict[int, int]) -> Callable[[int], list
         got: list[int] = []
         try:
             while True:
-                jobs = store.claim(leases, 10, "d1", 300, worker=f"w{i}").jobs
+                jobs = claim(store, leases, 10, "d1", 300, worker=f"w{i}").jobs
                 if not jobs:
                     return got
                 got.extend(j.job_id for j in jobs)
@@ -163,7 +155,7 @@ def refused_shards(store, leases: dict[int, int], owner: str) -> set[int]:
     """Shards on which Store.claim refused `owner`: it reports them in ClaimResult.refused (or, as
     before that was implemented, raises); a refused claim hands out no job."""
     try:
-        result = store.claim(leases, 100, owner, 30)
+        result = claim(store, leases, 100, owner, 30)
     except (StaleLease, psycopg.Error):
         return set(leases)
     assert result.jobs == []
@@ -171,10 +163,24 @@ def refused_shards(store, leases: dict[int, int], owner: str) -> set[int]:
 
 
 def raw_claim(dsn: str, clock: dt.datetime, shard: int, owner: str, epoch: int, limit: int = 100):
+    """(job_id, attempt) of each job claimed; a stale lease raises StaleLease
+    (claim_due answers it with one row saying why, and claims nothing)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         pin(conn, clock)
-        return conn.execute("SELECT job_id, attempt FROM claim_due(%s, %s, %s, %s, 30)",
+        rows = conn.execute("SELECT job_id, attempt, refused FROM claim_due(%s, %s, %s, %s, 30)",
                             (shard, limit, owner, epoch)).fetchall()
+    if rows and rows[0][2] is not None:
+        assert rows == [(None, None, rows[0][2])] and "does not hold a current lease" in rows[0][2]
+        raise StaleLease(rows[0][2])
+    return [(job_id, attempt) for job_id, attempt, _ in rows]
+
+
+def stale(claim_call) -> bool:
+    try:
+        claim_call()
+    except StaleLease:
+        return True
+    return False
 
 
 def test_a_live_lease_keeps_another_dispatcher_out(db_dsn, db, dispatchers):
@@ -184,8 +190,8 @@ def test_a_live_lease_keeps_another_dispatcher_out(db_dsn, db, dispatchers):
     assert b.take_leases(range(256), "B", 60) == {}          # none granted while A's run
     # B using A's epochs, under its own name or A's, is refused on every shard
     for shard in (0, 17, 255):
-        assert sqlstate_of(lambda: raw_claim(db_dsn, T0, shard, "B", a_leases[shard])) == "MH403"
-        assert sqlstate_of(lambda: raw_claim(db_dsn, T0, shard, "A", a_leases[shard] + 1)) == "MH403"
+        assert stale(lambda: raw_claim(db_dsn, T0, shard, "B", a_leases[shard]))
+        assert stale(lambda: raw_claim(db_dsn, T0, shard, "A", a_leases[shard] + 1))
     assert refused_shards(b, {5: a_leases[5], 6: a_leases[6]}, "B") == {5, 6}
     # A renewing before expiry keeps its epochs; B still gets nothing, even just before expiry
     a.clock = b.clock = T0 + 30 * S
@@ -194,13 +200,13 @@ def test_a_live_lease_keeps_another_dispatcher_out(db_dsn, db, dispatchers):
     assert b.take_leases(range(256), "B", 60) == {}
     # nothing was claimed by the refused attempts
     assert db.execute("SELECT count(*) FROM jobs WHERE state <> 'scheduled'").fetchone()[0] == 0
-    assert len([j for j in a.claim(a_leases, 100, "A", 30).jobs]) == 512
+    assert len([j for j in claim(a, a_leases, 100, "A", 30).jobs]) == 512
 
 
 def test_fencing_after_the_lease_lapses(db_dsn, db, dispatchers):
     a, b = dispatchers
     a_leases = a.take_leases(range(256), "A", 60)
-    first = a.claim({s: a_leases[s] for s in range(128)}, 100, "A", 30).jobs   # A works half the shards
+    first = claim(a, {s: a_leases[s] for s in range(128)}, 100, "A", 30).jobs   # A works half the shards
     assert first
 
     # A pauses; its lease runs out; B takes every shard with a higher epoch.
@@ -215,18 +221,18 @@ def test_fencing_after_the_lease_lapses(db_dsn, db, dispatchers):
     # A wakes up: every claim with its old epoch is refused, nothing changes.
     before = db.execute("SELECT count(*) FROM jobs WHERE state = 'claimed'").fetchone()[0]
     for shard in range(256):
-        assert sqlstate_of(lambda: raw_claim(db_dsn, later, shard, "A", a_leases[shard])) == "MH403"
+        assert stale(lambda: raw_claim(db_dsn, later, shard, "A", a_leases[shard]))
     assert refused_shards(a, a_leases, "A") == set(range(256))
     # even if A's clock still reads T0 (its view before the pause): the epoch fences it, not the time
-    assert sqlstate_of(lambda: raw_claim(db_dsn, T0, 9, "A", a_leases[9])) == "MH403"
+    assert stale(lambda: raw_claim(db_dsn, T0, 9, "A", a_leases[9]))
     assert a.take_leases(range(256), "A", 60) == {}           # nor can it take them back
     assert db.execute("SELECT count(*) FROM jobs WHERE state = 'claimed'").fetchone()[0] == before
     # B claims what is left; A's first claims are untouched
-    rest = b.claim(b_leases, 100, "B", 30).jobs
+    rest = claim(b, b_leases, 100, "B", 30).jobs
     assert len(first) + len(rest) == 512
     assert not {j.job_id for j in first} & {j.job_id for j in rest}
     # B can even claim with A's old name? no: the epoch and the owner must both match
-    assert sqlstate_of(lambda: raw_claim(db_dsn, later, 3, "A", b_leases[3])) == "MH403"
+    assert stale(lambda: raw_claim(db_dsn, later, 3, "A", b_leases[3]))
 
 
 def test_released_lease_is_taken_at_once_with_a_higher_epoch(db_dsn, db, dispatchers):
@@ -236,7 +242,7 @@ def test_released_lease_is_taken_at_once_with_a_higher_epoch(db_dsn, db, dispatc
     b_leases = b.take_leases([7, 8], "B", 60)
     assert set(b_leases) == {7}                               # 8 is still A's
     assert b_leases[7] > a_leases[7]
-    assert sqlstate_of(lambda: raw_claim(db_dsn, T0, 7, "A", a_leases[7])) == "MH403"
+    assert stale(lambda: raw_claim(db_dsn, T0, 7, "A", a_leases[7]))
     a.release_leases({7: a_leases[7]}, "A")                    # a stale holder cannot release it
     assert db.execute("SELECT owner, epoch FROM shards WHERE shard = 7").fetchone() == ("B", b_leases[7])
 
@@ -306,7 +312,7 @@ def test_claim_with_one_stale_shard_refuses_only_that_shard(db_dsn, db, dispatch
     leases = lease_all(a, "A")
     stale = dict(leases)
     stale[200] = leases[200] + 1                         # as if another dispatcher had taken it
-    result = a.claim(stale, 100, "A", 30)
+    result = claim(a, stale, 100, "A", 30)
     assert set(result.refused) == {200}
     # every job claimed on the other shards is handed back to the caller
     claimed_now = db.execute("SELECT count(*) FROM jobs WHERE state = 'claimed'").fetchone()[0]

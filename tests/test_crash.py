@@ -21,7 +21,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from minutehand.store.records import JobSpec
-from support import T0, lease_all, make_store
+from support import T0, claim, lease_all, make_store
 
 CHILD = Path(__file__).with_name("crash_claimer.py")
 TEAM = "crashers"
@@ -134,7 +134,7 @@ def test_claimer_killed_before_commit_loses_nothing(db_dsn, db, store, children)
     taken = child.ids("claimed")
     assert taken == ids                                    # it claimed every job ...
     # ... in a transaction still open: others skip its locked rows, and see nothing changed
-    assert store.claim(leases, 1000, "d1", LEASE_S).jobs == []
+    assert claim(store, leases, 1000, "d1", LEASE_S).jobs == []
     assert jobs_by_state(db, ids) == {("scheduled", 0): 300}
 
     child.kill(db)
@@ -142,7 +142,7 @@ def test_claimer_killed_before_commit_loses_nothing(db_dsn, db, store, children)
     # the server rolled it back: every job is claimable again at once, as a first attempt
     assert jobs_by_state(db, ids) == {("scheduled", 0): 300}
     assert due_count(db) == 300
-    again = store.claim(leases, 1000, "d1", LEASE_S).jobs
+    again = claim(store, leases, 1000, "d1", LEASE_S).jobs
     assert {j.job_id for j in again} == ids and len(again) == 300
     assert {j.attempt for j in again} == {1}
     assert jobs_by_state(db, ids) == {("claimed", 1): 300}
@@ -152,15 +152,15 @@ def test_claimer_killed_before_commit_loses_nothing(db_dsn, db, store, children)
 def test_claimer_killed_before_commit_minutes_later_loses_nothing(db_dsn, db, store, children):
     """The claimer hung for 3 minutes before it died: its jobs are claimable as soon as it is gone."""
     leases = lease_all(store, "d1")
-    assert store.claim(leases, 1000, "d1", LEASE_S).jobs == []            # a dispatcher was at work
+    assert claim(store, leases, 1000, "d1", LEASE_S).jobs == []            # a dispatcher was at work
     ids = submit_due(store, 100)
     child = children(db_dsn, T0, "claim", "d1", lease_arg(leases), "1000", str(LEASE_S))
     assert child.ids("claimed") == ids
     store.clock = T0 + 3 * 60 * S
-    assert store.claim(leases, 1000, "d1", LEASE_S).jobs == []            # locked by the live claimer
+    assert claim(store, leases, 1000, "d1", LEASE_S).jobs == []            # locked by the live claimer
     child.kill(db)
     assert jobs_by_state(db, ids) == {("scheduled", 0): 100}
-    again = store.claim(leases, 1000, "d1", LEASE_S).jobs
+    again = claim(store, leases, 1000, "d1", LEASE_S).jobs
     assert {j.job_id for j in again} == ids
 
 
@@ -173,7 +173,7 @@ def test_claimer_killed_after_commit_gets_its_jobs_back_on_expiry(db_dsn, db, st
 
     # committed: the jobs stay claimed by the dead process until the claim expires
     assert jobs_by_state(db, ids) == {("claimed", 1): 300}
-    assert store.claim(leases, 1000, "d1", LEASE_S).jobs == []
+    assert claim(store, leases, 1000, "d1", LEASE_S).jobs == []
     expiry = db.execute("SELECT min(claim_expires_at), max(claim_expires_at) FROM jobs").fetchone()
     assert expiry == (T0 + LEASE_S * S, T0 + LEASE_S * S)
     store.clock = T0 + LEASE_S * S - S                     # not yet
@@ -184,7 +184,7 @@ def test_claimer_killed_after_commit_gets_its_jobs_back_on_expiry(db_dsn, db, st
     assert store.expire_claims(range(256)) == (300, 0)
     assert jobs_by_state(db, ids) == {("scheduled", 1): 300}
     assert store.expire_claims(range(256)) == (0, 0)       # returned once, not twice
-    again = store.claim(leases, 1000, "d1", LEASE_S).jobs
+    again = claim(store, leases, 1000, "d1", LEASE_S).jobs
     assert {j.job_id for j in again} == ids and len(again) == 300
     assert {j.attempt for j in again} == {2}
     assert due_count(db) == 0
@@ -216,13 +216,13 @@ def test_two_claimers_killed_at_once_one_before_one_after_commit(db_dsn, db, sto
     assert open_ids | done_ids == ids and not open_ids & done_ids
     open_child.kill(db)
     done_child.kill(db)
-    now = store.claim(leases, 1000, "d1", LEASE_S).jobs
+    now = claim(store, leases, 1000, "d1", LEASE_S).jobs
     assert {j.job_id for j in now} == open_ids
     store.clock = T0 + (LEASE_S + 1) * S
     returned, dead = store.expire_claims(range(256))
     # the claims made just now (by the test, at T0) expire too: both halves come back
     assert (returned, dead) == (400, 0)
-    again = store.claim(leases, 1000, "d1", LEASE_S).jobs
+    again = claim(store, leases, 1000, "d1", LEASE_S).jobs
     assert {j.job_id for j in again} == ids
     assert {j.job_id: j.attempt for j in again} == {i: 2 for i in ids}
 
@@ -280,4 +280,4 @@ def test_maintenance_killed_mid_transaction_loses_nothing(db_dsn, db, store, chi
     assert rows == (200, 200)
     if duty == "sweep":
         leases = lease_all(store, "d1")
-        assert {j.job_id for j in store.claim(leases, 1000, "d1", LEASE_S).jobs} == ids
+        assert {j.job_id for j in claim(store, leases, 1000, "d1", LEASE_S).jobs} == ids

@@ -300,7 +300,7 @@ def test_claim_by_job_names_or_teams_touches_the_same_two_partitions(conn, layou
         epoch = _lease(conn, shard, "explain-n")
         ae = AutoExplain(conn)
         with ae:
-            rows = conn.execute("SELECT job_id FROM claim_for_worker(%s, 10000, 'explain-n', %s, 30, 'w', %s, %s)",
+            rows = conn.execute("SELECT job_id FROM claim_due(%s, 10000, 'explain-n', %s, 30, 'w', %s, %s)",
                                 (shard, epoch, names if "names" in by else None,
                                  teams if "teams" in by else None)).fetchall()
         assert len(rows) == layout["n_prev"] + layout["n_cur"]

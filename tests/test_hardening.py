@@ -212,8 +212,8 @@ def test_idle_waiters_for_other_names_do_not_hold_up_a_due_job(db_dsn):
         s.submit("t", JobSpec(name="busy", due_at=dt.datetime.now(UTC) - dt.timedelta(seconds=1)))
     d = started_dispatcher(s)
     rounds = []
-    claim = s.claim_for_workers
-    s.claim_for_workers = lambda *a, **kw: rounds.append(time.monotonic()) or claim(*a, **kw)
+    claim = s.claim
+    s.claim = lambda *a, **kw: rounds.append(time.monotonic()) or claim(*a, **kw)
 
     async def run():
         idle = [asyncio.ensure_future(d.lease(f"idle{i}", 5, ["nothing"], 6.0)) for i in range(100)]

@@ -16,7 +16,7 @@ from psycopg.types.json import Jsonb
 
 from minutehand.store.errors import Conflict
 from minutehand.store.records import Complete, JobSpec
-from support import T0, counts, json_text, pin, submit_sql, submit_store
+from support import T0, claim, counts, json_text, pin, submit_sql, submit_store
 
 S = dt.timedelta(seconds=1)
 H = dt.timedelta(hours=1)
@@ -41,7 +41,7 @@ def claim_job(store, job_id: int, lease_s: float = 30):
     shard = job_id & 1023
     leases = store.take_leases([shard], "d1", 3600)
     assert shard in leases
-    got = [c for c in store.claim(leases, 100, "d1", lease_s).jobs if c.job_id == job_id]
+    got = [c for c in claim(store, leases, 100, "d1", lease_s).jobs if c.job_id == job_id]
     assert len(got) == 1, f"job {job_id} was not claimable"
     return got[0]
 

@@ -18,7 +18,7 @@ from psycopg.types.json import Jsonb
 
 from minutehand.store.errors import InvalidInput
 from minutehand.store.records import Complete, Fail, Heartbeat, JobSpec, Outcome, Start
-from support import T0, counts, json_text, pin
+from support import T0, claim as claim_shards, counts, json_text, pin
 
 S = dt.timedelta(seconds=1)
 H = dt.timedelta(hours=1)
@@ -53,7 +53,7 @@ def claim(store, job_ids=None, lease_s: float = 30, shards=None):
     shards = sorted({j & 1023 for j in job_ids}) if shards is None else shards
     leases = store.take_leases(shards, "d1", 3600)
     assert set(leases) == set(shards)
-    return store.claim(leases, 100, "d1", lease_s).jobs
+    return claim_shards(store, leases, 100, "d1", lease_s).jobs
 
 
 def claim_job(store, job_id: int, lease_s: float = 30):
@@ -315,7 +315,7 @@ def test_cancelled_job_does_not_block_others_in_its_bucket(conn, store):
     leases = store.take_leases([a & 1023], "d1", 3600)
     got = []
     for _ in range(3):
-        got += store.claim(leases, 1, "d1", 30).jobs
+        got += claim_shards(store, leases, 1, "d1", 30).jobs
     assert b in [c.job_id for c in got] and a not in [c.job_id for c in got]
 
 
@@ -415,6 +415,6 @@ def test_claim_with_one_stale_shard_lease_refuses_only_that_shard(conn, store):
     shard_a = a & 1023
     shard_b = (shard_a + 1) % 256
     leases = store.take_leases([shard_a, shard_b], "d1", 3600)
-    result = store.claim({shard_a: leases[shard_a], shard_b: leases[shard_b] + 1}, 10, "d1", 30)
+    result = claim_shards(store, {shard_a: leases[shard_a], shard_b: leases[shard_b] + 1}, 10, "d1", 30)
     assert [c.job_id for c in result.jobs] == [a]
     assert list(result.refused) == [shard_b]

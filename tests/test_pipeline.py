@@ -64,7 +64,7 @@ def test_a_stale_shard_is_refused_alone_and_the_others_claim(db_dsn):
     shards = sorted(leases)[:6]
     stale = {shards[1]: leases[shards[1]] - 1, shards[4]: leases[shards[4]] + 7}
     requests = [ClaimRequest(s, stale.get(s, leases[s]), 100, "w") for s in shards]
-    results, refused = store.claim_for_workers(requests, "d1", 30)
+    results, refused = store.claim(requests, "d1", 30)
     assert set(refused) == set(stale)
     assert all("does not hold a current lease" in why for why in refused.values())
     for r, rows in zip(requests, results):

@@ -10,7 +10,7 @@ import datetime as dt
 
 
 from minutehand.store.records import Complete, Fail, Heartbeat, JobSpec, Start
-from support import T0, due_rows, json_text, make_store, minute_part, pin
+from support import T0, claim as claim_shards, due_rows, json_text, make_store, minute_part, pin
 
 S = dt.timedelta(seconds=1)
 US = dt.timedelta(microseconds=1)
@@ -25,7 +25,7 @@ def claim(store, job_ids, lease_s: float = 30):
     leases = store.take_leases(shards, "d1", 3600)
     assert set(leases) == set(shards)
     got = []
-    while batch := store.claim(leases, 100, "d1", lease_s).jobs:
+    while batch := claim_shards(store, leases, 100, "d1", lease_s).jobs:
         got += batch
     return got
 

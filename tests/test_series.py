@@ -1,5 +1,5 @@
 """Repeating jobs against a real PostgreSQL: a series stored with its first
-run (sql/007_series.sql), through SQL (submit_series), the Store and the
+run (sql/functions/series.sql), through SQL (submit_series), the Store and the
 HTTP API. The clock is pinned (mh_now() in the database, and the Store's
 clock from which fire times are computed), so first-run times are exact:
 every_s starts at the due time or now, cron fires first at or after the start

@@ -18,7 +18,7 @@ import pytest
 
 from minutehand.store.errors import InvalidInput, NotFound, PayloadTooLarge, StoreError
 from minutehand.store.records import JobSpec
-from support import T0, counts, due_rows, minute_part, pin, submit_sql, submit_store
+from support import T0, claim, counts, due_rows, minute_part, pin, submit_sql, submit_store
 
 S = dt.timedelta(seconds=1)
 H = dt.timedelta(hours=1)
@@ -290,7 +290,7 @@ def test_commit_of_the_callers_transaction_makes_a_claimable_job(conn, store, db
     assert job(conn, job_id)["state"] == "scheduled"
     shard = job_id & 1023
     leases = store.take_leases([shard], "d1", 3600)
-    claimed = store.claim(leases, 10, "d1", 30).jobs
+    claimed = claim(store, leases, 10, "d1", 30).jobs
     assert [c.job_id for c in claimed] == [job_id]
     assert claimed[0].payload == {"order": 1} and claimed[0].attempt == 1
     assert due_rows(conn, job_id) == []

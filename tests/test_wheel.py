@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from minutehand.store.records import JobSpec
-from support import T0, make_store, pin
+from support import T0, claim, make_store, pin
 
 TEAM = "wheelers"
 S = dt.timedelta(seconds=1)
@@ -83,7 +83,7 @@ def maintain(store) -> None:
 
 
 def claim_ids(store, leases, limit: int = 1000) -> list[int]:
-    return [j.job_id for j in store.claim(leases, limit, "d1", 30).jobs]
+    return [j.job_id for j in claim(store, leases, limit, "d1", 30).jobs]
 
 
 # ---------------------------------------------------------------- far future down to the minute
@@ -135,7 +135,7 @@ def test_far_jobs_cascade_down_to_the_minute_bucket_of_their_run_time(db_dsn, db
             if clock >= t - 6 * H:
                 assert rel == m_part[job_id], (clock, t, rel)
         # exactly the jobs whose run time has come are claimable: none a second early
-        got = store.claim(leases, 1000, "d1", 30).jobs
+        got = claim(store, leases, 1000, "d1", 30).jobs
         assert {j.job_id for j in got} == {i for i in pending if run_at[i] <= clock}, clock
         for j in got:
             assert j.run_at == run_at[j.job_id] == clock and j.attempt == 1
@@ -186,7 +186,7 @@ def test_sweep_carries_leftovers_forward_and_truncates_the_passed_bucket(db_dsn,
     assert db.execute("SELECT DISTINCT run_at FROM due_minutes").fetchall() == [(T0,)]
     assert store.sweep() == (0, 0)                                    # once
     leases = store.take_leases(range(256), "d1", 3600)
-    got = store.claim(leases, 1000, "d1", 30).jobs
+    got = claim(store, leases, 1000, "d1", 30).jobs
     assert {j.job_id for j in got} == ids
     assert {j.run_at for j in got} == {T0}
 
@@ -225,25 +225,25 @@ def test_a_hand_left_behind_drains_its_oldest_bucket_first(db_dsn, db, store):
     db.execute("UPDATE shards SET hand = %s WHERE shard = %s", (T0.replace(second=0) - 10 * MIN, shard))
     [epoch] = store.take_leases([shard], "d1", 3600).values()
 
-    first = [j.job_id for j in store.claim({shard: epoch}, 3, "d1", 30).jobs]
+    first = [j.job_id for j in claim(store, {shard: epoch}, 3, "d1", 30).jobs]
     assert first == old[:3]                      # the old bucket first, despite lower priority
-    rest = [j.job_id for j in store.claim({shard: epoch}, 100, "d1", 30).jobs]
+    rest = [j.job_id for j in claim(store, {shard: epoch}, 100, "d1", 30).jobs]
     assert rest == old[3:] + new                 # then the rest of it, then the current bucket
     # the hand has caught up: one minute behind now
     pin(db, T0)
     assert db.execute("SELECT hand FROM shards WHERE shard = %s", (shard,)).fetchone()[0] == \
         T0.replace(second=0) - MIN
-    assert store.claim({shard: epoch}, 100, "d1", 30).jobs == []
+    assert claim(store, {shard: epoch}, 100, "d1", 30).jobs == []
 
 
 def test_after_a_dispatcher_pause_the_claim_catches_up_from_where_it_stopped(db_dsn, db, store):
     shard = 7
     [epoch] = store.take_leases([shard], "d1", 3600).values()
     store.clock = T0 - 10 * MIN - 20 * S
-    assert store.claim({shard: epoch}, 100, "d1", 30).jobs == []     # the dispatcher was running
+    assert claim(store, {shard: epoch}, 100, "d1", 30).jobs == []     # the dispatcher was running
     old, new = _old_and_new_on_shard(db, store, shard)                 # then paused 10 minutes
     store.clock = T0
-    got = [j.job_id for j in store.claim({shard: epoch}, 100, "d1", 30).jobs]
+    got = [j.job_id for j in claim(store, {shard: epoch}, 100, "d1", 30).jobs]
     assert got == old + new
 
 
@@ -255,7 +255,7 @@ def test_a_past_run_time_goes_to_the_current_bucket_and_is_claimed_at_once(db_ds
         assert sub.run_at == T0
         assert where(db, [sub.job_id]) == {sub.job_id: [minute_part(db, T0)]}
     leases = store.take_leases(range(256), "d1", 3600)
-    got = store.claim(leases, 100, "d1", 30).jobs
+    got = claim(store, leases, 100, "d1", 30).jobs
     assert len(got) == 3 and {j.run_at for j in got} == {T0}
     assert sorted(j.due_at for j in got) == [T0 - 40 * DAY, T0 - 2 * H, T0 - 5 * MIN]
 
@@ -360,7 +360,7 @@ def test_concurrent_cascades_and_sweeps_neither_fail_nor_duplicate(db_dsn, db, s
     def claimer() -> None:
         s = make_store(db_dsn, clock=clock, max_size=1)
         try:
-            while batch := [j.job_id for j in s.claim(leases, 50, "d1", 30).jobs]:
+            while batch := [j.job_id for j in claim(s, leases, 50, "d1", 30).jobs]:
                 with lock:
                     claimed.extend(batch)
         except BaseException as exc:  # noqa: BLE001

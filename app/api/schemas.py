@@ -35,7 +35,7 @@ State = Literal["scheduled", "claimed", "running", "retrying", "succeeded", "dea
 
 def _doc(description: str, **limits: Any) -> Meta:
     """Documentation for the schema only: the limits are what the procedures
-    enforce (sql/003_submit.sql), shown to clients, not checked here."""
+    enforce (sql/functions/submit.sql), shown to clients, not checked here."""
     return Meta(description=description, extra_json_schema=limits or None)
 
 

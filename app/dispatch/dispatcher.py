@@ -8,7 +8,7 @@ leases (shards.py), and answers each with what it got.
 It never polls empty buckets. For each shard it knows the next run time
 among the rows of its current and next minute buckets (next_due), and
 sleeps until the earliest, or until:
-- a NOTIFY names shards that got rows due now (sql/008_dispatch.sql; a
+- a NOTIFY names shards that got rows due now (mh_enqueue in sql/functions/wheel.sql; a
   listener thread marks those shards due),
 - the minute turns (every shard's next run time is read again: the wheel
   moved a bucket on), or the shard set changed.
@@ -341,7 +341,7 @@ class Dispatcher:
                 if not requests:
                     break
                 per_waiter = min(per_waiter * 4, MAX_SHARDS_PER_WAITER)
-                results, refused = self.store.claim_for_workers(requests, self.name, self.claim_s)
+                results, refused = self.store.claim(requests, self.name, self.claim_s)
                 if refused:
                     self._drop(refused)
                 for r, w, rows in zip(requests, whose, results):
@@ -430,7 +430,7 @@ class Dispatcher:
 
 def _leased(row: dict, claim_s: float) -> LeasedJob:
     for column in ("due_at", "run_at"):
-        if row[column] is None:                 # claim_for_worker: a time no client can read
+        if row[column] is None:                 # claim_due: a time no client can read
             raise ValueError(f"its {column} is outside the years 1 to 9999 that a client can read")
     replay = Replay(msgspec.Raw(row["replay"].encode())) if row["replay"] is not None else None
     return LeasedJob(job_id=JobId(row["job_id"]), team=row["team"], name=row["name"],

@@ -12,7 +12,7 @@ ones that now belong to another member (which takes them on its next tick).
 A member that stops renewing drops out when its membership row and its
 leases expire (both one lease period after its last renewal); the others'
 next tick assigns and takes its shards. The fencing epoch in each lease
-(sql/004_claim.sql) refuses the claims of an old owner that wakes up late.
+(sql/functions/claim.sql) refuses the claims of an old owner that wakes up late.
 """
 from __future__ import annotations
 

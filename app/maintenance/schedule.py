@@ -4,7 +4,7 @@ Per shard, by the shard's owner only (the shards this dispatcher leases):
 - expire_claims every second: claims past their expiry go back to the due pool;
 - purge_idempotency_keys every minute.
 For the whole wheel, by one dispatcher at a time (the holder of the
-`wheel` duty lease, a row with an expiry: sql/008_dispatch.sql):
+`wheel` duty lease, a row with an expiry: sql/functions/dispatch.sql):
 - cascade_wheel and sweep_passed every 30 s: far-future jobs move down as
   the horizon reaches them, passed buckets are carried forward and emptied.
 Each job runs at most once at a time and a late run is not repeated

@@ -63,7 +63,7 @@ def schema_hook(kind: type) -> dict[str, Any]:
 Token = Annotated[uuid.UUID, Meta(description="the lease token of the job's current claim")]
 Worker = Annotated[str, Meta(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@/-]+$",
                              description="the worker's id, recorded as the job's claimer")]
-# The job-name rule of submission (mh_job_problem in sql/009_hardening.sql):
+# The job-name rule of submission (mh_job_problem in sql/functions/submit.sql):
 # a worker asks only for names a job can have.
 JOB_NAME_PATTERN = r"^[A-Za-z0-9_.:/-]{1,200}$"
 JobName = Annotated[str, Meta(pattern=JOB_NAME_PATTERN, description="a job name: 1 to 200 characters from "

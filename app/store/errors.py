@@ -1,4 +1,4 @@
-"""Refusals from the procedures, by SQLSTATE (sql/003_submit.sql lists them).
+"""Refusals from the procedures, by SQLSTATE (sql/functions/submit.sql lists them).
 
 Each carries the HTTP status it maps to, so the API layer needs no table of
 its own, and the procedure's message, written for a person to act on."""

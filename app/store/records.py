@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,23 +53,6 @@ class BatchItem:
 
 
 @dataclass(frozen=True)
-class ClaimedJob:
-    job_id: int
-    team_id: int
-    name: str
-    payload: Any
-    attempt: int
-    max_attempts: int
-    idempotency_key: str | None
-    lease_token: uuid.UUID
-    claim_expires_at: dt.datetime
-    due_at: dt.datetime
-    run_at: dt.datetime
-    priority: int
-    strict: bool
-
-
-@dataclass(frozen=True)
 class ClaimRequest:
     """One claim of the dispatcher's round trip: up to `limit` due jobs of a
     shard it leases (at `epoch`) for a worker, of these job names and teams
@@ -84,11 +66,6 @@ class ClaimRequest:
 
 
 @dataclass(frozen=True)
-class ClaimResult:
-    jobs: list[ClaimedJob]
-    refused: dict[int, str]  # shard -> why its claim was refused (stale lease)
-
-
 # What a worker (or the dispatcher) reports about a claimed job, one record
 # per kind: each names the job and the lease token of the claim it acts on.
 @dataclass(frozen=True, slots=True)

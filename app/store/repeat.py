@@ -1,7 +1,7 @@
 """Repeating jobs in Python: checking a repeat spec and finding its first
 fire time, with APScheduler 3 triggers and zoneinfo zones (DST included).
 
-The procedures take fire times as values (sql/007_series.sql): PostgreSQL
+The procedures take fire times as values (sql/functions/series.sql): PostgreSQL
 has no cron parser, so what a crontab expression means is decided here, once.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from apscheduler.triggers.cron import CronTrigger
 from minutehand.store.records import Repeat
 
 MAX_EVERY_S = 366 * 86400
-# How far ahead a run may be due: mh_max_ahead() in sql/001_core.sql.
+# How far ahead a run may be due: mh_max_ahead() in sql/functions/submit.sql.
 HORIZON = dt.timedelta(days=366)
 UTC = dt.timezone.utc
 

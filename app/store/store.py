@@ -20,11 +20,10 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from minutehand.store import errors, repeat
+from minutehand.store import errors, repeat, schema
 from minutehand.store.queries import q
-from minutehand.store.records import (BatchItem, ClaimedJob, ClaimRequest, ClaimResult, Complete, Fail, Heartbeat,
-                                     JobPage, JobSpec, JobStatus, JobSummary, Maintenance, Outcome, Release, Report,
-                                     Start, Submitted, TeamStats)
+from minutehand.store.records import (BatchItem, ClaimRequest, Complete, Fail, Heartbeat, JobPage, JobSpec, JobStatus,
+                                     JobSummary, Maintenance, Outcome, Release, Report, Start, Submitted, TeamStats)
 
 
 log = logging.getLogger(__name__)
@@ -76,8 +75,9 @@ def _batch_params(team: str, jobs: Sequence[JobSpec]) -> dict[str, Any]:
 class Store:
     def __init__(self, database_url: str, *, min_size: int = 1, max_size: int = 8,
                  clock: dt.datetime | None = None, pool_options: dict[str, Any] | None = None):
-        """pool_options: more ConnectionPool arguments (timeout, reconnect_timeout, ...)."""
-        self.pool = ConnectionPool(database_url, min_size=min_size, max_size=max_size, open=True,
+        """pool_options: more ConnectionPool arguments (timeout, reconnect_timeout, ...).
+        Every connection starts with search_path=minutehand (pool.conninfo says so too)."""
+        self.pool = ConnectionPool(schema.conninfo(database_url), min_size=min_size, max_size=max_size, open=True,
                                    kwargs={"autocommit": True, "row_factory": dict_row},
                                    **(pool_options or {}))
         # A pinned clock (tests): every checkout sets it on its session, and
@@ -389,41 +389,22 @@ class Store:
         self._pipelined("release_shard_lease",
                         [{"shard": s, "owner": owner, "epoch": e} for s, e in leases.items()])
 
-    def claim(self, leases: dict[int, int], limit: int, owner: str, lease_s: float,
-              worker: str | None = None) -> ClaimResult:
-        """Claim up to `limit` due jobs from each leased shard ({shard: epoch}),
-        in one round trip, each shard its own transaction; a shard whose lease
-        is stale is refused alone (ClaimResult.refused)."""
-        with self.connection() as conn:
-            results = self.each_alone(conn, q("claim_due"), [
-                {"shard": shard, "limit": limit, "owner": owner, "epoch": epoch, "lease_s": lease_s,
-                 "worker": worker} for shard, epoch in leases.items()])
-        jobs, refused = [], {}
-        for shard, rows in zip(leases, results):
-            if isinstance(rows, errors.StaleLease):
-                refused[shard] = rows.message
-            elif isinstance(rows, Exception):
-                raise rows
-            else:
-                jobs += [ClaimedJob(**r) for r in rows]
-        return ClaimResult(jobs, refused)
-
     def next_due(self, shard: int) -> dt.datetime | None:
         return self._one("next_due", {"shard": shard})["next_due"]
 
     def next_due_many(self, shards: Sequence[int]) -> dict[int, dt.datetime | None]:
         return {s: r["next_due"] for s, r in zip(shards, self._pipelined("next_due", [{"shard": s} for s in shards]))}
 
-    def claim_for_workers(self, requests: Sequence[ClaimRequest], owner: str, lease_s: float
-                          ) -> tuple[list[list[dict[str, Any]] | Exception], dict[int, str]]:
+    def claim(self, requests: Sequence[ClaimRequest], owner: str, lease_s: float
+              ) -> tuple[list[list[dict[str, Any]] | Exception], dict[int, str]]:
         """Claims for workers, one per request, all in one round trip, each
-        its own transaction: per request, the rows claimed (claim_for_worker:
+        its own transaction: per request, the rows claimed (claim_due:
         payload and replay as JSON text; due_at and run_at None where no
         client could read them), or the error that request alone met (a stale
         lease: StaleLease);
         and {shard: why} for the shards whose lease was stale."""
         with self.connection() as conn:
-            results = self.each_alone(conn, q("claim_for_worker"), [
+            results = self.each_alone(conn, q("claim_due"), [
                 {"shard": r.shard, "limit": r.limit, "owner": owner, "epoch": r.epoch, "lease_s": lease_s,
                  "worker": r.worker, "names": r.names, "teams": r.teams}
                 for r in requests])

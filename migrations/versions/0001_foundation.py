@@ -1,8 +1,14 @@
-"""Foundation: job records, the timing wheel, submission, claim, outcomes, maintenance.
+"""Foundation: job records, the timing wheel, idempotency keys, claim
+reminders, shards (tables, types, indexes, in schema public).
+
+Frozen: the table delta of 0001 as it was made, in schema public (the
+layout before revision 0005); functions are not part of revisions.
 
 Revision ID: 0001
-Revises:
+Revises: 
 """
+from pathlib import Path
+
 from minutehand.store import sqlfiles
 
 revision = "0001"
@@ -10,14 +16,17 @@ down_revision = None
 branch_labels = None
 depends_on = None
 
-FILES = ("001_core.sql", "002_wheel.sql", "003_submit.sql", "004_claim.sql",
-         "005_outcomes.sql", "006_maintenance.sql")
+UPGRADE = Path(__file__).with_suffix(".sql").read_text()
+DOWNGRADE = """
+DROP TABLE due_minutes, due_hours, due_far, wheel, shards, claim_checks, idempotency_keys, jobs, teams;
+DROP TYPE submit_result, outcome, due_row, job_state;
+DROP SEQUENCE job_id_seq;
+"""
 
 
 def upgrade() -> None:
-    for name in FILES:
-        sqlfiles.apply(name)
+    sqlfiles.execute(UPGRADE, search_path="public")
 
 
 def downgrade() -> None:
-    sqlfiles.apply("undo/0001_foundation.sql")
+    sqlfiles.execute(DOWNGRADE, search_path="public")

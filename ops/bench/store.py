@@ -29,7 +29,7 @@ import psycopg
 
 from minutehand.store import migrate
 from ops.bench.server import bench_server
-from minutehand.store.records import Complete, JobSpec
+from minutehand.store.records import ClaimRequest, Complete, JobSpec
 from minutehand.store.store import Store
 
 FLOOR = Path(__file__).with_name("floor") / "run.sh"
@@ -119,9 +119,9 @@ def _lifecycle(start, url: str, shards: list[int], owner: str, counter) -> None:
         while not idle:
             idle = True
             for shard, epoch in leases.items():
-                jobs = store.claim({shard: epoch}, 100, owner, 60).jobs
+                jobs = store.claim([ClaimRequest(shard, epoch, 100, owner)], owner, 60)[0][0]
                 if jobs:
-                    store.complete([Complete(j.job_id, j.lease_token, None) for j in jobs])
+                    store.complete([Complete(j["job_id"], j["lease_token"], None) for j in jobs])
                     n += len(jobs)
                     idle = False
         with counter.get_lock():
@@ -216,7 +216,7 @@ def alternate(first, second, repeat: int) -> tuple[float, float]:
 
 
 def new_database(dsn: str, name: str) -> str:
-    url = recreate(dsn, name)
+    url = recreate(dsn, name) + "?options=-c%20search_path%3Dminutehand"   # raw SQL and pgbench find our objects
     migrate.upgrade(url)
     with Store(url) as store:
         store.create_team(TEAM, quota=1_000_000)

@@ -1,31 +1,58 @@
 -- Submission: validate, pick the run time, write the job record and its row
 -- on the wheel in one transaction. Callable from any database session, inside
--- the caller's own transaction: roll back and no job exists.
+-- the caller's own transaction: roll back and no job exists. The entry
+-- points other services call (submit_job, submit_job_detail, submit_jobs)
+-- run as their owner (SECURITY DEFINER), so a role granted only those
+-- (sql/grants.sql) can enqueue without any right on the tables.
 --
 -- Errors carry SQLSTATEs a caller can map without parsing text:
 --   MH400 invalid input   MH404 unknown team / job   MH409 idempotency conflict
 --   MH413 payload too large
 
+-- Limits enforced by submission (one implementation, for SQL and HTTP callers).
+CREATE OR REPLACE FUNCTION mh_payload_max_bytes() RETURNS int
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 262144 $$;
+CREATE OR REPLACE FUNCTION mh_max_ahead() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT interval '366 days' $$;
+CREATE OR REPLACE FUNCTION mh_idempotency_ttl() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT interval '24 hours' $$;
+-- The earliest due time accepted. Past due times are normal (they run at
+-- once); a due time centuries back is a mistake, and one before year 1 can
+-- be stored by PostgreSQL but not read by Python or most clients.
+CREATE OR REPLACE FUNCTION mh_earliest_due() RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT timestamptz '2000-01-01 00:00:00+00' $$;
+
 -- NULL when acceptable, else a reason a person can act on.
 -- The size of the payload as JSON text: what the submitter sent, whatever
 -- its stored (possibly compressed) form.
-CREATE FUNCTION mh_payload_problem(p_payload jsonb) RETURNS text
+CREATE OR REPLACE FUNCTION mh_payload_problem(p_payload jsonb) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE WHEN octet_length(p_payload::text) > mh_payload_max_bytes()
                 THEN format('payload is %s bytes as JSON, over the limit of %s',
                             octet_length(p_payload::text), mh_payload_max_bytes()) END
 $$;
 
-CREATE FUNCTION mh_job_problem(p_name text, p_due_at timestamptz, p_priority int, p_max_attempts int,
-                               p_flex_s int, p_strict boolean, p_backoff_base_s real, p_backoff_cap_s real,
-                               p_key text, p_now timestamptz) RETURNS text
+-- Why a due time cannot be used (NULL: it can). p_label names it in the reason.
+CREATE OR REPLACE FUNCTION mh_due_problem(p_label text, p_due_at timestamptz, p_now timestamptz) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE
+        WHEN p_due_at IN ('infinity', '-infinity') THEN format('%s must be a finite time', p_label)
+        WHEN p_due_at < mh_earliest_due()
+            THEN format('%s %s is before %s: send a time in this century (a past time runs at once)',
+                        p_label, p_due_at, mh_earliest_due())
+        WHEN p_due_at > p_now + mh_max_ahead()
+            THEN format('%s %s is more than %s ahead', p_label, p_due_at, mh_max_ahead())
+    END
+$$;
+
+CREATE OR REPLACE FUNCTION mh_job_problem(p_name text, p_due_at timestamptz, p_priority int, p_max_attempts int,
+                                          p_flex_s int, p_strict boolean, p_backoff_base_s real,
+                                          p_backoff_cap_s real, p_key text, p_now timestamptz) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE
         WHEN p_name IS NULL OR p_name !~ '^[A-Za-z0-9_.:/-]{1,200}$'
             THEN 'name must be 1 to 200 characters from letters, digits and _ . : / -'
-        WHEN p_due_at IN ('infinity', '-infinity') THEN 'due time must be a finite time'
-        WHEN p_due_at > p_now + mh_max_ahead()
-            THEN format('due time %s is more than %s ahead', p_due_at, mh_max_ahead())
+        WHEN mh_due_problem('due time', p_due_at, p_now) IS NOT NULL THEN mh_due_problem('due time', p_due_at, p_now)
         WHEN p_priority IS NULL OR p_priority NOT BETWEEN -100 AND 100 THEN 'priority must be between -100 and 100'
         WHEN p_max_attempts IS NULL OR p_max_attempts NOT BETWEEN 1 AND 100 THEN 'max_attempts must be between 1 and 100'
         WHEN p_flex_s IS NULL OR p_flex_s NOT BETWEEN 0 AND 86400 THEN 'flex window must be between 0 and 86400 seconds'
@@ -37,13 +64,15 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
             THEN 'backoff cap must be between the backoff base and 604800 seconds'
         WHEN p_key IS NOT NULL AND (length(p_key) NOT BETWEEN 1 AND 255)
             THEN 'idempotency key must be 1 to 255 characters'
+        WHEN p_key IS NOT NULL AND p_key ~ '[^\x20-\x7e]'
+            THEN 'idempotency key must be printable ASCII (no control or non-ASCII characters)'
     END
 $$;
 
 -- What "the same request" means for an idempotency key.
-CREATE FUNCTION mh_request_hash(p_name text, p_due_at timestamptz, p_payload jsonb, p_priority int,
-                                p_max_attempts int, p_flex_s int, p_strict boolean,
-                                p_backoff_base_s real, p_backoff_cap_s real) RETURNS text
+CREATE OR REPLACE FUNCTION mh_request_hash(p_name text, p_due_at timestamptz, p_payload jsonb, p_priority int,
+                                           p_max_attempts int, p_flex_s int, p_strict boolean,
+                                           p_backoff_base_s real, p_backoff_cap_s real) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT md5(jsonb_build_array(p_name, p_due_at, p_payload, p_priority, p_max_attempts,
                                  p_flex_s, p_strict, p_backoff_base_s, p_backoff_cap_s)::text)
@@ -51,7 +80,7 @@ $$;
 
 -- Strict: the due time. Flexible: a point spread uniformly inside the
 -- window, decided once, here. Never earlier than now.
-CREATE FUNCTION mh_run_at(p_due_at timestamptz, p_flex_s int, p_strict boolean, p_now timestamptz)
+CREATE OR REPLACE FUNCTION mh_run_at(p_due_at timestamptz, p_flex_s int, p_strict boolean, p_now timestamptz)
 RETURNS timestamptz LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
     SELECT greatest(coalesce(p_due_at, p_now)
                     + CASE WHEN p_strict OR p_flex_s = 0 THEN interval '0'
@@ -59,8 +88,8 @@ RETURNS timestamptz LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
                     p_now)
 $$;
 
-CREATE FUNCTION mh_team_id(p_team text) RETURNS int
-LANGUAGE plpgsql STABLE AS $$
+CREATE OR REPLACE FUNCTION mh_team_id(p_team text) RETURNS int
+LANGUAGE plpgsql STABLE SET search_path = minutehand, pg_temp AS $$
 DECLARE v_id int;
 BEGIN
     SELECT id INTO v_id FROM teams WHERE name = p_team;
@@ -71,10 +100,11 @@ BEGIN
 END $$;
 
 -- A validated job becomes a record and a row on the wheel.
-CREATE FUNCTION mh_write_job(p_shard smallint, p_id bigint, p_team int, p_name text, p_due_at timestamptz,
-                             p_payload jsonb, p_priority int, p_max_attempts int, p_flex_s int, p_strict boolean,
-                             p_key text, p_base real, p_cap real, p_now timestamptz)
-RETURNS timestamptz LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION mh_write_job(p_shard smallint, p_id bigint, p_team int, p_name text,
+                                        p_due_at timestamptz, p_payload jsonb, p_priority int, p_max_attempts int,
+                                        p_flex_s int, p_strict boolean, p_key text, p_base real, p_cap real,
+                                        p_now timestamptz)
+RETURNS timestamptz LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE v_run_at timestamptz := mh_run_at(p_due_at, p_flex_s, p_strict, p_now);
 BEGIN
     INSERT INTO jobs (shard, id, team_id, name, payload, priority, due_at, flex_s, strict, run_at, state,
@@ -85,53 +115,71 @@ BEGIN
     RETURN v_run_at;
 END $$;
 
--- A validated job with an idempotency key. The same key from the same team
--- within 24 h names the first job (created false) and writes nothing; with a
--- different request it is a conflict, returned as text, not raised, so a
--- batch can report it per item without a subtransaction per item.
-CREATE FUNCTION mh_submit_keyed(p_team int, p_name text, p_due_at timestamptz, p_payload jsonb, p_priority int,
-                                p_max_attempts int, p_flex_s int, p_strict boolean, p_key text,
-                                p_base real, p_cap real, p_now timestamptz,
-                                OUT job_id bigint, OUT run_at timestamptz, OUT created boolean, OUT conflict text)
-LANGUAGE plpgsql AS $$
-#variable_conflict use_column
-DECLARE
-    v_shard smallint := mh_key_shard(p_team, p_key);
-    v_hash  text := mh_request_hash(p_name, p_due_at, p_payload, p_priority, p_max_attempts, p_flex_s,
-                                    p_strict, p_base, p_cap);
-    v_key   idempotency_keys%ROWTYPE;
+-- Take an idempotency key for a new job (p_job_id), for jobs and series
+-- alike: both NULL, the key is now this job's; existing, the same request
+-- (p_hash) within 24 h made that job; conflict, another request used the
+-- key. A conflict is returned as text, not raised, so a batch can report it
+-- per item without a subtransaction per item.
+CREATE OR REPLACE FUNCTION mh_take_key(p_shard smallint, p_team int, p_key text, p_job_id bigint, p_hash text,
+                                       p_now timestamptz, OUT existing bigint, OUT conflict text)
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+DECLARE v_key idempotency_keys%ROWTYPE;
 BEGIN
-    job_id := mh_new_id(v_shard);
     -- A concurrent submit with the same key waits here on the unique key
     -- until the first commits (then this one finds its row) or rolls back.
     LOOP
         INSERT INTO idempotency_keys (shard, team_id, key, job_id, request_hash, created_at, expires_at)
-        VALUES (v_shard, p_team, p_key, job_id, v_hash, p_now, p_now + mh_idempotency_ttl())
+        VALUES (p_shard, p_team, p_key, p_job_id, p_hash, p_now, p_now + mh_idempotency_ttl())
         ON CONFLICT DO NOTHING;
         EXIT WHEN FOUND;
         SELECT * INTO v_key FROM idempotency_keys k
-         WHERE k.shard = v_shard AND k.team_id = p_team AND k.key = p_key
+         WHERE k.shard = p_shard AND k.team_id = p_team AND k.key = p_key
            FOR UPDATE;
         CONTINUE WHEN NOT FOUND;              -- purged in between: try the insert again
         IF v_key.expires_at > p_now THEN
-            created := false;
-            IF v_key.request_hash <> v_hash THEN
-                job_id := NULL;
+            IF v_key.request_hash <> p_hash THEN
                 conflict := format('idempotency key %L was used for a different request (job %s) within %s',
                                    p_key, v_key.job_id, mh_idempotency_ttl());
             ELSE
-                job_id := v_key.job_id;
-                SELECT j.run_at INTO run_at FROM jobs j WHERE j.shard = v_shard AND j.id = v_key.job_id;
+                existing := v_key.job_id;
             END IF;
             RETURN;
         END IF;
         -- Expired: the key starts over with this job.
         UPDATE idempotency_keys k
-           SET job_id = mh_submit_keyed.job_id, request_hash = v_hash, result = NULL, completed_at = NULL,
+           SET job_id = p_job_id, request_hash = p_hash, result = NULL, completed_at = NULL,
                created_at = p_now, expires_at = p_now + mh_idempotency_ttl()
-         WHERE k.shard = v_shard AND k.team_id = p_team AND k.key = p_key;
-        EXIT;
+         WHERE k.shard = p_shard AND k.team_id = p_team AND k.key = p_key;
+        RETURN;
     END LOOP;
+END $$;
+
+-- A validated job with an idempotency key. The same key from the same team
+-- within 24 h names the first job (created false) and writes nothing; with a
+-- different request it is a conflict (job_id NULL).
+CREATE OR REPLACE FUNCTION mh_submit_keyed(p_team int, p_name text, p_due_at timestamptz, p_payload jsonb,
+                                           p_priority int, p_max_attempts int, p_flex_s int, p_strict boolean,
+                                           p_key text, p_base real, p_cap real, p_now timestamptz,
+                                           OUT job_id bigint, OUT run_at timestamptz, OUT created boolean,
+                                           OUT conflict text)
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_shard smallint := mh_key_shard(p_team, p_key);
+    v_key   record;
+BEGIN
+    job_id := mh_new_id(v_shard);
+    SELECT * INTO v_key FROM mh_take_key(
+        v_shard, p_team, p_key, job_id,
+        mh_request_hash(p_name, p_due_at, p_payload, p_priority, p_max_attempts, p_flex_s, p_strict, p_base, p_cap),
+        p_now);
+    IF v_key.conflict IS NOT NULL OR v_key.existing IS NOT NULL THEN
+        created := false;
+        conflict := v_key.conflict;
+        job_id := v_key.existing;
+        SELECT j.run_at INTO run_at FROM jobs j WHERE j.shard = v_shard AND j.id = v_key.existing;
+        RETURN;
+    END IF;
     created := true;
     run_at := mh_write_job(v_shard, job_id, p_team, p_name, p_due_at, p_payload, p_priority, p_max_attempts,
                            p_flex_s, p_strict, p_key, p_base, p_cap, p_now);
@@ -139,13 +187,13 @@ END $$;
 
 -- One job. Returns its id, assigned run time, and whether it was created
 -- (false: the idempotency key named an earlier job, whose id is returned).
-CREATE FUNCTION submit_job_detail(
+CREATE OR REPLACE FUNCTION submit_job_detail(
     p_team text, p_name text, p_due_at timestamptz DEFAULT NULL, p_payload jsonb DEFAULT '{}',
     p_priority int DEFAULT 0, p_max_attempts int DEFAULT 3, p_flex_s int DEFAULT 0,
     p_strict boolean DEFAULT false, p_idempotency_key text DEFAULT NULL,
     p_backoff_base_s real DEFAULT 1, p_backoff_cap_s real DEFAULT 3600,
     OUT job_id bigint, OUT run_at timestamptz, OUT created boolean)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = minutehand, pg_temp AS $$
 DECLARE
     v_now     timestamptz := mh_now();
     v_team    int := mh_team_id(p_team);
@@ -181,21 +229,19 @@ BEGIN
 END $$;
 
 -- The SQL-level interface: enqueue inside your own transaction, get the id.
-CREATE FUNCTION submit_job(
+CREATE OR REPLACE FUNCTION submit_job(
     p_team text, p_name text, p_due_at timestamptz DEFAULT NULL, p_payload jsonb DEFAULT '{}',
     p_priority int DEFAULT 0, p_max_attempts int DEFAULT 3, p_flex_s int DEFAULT 0,
     p_strict boolean DEFAULT false, p_idempotency_key text DEFAULT NULL,
     p_backoff_base_s real DEFAULT 1, p_backoff_cap_s real DEFAULT 3600)
-RETURNS bigint LANGUAGE sql AS $$
+RETURNS bigint LANGUAGE sql SECURITY DEFINER SET search_path = minutehand, pg_temp AS $$
     SELECT (submit_job_detail(p_team, p_name, p_due_at, p_payload, p_priority, p_max_attempts, p_flex_s,
                               p_strict, p_idempotency_key, p_backoff_base_s, p_backoff_cap_s)).job_id
 $$;
 
-CREATE TYPE submit_result AS (idx int, job_id bigint, run_at timestamptz, created boolean, error text);
-
 -- The items of a batch, defaults filled in and each checked: problem is
 -- NULL for a valid item.
-CREATE FUNCTION mh_batch_items(
+CREATE OR REPLACE FUNCTION mh_batch_items(
     p_names text[], p_due_ats timestamptz[], p_payloads jsonb[], p_priorities int[], p_max_attempts int[],
     p_flex_s int[], p_stricts boolean[], p_keys text[], p_backoff_base_s real[], p_backoff_cap_s real[],
     p_now timestamptz)
@@ -215,27 +261,44 @@ LANGUAGE sql STABLE AS $$
                                         base, cap, ord)) i
 $$;
 
--- Many jobs of one team in one call: parallel arrays (a NULL array or
--- element means the default). Each item is validated; valid items are
--- written together, invalid ones are reported (error) and written nowhere.
--- idx is the 0-based array position; rows come in no particular order.
--- Jobs without a key are written set-based (one INSERT per table, no loop);
--- keyed ones one by one through the same path as submit_job_detail.
-CREATE FUNCTION submit_jobs(
+-- Many jobs of one team in one call: parallel arrays, each as long as
+-- p_names or NULL (NULL array or element: the default). Each item is
+-- validated; valid items are written together, invalid ones are reported
+-- (error) and written nowhere. idx is the 0-based array position; rows come
+-- in no particular order. Jobs without a key are written set-based (one
+-- INSERT per table, no loop); keyed ones one by one through the same path
+-- as submit_job_detail, taking their key rows in (shard, key) order, the
+-- order every procedure locks keys in.
+CREATE OR REPLACE FUNCTION submit_jobs(
     p_team text, p_names text[], p_due_ats timestamptz[] DEFAULT NULL, p_payloads jsonb[] DEFAULT NULL,
     p_priorities int[] DEFAULT NULL, p_max_attempts int[] DEFAULT NULL, p_flex_s int[] DEFAULT NULL,
     p_stricts boolean[] DEFAULT NULL, p_keys text[] DEFAULT NULL,
     p_backoff_base_s real[] DEFAULT NULL, p_backoff_cap_s real[] DEFAULT NULL)
 RETURNS SETOF submit_result
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = minutehand, pg_temp AS $$
 DECLARE
     v_now     timestamptz := mh_now();
     v_team    int := mh_team_id(p_team);
+    v_n       int := coalesce(cardinality(p_names), 0);
     v_due     due_row[];
     v_results submit_result[];
     v_keyed   record;
+    v_label   text;
     r         record;
 BEGIN
+    SELECT a.label INTO v_label
+      FROM (VALUES ('due_ats', cardinality(p_due_ats)), ('payloads', cardinality(p_payloads)),
+                   ('priorities', cardinality(p_priorities)), ('max_attempts', cardinality(p_max_attempts)),
+                   ('flex_s', cardinality(p_flex_s)), ('stricts', cardinality(p_stricts)),
+                   ('keys', cardinality(p_keys)), ('backoff_base_s', cardinality(p_backoff_base_s)),
+                   ('backoff_cap_s', cardinality(p_backoff_cap_s))) AS a(label, n)
+     WHERE a.n IS NOT NULL AND a.n <> v_n
+     LIMIT 1;
+    IF v_label IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'MH400',
+            MESSAGE = format('p_%s has a different length than p_names (%s): pass one value per job, or NULL',
+                             v_label, v_n);
+    END IF;
     WITH checked AS (
         SELECT * FROM mh_batch_items(p_names, p_due_ats, p_payloads, p_priorities, p_max_attempts, p_flex_s,
                                      p_stricts, p_keys, p_backoff_base_s, p_backoff_cap_s, v_now)
@@ -262,6 +325,7 @@ BEGIN
     FOR r IN SELECT * FROM mh_batch_items(p_names, p_due_ats, p_payloads, p_priorities, p_max_attempts, p_flex_s,
                                           p_stricts, p_keys, p_backoff_base_s, p_backoff_cap_s, v_now) c
               WHERE c.key IS NOT NULL AND c.problem IS NULL
+              ORDER BY mh_key_shard(v_team, c.key), c.key, c.idx
     LOOP
         SELECT * INTO v_keyed FROM mh_submit_keyed(v_team, r.name, r.due_at, r.payload, r.priority, r.max_attempts,
                                                    r.flex_s, r.is_strict, r.key, r.base, r.cap, v_now);

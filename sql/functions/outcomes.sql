@@ -1,15 +1,18 @@
--- What happens to a claimed job: it starts, heartbeats, succeeds or fails;
--- and cancellation before it starts. Every call names the job and the lease
--- token of its current claim; a wrong or stale token changes nothing and
--- the answer says why, per item. Batch forms take parallel arrays and run
--- in one transaction, so the commit rate does not cap throughput. Results
--- are matched to items by position, so a job named twice in one batch
--- succeeds at most once.
-
-CREATE TYPE outcome AS (job_id bigint, ok boolean, state job_state, reason text);
+-- What happens to a claimed job: it starts, heartbeats, succeeds, fails or
+-- is given back; and cancellation before it starts. Every call names the job
+-- and the lease token of its current claim; a wrong or stale token changes
+-- nothing and the answer says why, per item. Batch forms take parallel
+-- arrays and run in one transaction, so the commit rate does not cap
+-- throughput. Results are matched to items by position, so a job named
+-- twice in one batch succeeds at most once. Batches lock the job rows in
+-- (shard, id) order and the idempotency keys a completion writes in
+-- (shard, team, key) order, the orders submit_jobs takes them in, so two
+-- batches over the same rows (a worker retrying an outcomes request through
+-- another dispatcher) wait for each other instead of deadlocking. Answers
+-- still come in input order.
 
 -- Why an outcome for a job was refused, from whether it exists and its state.
-CREATE FUNCTION mh_refusal(p_found boolean, p_state job_state) RETURNS text
+CREATE OR REPLACE FUNCTION mh_refusal(p_found boolean, p_state job_state) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE
         WHEN NOT p_found THEN 'no such job'
@@ -17,11 +20,10 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
         ELSE 'lease token does not match the current claim (it expired and the job was claimed again)'
     END
 $$;
-
 -- A job's state, looked up only when p_needed (an item that was refused):
 -- the lookup is skipped for the items that went through.
 -- (A set-returning SQL function, so that the planner inlines it.)
-CREATE FUNCTION mh_job_state(p_job bigint, p_needed boolean) RETURNS TABLE (found boolean, state job_state)
+CREATE OR REPLACE FUNCTION mh_job_state(p_job bigint, p_needed boolean) RETURNS TABLE (found boolean, state job_state)
 LANGUAGE sql STABLE AS $$
     SELECT true, j.state FROM jobs j
      WHERE p_needed AND j.shard = mh_shard_of(p_job) AND j.id = p_job
@@ -29,23 +31,23 @@ LANGUAGE sql STABLE AS $$
     SELECT false, NULL::job_state
     LIMIT 1
 $$;
-
 -- Exponential backoff with jitter: attempt n waits a random time in
 -- [d/2, d] with d = min(cap, base * 2^(n-1)): it grows, spreads, and never
 -- exceeds the cap.
-CREATE FUNCTION mh_backoff(p_attempt int, p_base_s real, p_cap_s real) RETURNS interval
+CREATE OR REPLACE FUNCTION mh_backoff(p_attempt int, p_base_s real, p_cap_s real) RETURNS interval
 LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
     SELECT make_interval(secs => d / 2 + random() * d / 2)
       FROM (SELECT least(p_cap_s::float8, p_base_s * power(2::float8, greatest(p_attempt, 1) - 1)) AS d) x
 $$;
 
-CREATE FUNCTION start_many(p_ids bigint[], p_tokens uuid[]) RETURNS SETOF outcome
-LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION start_many(p_ids bigint[], p_tokens uuid[]) RETURNS SETOF outcome
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE v_now timestamptz := mh_now();
 BEGIN
     RETURN QUERY
     WITH input AS (
         SELECT u.id, u.token, u.ord FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS u(id, token, ord)
+         ORDER BY mh_shard_of(u.id), u.id
     ), started AS (
         UPDATE jobs j
            SET state = 'running', started_at = coalesce(j.started_at, v_now),
@@ -66,8 +68,8 @@ END $$;
 
 -- A heartbeat extends a claim to now + p_extend_s; it never shortens one
 -- (its reminder in claim_checks stays valid).
-CREATE FUNCTION heartbeat_many(p_ids bigint[], p_tokens uuid[], p_extend_s real) RETURNS SETOF outcome
-LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION heartbeat_many(p_ids bigint[], p_tokens uuid[], p_extend_s real) RETURNS SETOF outcome
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
     v_now     timestamptz := mh_now();
     v_expires timestamptz;
@@ -79,6 +81,7 @@ BEGIN
     RETURN QUERY
     WITH input AS (
         SELECT u.id, u.token, u.ord FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS u(id, token, ord)
+         ORDER BY mh_shard_of(u.id), u.id
     ), renewed AS (
         UPDATE jobs j SET claim_expires_at = greatest(j.claim_expires_at, v_expires), updated_at = v_now
           FROM input i
@@ -96,14 +99,15 @@ END $$;
 
 -- Success closes the job and stores its result under its idempotency key,
 -- so a later run with that key replays the result instead of running.
-CREATE FUNCTION complete_many(p_ids bigint[], p_tokens uuid[], p_results jsonb[] DEFAULT NULL)
-RETURNS SETOF outcome LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION complete_many(p_ids bigint[], p_tokens uuid[], p_results jsonb[] DEFAULT NULL)
+RETURNS SETOF outcome LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE v_now timestamptz := mh_now();
 BEGIN
     RETURN QUERY
     WITH input AS (
         SELECT u.id, u.token, u.result, u.ord
           FROM unnest(p_ids, p_tokens, p_results) WITH ORDINALITY AS u(id, token, result, ord)
+         ORDER BY mh_shard_of(u.id), u.id
     ), done AS (
         UPDATE jobs j
            SET state = 'succeeded', result = i.result, finished_at = v_now, updated_at = v_now,
@@ -116,9 +120,9 @@ BEGIN
         RETURNING j.id, j.shard, j.team_id, j.idempotency_key, i.result, i.ord
     ), stored AS (
         UPDATE idempotency_keys k SET result = d.result, completed_at = v_now
-          FROM done d
-         WHERE d.idempotency_key IS NOT NULL
-           AND k.shard = d.shard AND k.team_id = d.team_id AND k.key = d.idempotency_key AND k.job_id = d.id
+          FROM (SELECT * FROM done d WHERE d.idempotency_key IS NOT NULL
+                 ORDER BY d.shard, d.team_id, d.idempotency_key) d
+         WHERE k.shard = d.shard AND k.team_id = d.team_id AND k.key = d.idempotency_key AND k.job_id = d.id
     )
     SELECT i.id, d.id IS NOT NULL,
            CASE WHEN d.id IS NOT NULL THEN 'succeeded'::job_state ELSE j.state END,
@@ -133,20 +137,22 @@ END $$;
 -- retryable; otherwise the job is dead (kept, with its last error).
 -- Per item, because each retry time is computed from that job's own
 -- attempts, base and cap (in a variable, not in UPDATE SET: Citus rule).
-CREATE FUNCTION fail_many(p_ids bigint[], p_tokens uuid[], p_errors text[], p_retryable boolean[] DEFAULT NULL)
-RETURNS SETOF outcome LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION fail_many(p_ids bigint[], p_tokens uuid[], p_errors text[], p_retryable boolean[] DEFAULT NULL)
+RETURNS SETOF outcome LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
-    v_now    timestamptz := mh_now();
-    v_job    jobs%ROWTYPE;
-    v_run_at timestamptz;
-    v_error  text;
-    i        int;
+    v_now     timestamptz := mh_now();
+    v_job     jobs%ROWTYPE;
+    v_run_at  timestamptz;
+    v_error   text;
+    v_answers outcome[] := array_fill(NULL::outcome, ARRAY[coalesce(cardinality(p_ids), 0)]);
+    i         int;
 BEGIN
-    FOR i IN 1 .. coalesce(array_length(p_ids, 1), 0) LOOP
+    FOR i IN SELECT u.ord FROM unnest(p_ids) WITH ORDINALITY AS u(id, ord) ORDER BY mh_shard_of(u.id), u.id, u.ord
+    LOOP
         SELECT * INTO v_job FROM jobs j
          WHERE j.shard = mh_shard_of(p_ids[i]) AND j.id = p_ids[i] FOR UPDATE;
         IF NOT FOUND OR v_job.state NOT IN ('claimed', 'running') OR v_job.lease_token IS DISTINCT FROM p_tokens[i] THEN
-            RETURN NEXT ROW(p_ids[i], false, v_job.state, mh_refusal(FOUND, v_job.state))::outcome;
+            v_answers[i] := ROW(p_ids[i], false, v_job.state, mh_refusal(FOUND, v_job.state))::outcome;
             CONTINUE;
         END IF;
         v_error := left(coalesce(p_errors[i], 'failed'), 10000);
@@ -157,7 +163,7 @@ BEGIN
                    claimed_by = NULL, claim_expires_at = NULL, lease_token = NULL
              WHERE j.shard = v_job.shard AND j.id = v_job.id;
             PERFORM mh_enqueue(v_job.shard, v_job.id, v_run_at, (v_job).strict, v_job.priority, v_now);
-            RETURN NEXT ROW(v_job.id, true, 'retrying'::job_state, NULL::text)::outcome;
+            v_answers[i] := ROW(v_job.id, true, 'retrying'::job_state, NULL::text)::outcome;
         ELSE
             UPDATE jobs j
                SET state = 'dead', last_error = v_error, finished_at = v_now, updated_at = v_now,
@@ -165,42 +171,85 @@ BEGIN
                    lateness = coalesce(j.lateness, j.claimed_at - j.due_at),
                    claim_expires_at = NULL, lease_token = NULL
              WHERE j.shard = v_job.shard AND j.id = v_job.id;
-            RETURN NEXT ROW(v_job.id, true, 'dead'::job_state, NULL::text)::outcome;
+            v_answers[i] := ROW(v_job.id, true, 'dead'::job_state, NULL::text)::outcome;
         END IF;
     END LOOP;
+    RETURN QUERY SELECT * FROM unnest(v_answers);
+END $$;
+
+-- A worker gives back claimed jobs it did not start (it is shutting down,
+-- or the request that leased them went away): they are due again at once,
+-- at their old run time (so they keep their place), and the attempt the
+-- claim counted is not counted.
+CREATE OR REPLACE FUNCTION release_many(p_ids bigint[], p_tokens uuid[]) RETURNS SETOF outcome
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+DECLARE
+    v_now    timestamptz := mh_now();
+    v_ords   bigint[];
+    v_states job_state[];
+    v_rows   due_row[];
+BEGIN
+    WITH input AS (
+        SELECT u.id, u.token, u.ord FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS u(id, token, ord)
+         ORDER BY mh_shard_of(u.id), u.id
+    ), released AS (
+        UPDATE jobs j
+           SET state = CASE WHEN j.attempts > 1 THEN 'retrying' ELSE 'scheduled' END::job_state,
+               attempts = j.attempts - 1, claimed_by = NULL, claim_expires_at = NULL,
+               lease_token = NULL, claimed_at = NULL, updated_at = v_now
+          FROM input i
+         WHERE j.shard = mh_shard_of(i.id) AND j.id = i.id AND j.lease_token = i.token
+           AND j.state IN ('claimed', 'running')
+        RETURNING j.shard, j.strict, j.priority, j.run_at, j.id, j.state, i.ord
+    )
+    SELECT array_agg(r.ord), array_agg(r.state), array_agg(ROW(r.shard, r.strict, r.priority, r.run_at, r.id)::due_row)
+      INTO v_ords, v_states, v_rows FROM released r;
+    IF v_rows IS NOT NULL THEN
+        PERFORM mh_enqueue_many(v_rows, v_now);
+    END IF;
+    RETURN QUERY
+    SELECT u.id, r.ord IS NOT NULL, coalesce(r.state, j.state),
+           CASE WHEN r.ord IS NULL THEN mh_refusal(j.found, j.state) END
+      FROM unnest(p_ids) WITH ORDINALITY AS u(id, ord)
+      LEFT JOIN unnest(v_ords, v_states) AS r(ord, state) ON r.ord = u.ord
+      LEFT JOIN LATERAL mh_job_state(u.id, r.ord IS NULL) j ON true
+     ORDER BY u.ord;
 END $$;
 
 -- Single-job forms.
-CREATE FUNCTION start(p_job bigint, p_token uuid) RETURNS outcome
-LANGUAGE sql AS $$ SELECT * FROM start_many(ARRAY[p_job], ARRAY[p_token]) $$;
-CREATE FUNCTION heartbeat(p_job bigint, p_token uuid, p_extend_s real) RETURNS outcome
-LANGUAGE sql AS $$ SELECT * FROM heartbeat_many(ARRAY[p_job], ARRAY[p_token], p_extend_s) $$;
-CREATE FUNCTION complete(p_job bigint, p_token uuid, p_result jsonb DEFAULT NULL) RETURNS outcome
-LANGUAGE sql AS $$ SELECT * FROM complete_many(ARRAY[p_job], ARRAY[p_token], ARRAY[p_result]) $$;
-CREATE FUNCTION fail(p_job bigint, p_token uuid, p_error text, p_retryable boolean DEFAULT true) RETURNS outcome
-LANGUAGE sql AS $$ SELECT * FROM fail_many(ARRAY[p_job], ARRAY[p_token], ARRAY[p_error], ARRAY[p_retryable]) $$;
+CREATE OR REPLACE FUNCTION start(p_job bigint, p_token uuid) RETURNS outcome
+LANGUAGE sql SET search_path = minutehand, pg_temp AS $$ SELECT * FROM start_many(ARRAY[p_job], ARRAY[p_token]) $$;
+CREATE OR REPLACE FUNCTION heartbeat(p_job bigint, p_token uuid, p_extend_s real) RETURNS outcome
+LANGUAGE sql SET search_path = minutehand, pg_temp AS $$ SELECT * FROM heartbeat_many(ARRAY[p_job], ARRAY[p_token], p_extend_s) $$;
+CREATE OR REPLACE FUNCTION complete(p_job bigint, p_token uuid, p_result jsonb DEFAULT NULL) RETURNS outcome
+LANGUAGE sql SET search_path = minutehand, pg_temp AS $$ SELECT * FROM complete_many(ARRAY[p_job], ARRAY[p_token], ARRAY[p_result]) $$;
+CREATE OR REPLACE FUNCTION fail(p_job bigint, p_token uuid, p_error text, p_retryable boolean DEFAULT true) RETURNS outcome
+LANGUAGE sql SET search_path = minutehand, pg_temp AS $$ SELECT * FROM fail_many(ARRAY[p_job], ARRAY[p_token], ARRAY[p_error], ARRAY[p_retryable]) $$;
 
--- Cancel a job that has not started (scheduled, or waiting for a retry). A
--- job of another team is "no such job" to the caller; p_team NULL acts for
--- every team (administrators). Its row on the wheel is left to the claim,
--- which drops rows of cancelled jobs: finding it would mean knowing which
--- level and slot it sits in now.
-CREATE FUNCTION cancel(p_job bigint, p_team text) RETURNS outcome
-LANGUAGE plpgsql AS $$
+-- Cancel a job that has not started, for the team named (required: a job
+-- of another team is "no such job"). Administrators cancel through the
+-- job's own team. Its row on the wheel is left to the claim, which drops
+-- rows of cancelled jobs: finding it would mean knowing which level and
+-- slot it sits in now. Runs as its owner, like submit_job.
+CREATE OR REPLACE FUNCTION cancel(p_job bigint, p_team text) RETURNS outcome
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = minutehand, pg_temp AS $$
 DECLARE
     v_now   timestamptz := mh_now();
-    v_team  int := CASE WHEN p_team IS NOT NULL THEN mh_team_id(p_team) END;
+    v_team  int;
     v_state job_state;
 BEGIN
+    IF p_team IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = 'cancel needs the team the job belongs to';
+    END IF;
+    v_team := mh_team_id(p_team);
     UPDATE jobs j SET state = 'cancelled', finished_at = v_now, updated_at = v_now
-     WHERE j.shard = mh_shard_of(p_job) AND j.id = p_job
-       AND (v_team IS NULL OR j.team_id = v_team)
+     WHERE j.shard = mh_shard_of(p_job) AND j.id = p_job AND j.team_id = v_team
        AND j.state IN ('scheduled', 'retrying');
     IF FOUND THEN
         RETURN ROW(p_job, true, 'cancelled'::job_state, NULL::text)::outcome;
     END IF;
     SELECT j.state INTO v_state FROM jobs j
-     WHERE j.shard = mh_shard_of(p_job) AND j.id = p_job AND (v_team IS NULL OR j.team_id = v_team);
+     WHERE j.shard = mh_shard_of(p_job) AND j.id = p_job AND j.team_id = v_team;
     IF NOT FOUND THEN
         RETURN ROW(p_job, false, NULL::job_state, 'no such job')::outcome;
     END IF;

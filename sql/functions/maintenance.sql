@@ -3,12 +3,14 @@
 
 -- Claims past their expiry go back to the current bucket with their attempt
 -- count kept (the claim already counted the attempt). A job whose last
--- attempt expired is dead: a job that kills its workers must not loop.
--- Driven by the due reminders in claim_checks (at most p_limit per call), so
--- it never scans the jobs; claims renewed since are filed again for the time
--- they now expire. One shard per call (a row-locking statement names one).
-CREATE FUNCTION expire_claims(p_shard int, p_limit int DEFAULT 1000, OUT returned bigint, OUT dead bigint)
-LANGUAGE plpgsql AS $$
+-- attempt expired is dead: a job that kills its workers must not loop, and
+-- the reason it records says the claim lapsed and the job may have run
+-- (at-least-once). Driven by the due reminders in claim_checks (at most
+-- p_limit per call), so it never scans the jobs; claims renewed since are
+-- filed again for the time they now expire. One shard per call (a
+-- row-locking statement names one).
+CREATE OR REPLACE FUNCTION expire_claims(p_shard int, p_limit int DEFAULT 1000, OUT returned bigint, OUT dead bigint)
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
     v_now  timestamptz := mh_now();
     v_ids  bigint[];
@@ -22,19 +24,27 @@ BEGIN
                                     WHERE k.shard = p_shard AND k.check_at <= v_now LIMIT p_limit))
         RETURNING c.job_ids
     )
-    SELECT array_agg(DISTINCT i) INTO v_ids FROM due, unnest(due.job_ids) i;
+    SELECT array_agg(DISTINCT i ORDER BY i) INTO v_ids FROM due, unnest(due.job_ids) i;
     IF v_ids IS NULL THEN
         RETURN;
     END IF;
 
+    -- The jobs are visited in id order (a nested loop over the sorted ids),
+    -- the order the outcome batches lock them in.
     WITH expired AS (
         UPDATE jobs j
            SET state = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'scheduled' END::job_state,
                finished_at = CASE WHEN j.attempts >= j.max_attempts THEN v_now END,
-               last_error = format('claim by %s expired at %s on attempt %s', j.claimed_by, j.claim_expires_at, j.attempts),
+               last_error = CASE WHEN j.attempts >= j.max_attempts
+                   THEN format('claim expired on attempt %s of %s (by %s, at %s): no attempts left. The worker '
+                               'stopped reporting; the job may have run (at-least-once)',
+                               j.attempts, j.max_attempts, j.claimed_by, j.claim_expires_at)
+                   ELSE format('claim expired on attempt %s of %s (by %s, at %s)',
+                               j.attempts, j.max_attempts, j.claimed_by, j.claim_expires_at) END,
                run_at = CASE WHEN j.attempts >= j.max_attempts THEN j.run_at ELSE v_now END,
                claimed_by = NULL, claim_expires_at = NULL, lease_token = NULL, updated_at = v_now
-         WHERE j.shard = p_shard AND j.id = ANY (v_ids)
+          FROM unnest(v_ids) AS i(id)
+         WHERE j.shard = p_shard AND j.id = i.id
            AND j.state IN ('claimed', 'running') AND j.claim_expires_at < v_now
         RETURNING j.id, j.state, j.strict, j.priority
     )
@@ -51,7 +61,6 @@ BEGIN
      WHERE j.shard = p_shard AND j.id = ANY (v_ids) AND j.state IN ('claimed', 'running')
     HAVING count(*) > 0;
 END $$;
-
 -- Move jobs down the wheel as the horizon reaches them, in bulk:
 --   due_far   -> hour (or minute) level: rows due before mh_hour_end(now),
 --                earliest first, at most p_far_limit per call;
@@ -64,8 +73,8 @@ END $$;
 -- A slot can then also hold rows of a later lap: those stay, and the slot is
 -- emptied by DELETE instead. Returns how many rows moved. Concurrent
 -- callers: one works, the others return 0 at once (row lock on `wheel`).
-CREATE FUNCTION cascade_wheel(p_far_limit int DEFAULT 200000, OUT from_far bigint, OUT from_hours bigint)
-LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION cascade_wheel(p_far_limit int DEFAULT 200000, OUT from_far bigint, OUT from_hours bigint)
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
     v_now        timestamptz := mh_now();
     v_minute_end timestamptz := mh_minute_end(v_now);
@@ -106,40 +115,13 @@ BEGIN
      WHERE id = 1 AND (cascaded_until IS NULL OR cascaded_until < v_minute_end);
 END $$;
 
--- Move the rows of one wheel partition that are due before p_before down to
--- the minute level (a row already due lands in the current bucket), then
--- empty the partition with TRUNCATE, or, if it also holds later rows (a
--- slot shared with a later lap of the ring after an outage), DELETE just the
--- moved ones. The partition is locked meanwhile: its submitters and
--- claimers wait, and none of their rows is lost to the TRUNCATE.
-CREATE FUNCTION mh_move_down(p_part text, p_before timestamptz, p_now timestamptz) RETURNS bigint
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_moved bigint;
-    v_later boolean;
-BEGIN
-    EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', p_part);
-    EXECUTE format($f$INSERT INTO due_minutes (slot, shard, strict, priority, run_at, job_id)
-                      SELECT mh_minute_slot(greatest(p.run_at, $2)), p.shard, p.strict, p.priority, p.run_at, p.job_id
-                        FROM %I p WHERE p.run_at < $1$f$, p_part)
-       USING p_before, p_now;
-    GET DIAGNOSTICS v_moved = ROW_COUNT;
-    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE run_at >= $1)', p_part) INTO v_later USING p_before;
-    IF v_later THEN
-        EXECUTE format('DELETE FROM %I WHERE run_at < $1', p_part) USING p_before;
-    ELSE
-        EXECUTE format('TRUNCATE %I', p_part);
-    END IF;
-    RETURN v_moved;
-END $$;
-
 -- Carry the overdue rows (run_at before p_cur) of one minute slot into the
 -- current bucket and empty the slot. p_passed: the slot's minute has passed
 -- the sweep line, so it is emptied even with nothing to carry (its claimed
 -- rows' dead tuples go with it); otherwise an untouched slot is left alone.
 -- Never the current bucket's own slot.
-CREATE FUNCTION mh_carry_forward(p_slot int, p_cur timestamptz, p_passed boolean) RETURNS bigint
-LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION mh_carry_forward(p_slot int, p_cur timestamptz, p_passed boolean) RETURNS bigint
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE v_any boolean;
 BEGIN
     IF p_slot = mh_minute_slot(p_cur) THEN
@@ -162,8 +144,8 @@ END $$;
 -- ring is 480 minutes): then every slot outside the claim window
 -- [sweep line, now] is checked for overdue rows instead.
 -- Concurrent callers: as cascade_wheel.
-CREATE FUNCTION sweep_passed(OUT buckets int, OUT carried bigint)
-LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION sweep_passed(OUT buckets int, OUT carried bigint)
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
     v_now    timestamptz := mh_now();
     v_cur    timestamptz := mh_minute(v_now);
@@ -195,8 +177,8 @@ BEGIN
 END $$;
 
 -- Idempotency keys live 24 h. One shard per call, bounded per call.
-CREATE FUNCTION purge_idempotency_keys(p_shard int, p_limit int DEFAULT 10000) RETURNS bigint
-LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION purge_idempotency_keys(p_shard int, p_limit int DEFAULT 10000) RETURNS bigint
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
     v_now timestamptz := mh_now();
     v_n   bigint;
@@ -210,9 +192,9 @@ BEGIN
 END $$;
 
 -- Every duty once, over every shard: for operators, the demo and tests.
-CREATE FUNCTION maintain(OUT from_far bigint, OUT from_hours bigint, OUT swept_buckets int, OUT carried bigint,
+CREATE OR REPLACE FUNCTION maintain(OUT from_far bigint, OUT from_hours bigint, OUT swept_buckets int, OUT carried bigint,
                          OUT claims_returned bigint, OUT claims_dead bigint, OUT keys_purged bigint)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
     s int;
     r record;

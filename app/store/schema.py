@@ -1,0 +1,18 @@
+"""The schema every object of ours lives in, and how our own connections
+find it: `search_path=minutehand` set at connect (libpq options), so named
+statements and tests' SQL read `jobs`, `claim_due(...)` unqualified."""
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+SCHEMA = "minutehand"
+SEARCH_PATH = f"-c search_path={SCHEMA}"
+
+
+def options(database_url: str) -> str:
+    """The libpq `options` for a connection of ours: the URL's own, plus the search path."""
+    own = conninfo_to_dict(database_url).get("options") or ""
+    return own if "search_path" in own else f"{own} {SEARCH_PATH}".strip()
+
+
+def conninfo(database_url: str) -> str:
+    """The URL as a conninfo string whose connections start with our search path."""
+    return make_conninfo(database_url, options=options(database_url))

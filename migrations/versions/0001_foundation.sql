@@ -1,0 +1,148 @@
+-- Revision 0001, frozen: the tables, types, sequence and indexes the first
+-- release created, in schema public (revision 0005 moves them into
+-- minutehand). History: never edited; the current definitions are in sql/tables/.
+
+CREATE SEQUENCE job_id_seq CYCLE MINVALUE 0 MAXVALUE 8191;
+
+CREATE TYPE job_state AS ENUM
+    ('scheduled', 'claimed', 'running', 'retrying', 'succeeded', 'dead', 'cancelled');
+
+-- Teams: a reference table on Citus. quota = max running jobs, weight = share.
+CREATE TABLE teams (
+    id          int GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name        text NOT NULL UNIQUE CHECK (name ~ '^[a-z0-9][a-z0-9_.-]{0,62}$'),
+    quota       int  NOT NULL DEFAULT 1000 CHECK (quota > 0),
+    weight      int  NOT NULL DEFAULT 1 CHECK (weight > 0),
+    token_hash  text,                       -- sha256 hex of the bearer token
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- The job record: one row per job, read by (shard, id) for status.
+-- Not time-partitioned: a unique id would then need the partition key.
+CREATE TABLE jobs (
+    shard            smallint    NOT NULL,
+    id               bigint      NOT NULL,
+    team_id          int         NOT NULL,
+    name             text        NOT NULL,
+    payload          jsonb       NOT NULL,
+    priority         smallint    NOT NULL,
+    due_at           timestamptz NOT NULL,   -- requested due time
+    flex_s           int         NOT NULL,   -- flex window the submitter allowed
+    strict           boolean     NOT NULL,
+    run_at           timestamptz NOT NULL,   -- assigned run time (retry time after a failure)
+    state            job_state   NOT NULL,
+    attempts         int         NOT NULL DEFAULT 0,
+    max_attempts     int         NOT NULL,
+    backoff_base_s   real        NOT NULL,
+    backoff_cap_s    real        NOT NULL,
+    claimed_by       text,
+    claim_expires_at timestamptz,
+    lease_token      uuid,
+    idempotency_key  text,
+    series_id        bigint,                 -- repeating jobs: a chain of ordinary jobs
+    lateness         interval,               -- start - due, once started
+    result           jsonb,
+    last_error       text,
+    created_at       timestamptz NOT NULL,
+    claimed_at       timestamptz,
+    started_at       timestamptz,
+    finished_at      timestamptz,
+    updated_at       timestamptz NOT NULL,
+    PRIMARY KEY (shard, id)
+) WITH (fillfactor = 30);
+-- No index covers a column that claim, start, heartbeat, complete or fail
+-- change (state, claim fields, result): those updates are HOT, adding no
+-- index entries. A job's life is two or three updates; fillfactor 30 leaves
+-- each page room for them even while a long transaction keeps old versions
+-- from being pruned (measured: at 70, a held snapshot turned 60% of the
+-- updates non-HOT and cost ~15% of claim+complete throughput; at 30, none).
+-- The price is a heap about twice as large; the lasting fix is to move the
+-- mutable columns into a narrow table of their own.
+-- Claim expiry is found through claim_checks instead of an index.
+-- A team's jobs, newest first (keyset pagination on id).
+CREATE INDEX jobs_team_recent ON jobs (team_id, id DESC);
+-- A repeating series cannot create the same run twice, whatever fails over.
+CREATE UNIQUE INDEX jobs_series_run ON jobs (shard, series_id, due_at) WHERE series_id IS NOT NULL;
+
+-- Reminders to look at claims when they would expire: one row per claim
+-- call (up to its whole batch of jobs), not per job. expire_claims() reads
+-- the due ones; a claim renewed by heartbeats is simply filed again.
+CREATE TABLE claim_checks (
+    shard    smallint    NOT NULL,
+    check_at timestamptz NOT NULL,
+    job_ids  bigint[]    NOT NULL
+);
+CREATE INDEX claim_checks_due ON claim_checks (shard, check_at);
+
+-- Idempotency keys, colocated with their job (same shard), kept 24 h.
+CREATE TABLE idempotency_keys (
+    shard        smallint    NOT NULL,
+    team_id      int         NOT NULL,
+    key          text        NOT NULL,
+    job_id       bigint      NOT NULL,
+    request_hash text        NOT NULL,       -- the same key with another body is refused
+    result       jsonb,                      -- stored on success, replayed to later runs
+    completed_at timestamptz,
+    created_at   timestamptz NOT NULL,
+    expires_at   timestamptz NOT NULL,
+    PRIMARY KEY (shard, team_id, key)
+);
+CREATE INDEX idempotency_keys_expiry ON idempotency_keys (shard, expires_at);
+
+-- Per-shard state: the dispatcher lease with its fencing epoch, and the hand
+-- of the wheel (the oldest minute bucket that may still hold due rows).
+CREATE TABLE shards (
+    shard            smallint PRIMARY KEY,
+    owner            text,
+    epoch            bigint      NOT NULL DEFAULT 0,
+    lease_expires_at timestamptz,
+    hand             timestamptz
+);
+INSERT INTO shards (shard) SELECT g FROM generate_series(0, 255) g;
+
+-- Global duties (cascade, sweep) serialise on this one row; it also records
+-- how far each has gone, so a run after an outage knows to look further.
+CREATE TABLE wheel (
+    id              int PRIMARY KEY CHECK (id = 1),
+    swept_until     timestamptz,              -- minute buckets before this are emptied
+    cascaded_until  timestamptz               -- hour slots before this moved to minute buckets
+);
+INSERT INTO wheel (id) VALUES (1);
+
+CREATE TABLE due_minutes (
+    slot     smallint    NOT NULL,
+    shard    smallint    NOT NULL,
+    strict   boolean     NOT NULL,
+    priority smallint    NOT NULL,
+    run_at   timestamptz NOT NULL,
+    job_id   bigint      NOT NULL
+) PARTITION BY LIST (slot);
+
+CREATE TABLE due_hours (LIKE due_minutes) PARTITION BY LIST (slot);
+
+CREATE TABLE due_far (
+    shard    smallint    NOT NULL,
+    strict   boolean     NOT NULL,
+    priority smallint    NOT NULL,
+    run_at   timestamptz NOT NULL,
+    job_id   bigint      NOT NULL
+);
+CREATE INDEX due_far_run_at ON due_far (run_at);
+
+DO $$
+BEGIN
+    FOR s IN 0 .. 479 LOOP
+        EXECUTE format('CREATE TABLE %I PARTITION OF due_minutes FOR VALUES IN (%s)',
+                       format('due_m%s', lpad(s::text, 3, '0')), s);
+    END LOOP;
+    FOR s IN 0 .. 95 LOOP
+        EXECUTE format('CREATE TABLE %I PARTITION OF due_hours FOR VALUES IN (%s)',
+                       format('due_h%s', lpad(s::text, 2, '0')), s);
+    END LOOP;
+END $$;
+
+CREATE INDEX due_minutes_claim ON due_minutes (shard, strict DESC, priority DESC, run_at);
+
+CREATE TYPE due_row AS (shard smallint, strict boolean, priority smallint, run_at timestamptz, job_id bigint);
+CREATE TYPE submit_result AS (idx int, job_id bigint, run_at timestamptz, created boolean, error text);
+CREATE TYPE outcome AS (job_id bigint, ok boolean, state job_state, reason text);

@@ -1,0 +1,37 @@
+-- Shards and job ids. Constants are immutable functions rather than a
+-- settings table: they are inlined into plans and cost nothing on the hot
+-- path. Changing one is a migration.
+
+-- Logical shards S. The id keeps 10 shard bits, so S may grow to 1024.
+CREATE OR REPLACE FUNCTION mh_shard_count() RETURNS int
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 256 $$;
+
+-- Job ids: 64-bit, time-ordered, generated here (not a plain sequence):
+--   [ms since 2025-01-01 : 40 bits, to 2059][sequence mod 8192 : 13 bits][shard : 10 bits]
+-- so the shard is read from the id with no lookup. Two ids can only collide
+-- if 8192 ids are drawn in one millisecond into the same shard.
+
+-- The smallest id made at time t: ids are ordered by creation time, so a
+-- range of ids is a range of creation times (bounded scans of recent jobs).
+CREATE OR REPLACE FUNCTION mh_id_at(t timestamptz) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT (floor(extract(epoch FROM t) * 1000)::bigint - 1735689600000) << 23
+$$;
+
+CREATE OR REPLACE FUNCTION mh_new_id(p_shard int) RETURNS bigint
+LANGUAGE sql VOLATILE PARALLEL UNSAFE AS $$
+    SELECT mh_id_at(clock_timestamp()) | (nextval('job_id_seq') << 10) | p_shard
+$$;
+
+CREATE OR REPLACE FUNCTION mh_shard_of(p_id bigint) RETURNS smallint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT (p_id & 1023)::smallint $$;
+
+-- A job without an idempotency key lands on a random shard; one with a key
+-- on the shard of (team, key), so the key row and the job share a shard and
+-- a keyed submit stays a single-shard transaction.
+CREATE OR REPLACE FUNCTION mh_random_shard() RETURNS smallint
+LANGUAGE sql VOLATILE PARALLEL SAFE AS $$ SELECT floor(random() * mh_shard_count())::smallint $$;
+CREATE OR REPLACE FUNCTION mh_key_shard(p_team int, p_key text) RETURNS smallint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT (abs(hashtextextended(p_team::text || ':' || p_key, 0)) % mh_shard_count())::smallint
+$$;

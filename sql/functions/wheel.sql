@@ -1,0 +1,151 @@
+-- The timing wheel (sql/tables/wheel.sql): its sizes, where a time lands on
+-- it, putting pending jobs on it, and moving rows down its levels.
+
+-- Minute ring: slot = epoch minute mod 480. The minute level holds jobs due
+-- before the next hour boundary after now + 6 h (at most 7 h ahead); a passed
+-- slot is swept 30 min after the hand leaves it, long before its reuse.
+CREATE OR REPLACE FUNCTION mh_minute_slots() RETURNS int
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 480 $$;
+CREATE OR REPLACE FUNCTION mh_horizon() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT interval '6 hours' $$;
+CREATE OR REPLACE FUNCTION mh_sweep_after() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT interval '30 minutes' $$;
+
+-- Hour ring: slot = epoch hour mod 96, for jobs up to 72 h ahead; beyond
+-- that they wait in due_far (one row per job, indexed by run time).
+CREATE OR REPLACE FUNCTION mh_hour_slots() RETURNS int
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 96 $$;
+CREATE OR REPLACE FUNCTION mh_hour_span() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT interval '72 hours' $$;
+
+CREATE OR REPLACE FUNCTION mh_minute_slot(t timestamptz) RETURNS smallint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT (floor(extract(epoch FROM t) / 60)::bigint % mh_minute_slots())::smallint
+$$;
+CREATE OR REPLACE FUNCTION mh_hour_slot(t timestamptz) RETURNS smallint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT (floor(extract(epoch FROM t) / 3600)::bigint % mh_hour_slots())::smallint
+$$;
+CREATE OR REPLACE FUNCTION mh_minute_part(p_slot int) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT format('due_m%s', lpad(p_slot::text, 3, '0')) $$;
+CREATE OR REPLACE FUNCTION mh_hour_part(p_slot int) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT format('due_h%s', lpad(p_slot::text, 2, '0')) $$;
+
+-- Level boundaries at time t. The minute level ends on an hour boundary so
+-- that a whole hour slot cascades at once; it covers 6 to 7 hours.
+CREATE OR REPLACE FUNCTION mh_minute_end(t timestamptz) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT mh_hour(t + mh_horizon()) + interval '1 hour' $$;
+CREATE OR REPLACE FUNCTION mh_hour_end(t timestamptz) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT mh_hour(t) + mh_hour_span() $$;
+
+-- Put one pending job on the wheel, at the level its run time belongs to at
+-- p_now; a run time already past goes into the current minute bucket. One
+-- INSERT into one level: the plans of a single submission name one level
+-- (tests/test_explain.py), which the set form below, three INSERTs, would not.
+--
+-- A row put into the current or next minute bucket wakes the dispatchers
+-- (LISTEN minutehand_due): they otherwise sleep until the next run time
+-- they know of. The payload names the shards that got such rows, comma
+-- separated (at most 256 numbers, within NOTIFY's 8000 bytes), so a
+-- dispatcher claims from those shards only. Sent at commit; a repeated
+-- payload in one transaction is sent once.
+CREATE OR REPLACE FUNCTION mh_enqueue(p_shard smallint, p_job bigint, p_run_at timestamptz,
+                                      p_strict boolean, p_priority smallint, p_now timestamptz)
+RETURNS void LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+BEGIN
+    IF p_run_at < mh_minute_end(p_now) THEN
+        INSERT INTO due_minutes (slot, shard, strict, priority, run_at, job_id)
+        VALUES (mh_minute_slot(greatest(p_run_at, p_now)), p_shard, p_strict, p_priority, p_run_at, p_job);
+        IF p_run_at < mh_minute(p_now) + interval '2 minutes' THEN
+            PERFORM pg_notify('minutehand_due', p_shard::text);
+        END IF;
+    ELSIF p_run_at < mh_hour_end(p_now) THEN
+        INSERT INTO due_hours (slot, shard, strict, priority, run_at, job_id)
+        VALUES (mh_hour_slot(p_run_at), p_shard, p_strict, p_priority, p_run_at, p_job);
+    ELSE
+        INSERT INTO due_far (shard, strict, priority, run_at, job_id)
+        VALUES (p_shard, p_strict, p_priority, p_run_at, p_job);
+    END IF;
+END $$;
+
+-- The same for a set of rows (bulk submission, cascades, expiry, give-back):
+-- three set-based INSERTs, no per-row round trip. Returns how many rows
+-- went to each level.
+CREATE OR REPLACE FUNCTION mh_enqueue_many(p_rows due_row[], p_now timestamptz,
+                                      OUT to_minutes bigint, OUT to_hours bigint, OUT to_far bigint)
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+DECLARE
+    v_minute_end timestamptz := mh_minute_end(p_now);
+    v_hour_end   timestamptz := mh_hour_end(p_now);
+    v_shards     text;
+BEGIN
+    INSERT INTO due_minutes (slot, shard, strict, priority, run_at, job_id)
+    SELECT mh_minute_slot(greatest(r.run_at, p_now)), r.shard, r.strict, r.priority, r.run_at, r.job_id
+      FROM unnest(p_rows) r WHERE r.run_at < v_minute_end;
+    GET DIAGNOSTICS to_minutes = ROW_COUNT;
+    INSERT INTO due_hours (slot, shard, strict, priority, run_at, job_id)
+    SELECT mh_hour_slot(r.run_at), r.shard, r.strict, r.priority, r.run_at, r.job_id
+      FROM unnest(p_rows) r WHERE r.run_at >= v_minute_end AND r.run_at < v_hour_end;
+    GET DIAGNOSTICS to_hours = ROW_COUNT;
+    INSERT INTO due_far (shard, strict, priority, run_at, job_id)
+    SELECT r.shard, r.strict, r.priority, r.run_at, r.job_id
+      FROM unnest(p_rows) r WHERE r.run_at >= v_hour_end;
+    GET DIAGNOSTICS to_far = ROW_COUNT;
+    IF to_minutes > 0 THEN
+        SELECT string_agg(DISTINCT r.shard::text, ',') INTO v_shards
+          FROM unnest(p_rows) r WHERE r.run_at < mh_minute(p_now) + interval '2 minutes';
+        IF v_shards IS NOT NULL THEN
+            PERFORM pg_notify('minutehand_due', v_shards);
+        END IF;
+    END IF;
+END $$;
+
+-- Whether a minute bucket holds any row of a shard, locked or not.
+CREATE OR REPLACE FUNCTION mh_bucket_has_rows(p_bucket timestamptz, p_shard int) RETURNS boolean
+LANGUAGE plpgsql STABLE SET search_path = minutehand, pg_temp AS $$
+DECLARE v_any boolean;
+BEGIN
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE shard = $1)', mh_minute_part(mh_minute_slot(p_bucket)))
+       INTO v_any USING p_shard;
+    RETURN v_any;
+END $$;
+
+-- Move a shard's hand forward (never back). If another transaction holds
+-- the shard's row (a claimer moving it too, or one that hangs before it
+-- commits), skip: waiting would stall this shard's claims behind it, and
+-- the next claim moves the hand anyway.
+CREATE OR REPLACE FUNCTION mh_move_hand(p_shard int, p_hand timestamptz) RETURNS void
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+BEGIN
+    PERFORM 1 FROM shards s WHERE s.shard = p_shard FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        UPDATE shards s SET hand = p_hand WHERE s.shard = p_shard AND (s.hand IS NULL OR s.hand < p_hand);
+    END IF;
+END $$;
+
+-- Move the rows of one wheel partition that are due before p_before down to
+-- the minute level (a row already due lands in the current bucket), then
+-- empty the partition with TRUNCATE, or, if it also holds later rows (a
+-- slot shared with a later lap of the ring after an outage), DELETE just the
+-- moved ones. The partition is locked meanwhile: its submitters and
+-- claimers wait, and none of their rows is lost to the TRUNCATE.
+CREATE OR REPLACE FUNCTION mh_move_down(p_part text, p_before timestamptz, p_now timestamptz) RETURNS bigint
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+DECLARE
+    v_moved bigint;
+    v_later boolean;
+BEGIN
+    EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', p_part);
+    EXECUTE format($f$INSERT INTO due_minutes (slot, shard, strict, priority, run_at, job_id)
+                      SELECT mh_minute_slot(greatest(p.run_at, $2)), p.shard, p.strict, p.priority, p.run_at, p.job_id
+                        FROM %I p WHERE p.run_at < $1$f$, p_part)
+       USING p_before, p_now;
+    GET DIAGNOSTICS v_moved = ROW_COUNT;
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE run_at >= $1)', p_part) INTO v_later USING p_before;
+    IF v_later THEN
+        EXECUTE format('DELETE FROM %I WHERE run_at < $1', p_part) USING p_before;
+    ELSE
+        EXECUTE format('TRUNCATE %I', p_part);
+    END IF;
+    RETURN v_moved;
+END $$;

@@ -1,0 +1,27 @@
+-- Dispatchers and workers: who may lease work, which dispatchers are alive
+-- (the shards are divided between them), and global duties under a lease row.
+
+-- Worker credentials: only a worker may lease, heartbeat or complete jobs.
+-- Only the sha256 of a token is kept (a reference table on Citus).
+CREATE TABLE worker_tokens (
+    name        text PRIMARY KEY CHECK (name ~ '^[a-z0-9][a-z0-9_.-]{0,62}$'),
+    token_hash  text NOT NULL UNIQUE,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- Each dispatcher renews its row as often as its shard leases; the live
+-- rows are the members the shards are divided between. A member that stops
+-- renewing drops out when its row expires, together with its leases.
+CREATE TABLE dispatchers (
+    name        text PRIMARY KEY,
+    expires_at  timestamptz NOT NULL
+);
+
+-- A duty for the whole wheel (cascade, sweep) runs in one dispatcher at a
+-- time: the holder of this row until it expires. A row, not an advisory
+-- lock: advisory locks are per node on Citus and vanish with a connection.
+CREATE TABLE duty_leases (
+    duty        text PRIMARY KEY,
+    owner       text NOT NULL,
+    expires_at  timestamptz NOT NULL
+);
