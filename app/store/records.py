@@ -65,7 +65,6 @@ class ClaimRequest:
     teams: list[str] | None = None
 
 
-@dataclass(frozen=True)
 # What a worker (or the dispatcher) reports about a claimed job, one record
 # per kind: each names the job and the lease token of the claim it acts on.
 @dataclass(frozen=True, slots=True)
