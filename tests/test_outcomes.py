@@ -25,9 +25,6 @@ H = dt.timedelta(hours=1)
 MISMATCH = "lease token does not match"
 
 
-
-
-
 def row(conn: psycopg.Connection, job_id: int) -> dict | None:
     r = conn.execute("SELECT to_jsonb(j) FROM jobs j WHERE id = %s", (job_id,)).fetchone()
     return r[0] if r else None
@@ -325,7 +322,23 @@ def test_cancel_a_future_job(conn, store):
     assert store.status(job_id).state == "cancelled"
 
 
-@pytest.mark.parametrize("state", ["claimed", "running", "succeeded", "dead", "cancelled"])
+def test_cancel_a_claimed_job_whose_start_is_not_reported_voids_its_claim(conn, store, job):
+    """Claimed is not started: the worker has not said it began. Cancel wins,
+    and the worker's start, heartbeat and outcome are refused, changing nothing."""
+    job_id, token = job
+    assert store.cancel(job_id, "t") == Outcome(job_id, True, "cancelled", None)
+    before = snapshot(conn, job_id)
+    assert before[0]["lease_token"] is None and before[0]["claim_expires_at"] is None
+    for report in (store.start([Start(job_id, token)]), store.heartbeat([Heartbeat(job_id, token)], 30),
+                   store.complete([Complete(job_id, token, None)]), store.fail([Fail(job_id, token, "x", True)])):
+        assert (report[0].ok, report[0].state) == (False, "cancelled"), report
+    assert snapshot(conn, job_id) == before
+    store.clock = T0 + 31 * S                       # its old claim's expiry passes: nothing to expire
+    store.expire_claims([job_id & 1023])
+    assert store.status(job_id).state == "cancelled" and store.status(job_id).attempts == 1
+
+
+@pytest.mark.parametrize("state", ["running", "succeeded", "dead", "cancelled"])
 def test_cancel_refuses_a_job_that_started_or_ended(conn, store, job, state):
     job_id, token = job
     if state == "running":

@@ -427,3 +427,9 @@ def test_batch_of_ten_thousand(conn, store):
                ON d.job_id = j.id AND d.shard = j.shard AND d.run_at = j.run_at""").fetchone()[0] == n
     # Spread over the shards, not piled on one.
     assert conn.execute("SELECT count(DISTINCT shard) FROM jobs").fetchone()[0] > 200
+
+
+def test_the_smallest_backoff_base_is_taken(conn, store):
+    """0.01 s, the documented minimum, arrives as a real (a little under 0.01)."""
+    sub = store.submit("t", JobSpec("tiny-backoff", due_at=T0, backoff_base_s=0.01, backoff_cap_s=0.01))
+    assert sub.created

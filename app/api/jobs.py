@@ -305,7 +305,9 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
 
     @delete("/v1/jobs/{job_id:int}", operation_id="cancelJob", status_code=200, security=SECURITY, tags=["jobs"],
             summary="Cancel a job that has not started",
-            description="A started, finished or already cancelled job answers 409 with its state, unchanged.",
+            description="A waiting job, or one claimed by a worker that has not reported its start (its claim "
+                        "is voided), is cancelled. A running, finished or already cancelled job answers 409 "
+                        "with its state, unchanged.",
             responses=problems.responses(*COMMON, NOT_FOUND, NOT_CANCELLABLE, INVALID))
     async def cancel_job(principal: NamedDependency[Principal], job_id: JobIdParam, team: TeamParam = None) -> CancelledOut:
         outcome = await ctx.db(store.cancel, job_id, principal.scope(team))

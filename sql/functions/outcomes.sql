@@ -242,9 +242,12 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = 'cancel needs the team the job belongs to';
     END IF;
     v_team := mh_team_id(p_team);
-    UPDATE jobs j SET state = 'cancelled', finished_at = v_now, updated_at = v_now
+    -- A claimed job has not started until its worker says so (start): its
+    -- claim is voided, so the worker's start, heartbeat and outcome are refused.
+    UPDATE jobs j SET state = 'cancelled', finished_at = v_now, updated_at = v_now,
+                      lease_token = NULL, claim_expires_at = NULL
      WHERE j.shard = mh_shard_of(p_job) AND j.id = p_job AND j.team_id = v_team
-       AND j.state IN ('scheduled', 'retrying');
+       AND j.state IN ('scheduled', 'retrying', 'claimed');
     IF FOUND THEN
         RETURN ROW(p_job, true, 'cancelled'::job_state, NULL::text)::outcome;
     END IF;

@@ -58,7 +58,8 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
         WHEN p_flex_s IS NULL OR p_flex_s NOT BETWEEN 0 AND 86400 THEN 'flex window must be between 0 and 86400 seconds'
         WHEN p_strict IS NULL THEN 'strict must be true or false'
         WHEN p_strict AND p_flex_s > 0 THEN 'a strict job cannot have a flex window'
-        WHEN p_backoff_base_s IS NULL OR NOT (p_backoff_base_s BETWEEN 0.01 AND 86400)
+        -- (0.01 as a real: the parameter is one, and 0.01::real is a little less than 0.01)
+        WHEN p_backoff_base_s IS NULL OR NOT (p_backoff_base_s BETWEEN 0.01::real AND 86400)
             THEN 'backoff base must be between 0.01 and 86400 seconds'
         WHEN p_backoff_cap_s IS NULL OR NOT (p_backoff_cap_s BETWEEN p_backoff_base_s AND 604800)
             THEN 'backoff cap must be between the backoff base and 604800 seconds'
