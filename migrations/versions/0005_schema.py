@@ -1,7 +1,7 @@
 """Schema: everything of ours moves from public into the schema `minutehand`
 (tables with their partitions, indexes, constraints and owned sequences,
 the sequence job_id_seq, the types); the functions the old layout defined
-in public are dropped by their known names (every migrate that ends at head
+in public are dropped by their known names and owner (every migrate that ends at head
 applies the current ones from sql/functions/ into minutehand). On a database
 made through revisions 0001-0004 by this release there are no such
 functions, and the result is the same.
@@ -72,9 +72,13 @@ def drop_old_functions() -> str:
 DO $$
 DECLARE
     r record;
+    v_owner oid := (SELECT c.relowner FROM pg_class c WHERE c.oid = to_regclass('public.jobs'));
 BEGIN
+    -- Only the old layout's own: owned by the role that owns its jobs table
+    -- (a user's function of the same name, owned by another role, stays).
     FOR r IN SELECT p.oid::regprocedure AS fn FROM pg_proc p
               WHERE p.pronamespace = 'public'::regnamespace AND p.proname = ANY ({_array(OLD_FUNCTIONS)})
+                AND p.proowner = v_owner
     LOOP
         EXECUTE format('DROP FUNCTION %s', r.fn);
     END LOOP;
