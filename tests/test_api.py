@@ -473,6 +473,7 @@ def test_admin_creates_a_team_whose_token_works_and_rotates_it(client, conn):
 
 @pytest.mark.parametrize("headers, body, status, slug, detail", [
     (T, {"name": "x"}, 403, "forbidden", "admin token"),
+    (T, {"name": "Bad Name", "owner": "me"}, 403, "forbidden", "admin token"),   # before the body
     (A, {"name": "t"}, 409, "conflict", "already exists"),
     (A, {"name": "Bad Name"}, 422, "invalid-input", "team name"),
     (A, {"name": "ok", "quota": 0}, 422, "invalid-input", "positive"),

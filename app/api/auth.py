@@ -137,13 +137,16 @@ def checked_before_body(name: str, check: Callable[[Request], Awaitable[Any]]) -
     a before_request hook that runs the check first for handlers that take
     it and a body: Litestar reads and decodes a typed body before it
     resolves dependencies, and a caller without a credential is answered
-    401, not what its body lacks, before its body is read."""
+    401, not what its body lacks, before its body is read. A handler with
+    opt `admin_only` refuses any other credential (403) before the body too."""
     key = f"minutehand.{name}"
 
     async def before(request: Request) -> None:
         handler = request.route_handler
         if handler.parsed_data_field is not None and name in handler.parsed_fn_signature.parameters:
-            request.scope[key] = await check(request)      # type: ignore[literal-required]
+            credential = request.scope[key] = await check(request)      # type: ignore[literal-required]
+            if handler.opt.get("admin_only"):
+                credential.require_admin()
 
     async def dependency(request: Request) -> Any:
         scope = request.scope

@@ -22,6 +22,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
     store = ctx.store
 
     @post("/v1/teams", operation_id="createTeam", status_code=201, security=SECURITY, tags=["teams"], request_max_body_size=4096,
+          opt={"admin_only": True},                  # a team's token is refused before its body is read
           summary="Create a team (admin)", description="Returns the team's token, shown this once.",
           responses=problems.responses(*COMMON, FORBIDDEN, CONFLICT, INVALID))
     async def create_team(data: JSONBody[TeamIn], principal: NamedDependency[Principal]) -> TeamTokenOut:
