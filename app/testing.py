@@ -359,25 +359,7 @@ def _copy_worker(worker: Worker, url: str, token: str) -> Worker:
     return copy
 
 
-# Jobs of these names (and teams) that are claimed or running, or waiting
-# and due (a retry also when due by retry_horizon). Reads the jobs table
-# whole (no index serves it): for test databases.
-_OUTSTANDING = """
-SELECT j.id FROM jobs j
- WHERE j.name = ANY (%(names)s)
-   AND (%(teams)s::text[] IS NULL OR j.team_id IN (SELECT t.id FROM teams t WHERE t.name = ANY (%(teams)s)))
-   AND (j.state IN ('claimed', 'running')
-        OR (j.state IN ('scheduled', 'retrying') AND j.run_at <= mh_now())
-        OR (j.state = 'retrying' AND j.run_at <= %(retry_horizon)s::timestamptz))
- ORDER BY j.id
- LIMIT 10000
-"""
-
-
 def _outstanding(store, names: list[str], teams: list[str] | None, retry_horizon: dt.datetime | None) -> list[int]:
-    """Ids of the jobs the drain still waits for (SQL on the jobs and teams tables)."""
-    with store.connection() as conn:
-        rows = conn.execute(_OUTSTANDING, {"names": names, "teams": teams,
-                                           "retry_horizon": retry_horizon}).fetchall()
-    return [r["id"] for r in rows]
+    """Ids of the jobs the drain still waits for (Store.outstanding_jobs)."""
+    return store.outstanding_jobs(names, teams, retry_horizon)
 

@@ -252,3 +252,17 @@ SELECT j.id, j.run_at <= mh_now() + make_interval(secs => %(soon_s)s) AS soon
   FROM w JOIN jobs j ON j.shard = w.shard AND j.id = w.job_id
  WHERE j.state IN ('scheduled', 'retrying')
    AND j.team_id = (SELECT id FROM teams WHERE name = %(team)s) AND j.name = ANY (%(names)s)
+
+-- name: outstanding_jobs
+-- Jobs of these names (and teams; NULL: any) that are claimed or running, or
+-- waiting and due (a retry also when due by retry_horizon): what a test's
+-- drain (minutehand.testing) still waits for. Reads the jobs table whole
+-- (no index serves it): for test databases only.
+SELECT j.id FROM jobs j
+ WHERE j.name = ANY (%(names)s)
+   AND (%(teams)s::text[] IS NULL OR j.team_id IN (SELECT t.id FROM teams t WHERE t.name = ANY (%(teams)s)))
+   AND (j.state IN ('claimed', 'running')
+        OR (j.state IN ('scheduled', 'retrying') AND j.run_at <= mh_now())
+        OR (j.state = 'retrying' AND j.run_at <= %(retry_horizon)s::timestamptz))
+ ORDER BY j.id
+ LIMIT 10000

@@ -504,5 +504,13 @@ class Store:
         soon_s). Reads the whole wheel: for a small local instance only."""
         return self._all("unstarted_jobs", {"team": team, "names": names, "soon_s": soon_s})
 
+    def outstanding_jobs(self, names: list[str], teams: list[str] | None,
+                         retry_horizon: dt.datetime | None) -> list[int]:
+        """Ids of the jobs of these names (and teams) not yet finished that are
+        due (retries by retry_horizon) or being run. Reads the whole jobs
+        table: for test databases only (minutehand.testing's drain)."""
+        rows = self._all("outstanding_jobs", {"names": names, "teams": teams, "retry_horizon": retry_horizon})
+        return [r["id"] for r in rows]
+
     def maintain(self) -> Maintenance:
         return Maintenance(**self._one("maintain", {}))
