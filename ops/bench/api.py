@@ -29,7 +29,7 @@ import time
 
 import psycopg
 
-from minutehand.store import migrate
+from minutehand.store import migrate, schema
 from ops.bench.server import bench_server
 from minutehand.store.store import Store
 from ops.bench.store import floor, recreate
@@ -141,7 +141,7 @@ def batch_jobs_per_s(port: int, token: str, size: int, seconds: float, clients: 
 
 
 def count_jobs(url: str, name: str) -> int:
-    with psycopg.connect(url) as conn:
+    with psycopg.connect(schema.conninfo(url)) as conn:
         return conn.execute("SELECT count(*) FROM jobs WHERE name = %s", (name,)).fetchone()[0]
 
 

@@ -27,7 +27,7 @@ import time
 
 import psycopg
 
-from minutehand.store import migrate
+from minutehand.store import migrate, schema
 from minutehand.store.records import JobSpec
 from minutehand.store.store import Store
 from ops.bench.api import _free_port, start_server, stop_server
@@ -130,7 +130,7 @@ def main() -> None:
 def run(dsn: str, args) -> None:
     fl = floor(dsn, 5 if args.quick else 20)
     floor_rate = fl["floor_claim_delete_batch100_rows_per_s"]
-    url = recreate(dsn, "mh_bench_e2e")
+    url = schema.conninfo(recreate(dsn, "mh_bench_e2e"))     # raw SQL here finds our objects
     migrate.upgrade(url)
     with Store(url) as store:
         store.create_team(TEAM, quota=10**6)

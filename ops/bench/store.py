@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 import psycopg
 
-from minutehand.store import migrate
+from minutehand.store import migrate, schema
 from ops.bench.server import bench_server
 from minutehand.store.records import ClaimRequest, Complete, JobSpec
 from minutehand.store.store import Store
@@ -216,7 +216,7 @@ def alternate(first, second, repeat: int) -> tuple[float, float]:
 
 
 def new_database(dsn: str, name: str) -> str:
-    url = recreate(dsn, name) + "?options=-c%20search_path%3Dminutehand"   # raw SQL and pgbench find our objects
+    url = schema.conninfo(recreate(dsn, name))     # raw SQL and pgbench find our objects
     migrate.upgrade(url)
     with Store(url) as store:
         store.create_team(TEAM, quota=1_000_000)
