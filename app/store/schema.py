@@ -16,3 +16,11 @@ def options(database_url: str) -> str:
 def conninfo(database_url: str) -> str:
     """The URL as a conninfo string whose connections start with our search path."""
     return make_conninfo(database_url, options=options(database_url))
+
+
+def url(database_url: str) -> str:
+    """A postgresql:// URL whose connections start with our search path (for
+    tools that take a URL: the migrations, a server process, pgbench)."""
+    if "search_path" in database_url:
+        return database_url
+    return database_url + ("&" if "?" in database_url else "?") + "options=-c%20search_path%3D" + SCHEMA

@@ -130,7 +130,7 @@ def main() -> None:
 def run(dsn: str, args) -> None:
     fl = floor(dsn, 5 if args.quick else 20)
     floor_rate = fl["floor_claim_delete_batch100_rows_per_s"]
-    url = schema.conninfo(recreate(dsn, "mh_bench_e2e"))     # raw SQL here finds our objects
+    url = schema.url(recreate(dsn, "mh_bench_e2e"))     # raw SQL here finds our objects
     migrate.upgrade(url)
     with Store(url) as store:
         store.create_team(TEAM, quota=10**6)

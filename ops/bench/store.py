@@ -216,7 +216,7 @@ def alternate(first, second, repeat: int) -> tuple[float, float]:
 
 
 def new_database(dsn: str, name: str) -> str:
-    url = schema.conninfo(recreate(dsn, name))     # raw SQL and pgbench find our objects
+    url = schema.url(recreate(dsn, name))     # raw SQL and pgbench find our objects
     migrate.upgrade(url)
     with Store(url) as store:
         store.create_team(TEAM, quota=1_000_000)
