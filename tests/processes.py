@@ -1,8 +1,8 @@
 """Real processes for end-to-end tests: `minutehand serve` / `minutehand
 dispatcher` and `minutehand worker` as child processes on a test database,
-each logging to a file (printed by the test on failure, see `logs`); an app
-served by uvicorn in a thread (`serving`); and the fixtures those tests
-share (`store` on the real clock with team "t", a worker `token`)."""
+each logging to a file (printed by the test on failure, see `logs`); and an
+app served by uvicorn in a thread (`serving`). The fixtures those tests share
+(`live_store`, `token`) are in tests/fixtures/stores.py."""
 from __future__ import annotations
 
 import os
@@ -18,10 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
 import uvicorn
-
-from tests.support import make_store
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -140,19 +137,4 @@ def serving(app, join_s: float = 10) -> Iterator[str]:
     finally:
         srv.should_exit = True
         thread.join(join_s)
-
-
-@pytest.fixture
-def store(db_dsn):
-    """A store on the real clock (the servers' clock), with team "t"."""
-    s = make_store(db_dsn, clock=None)
-    s.create_team("t")
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def token(store) -> str:
-    """A worker (fleet) token."""
-    return store.create_worker_token("fleet")
 

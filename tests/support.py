@@ -19,6 +19,26 @@ UTC = dt.timezone.utc
 T0 = dt.datetime(2030, 1, 1, 12, 0, 30, tzinfo=UTC)
 
 
+# Empty every table of the schema (whatever tables later revisions add), then
+# put back the per-shard and wheel state of a fresh migration.
+RESET = """
+DO $$
+DECLARE t text;
+BEGIN
+    FOR t IN SELECT c.relname FROM pg_class c
+              WHERE c.relnamespace = 'minutehand'::regnamespace AND c.relkind IN ('r', 'p')
+                AND NOT c.relispartition AND c.relname NOT IN ('alembic_version', 'shards', 'wheel', 'timezone_names')
+    LOOP
+        EXECUTE format('DELETE FROM %I', t);
+    END LOOP;
+END $$;
+UPDATE shards SET owner = NULL, epoch = 0, lease_expires_at = NULL, hand = NULL;
+UPDATE wheel SET swept_until = NULL;
+INSERT INTO teams (name) VALUES ('t'), ('u');
+DISCARD TEMP;
+"""
+
+
 def make_store(dsn: str, clock: dt.datetime | None = T0, max_size: int = 4) -> Store:
     """A store whose every session sees `clock` as mh_now(); set store.clock to advance it."""
     return Store(dsn, max_size=max_size, clock=clock)

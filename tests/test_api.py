@@ -4,7 +4,7 @@ title, detail, and that nothing was written), idempotency under concurrency,
 isolation between teams, and authentication.
 
 The tests of this module share one clone of the migrated template, emptied
-before each test (tests/reused_db.py); teams 't' and 'u' get the tokens below."""
+before each test (marked reused_db, tests/fixtures/databases.py); teams 't' and 'u' get the tokens below."""
 from __future__ import annotations
 
 import asyncio
@@ -21,8 +21,9 @@ from minutehand.settings import Settings
 from minutehand.store import migrate
 from minutehand.store.records import Complete, Fail, JobSpec, Start
 from minutehand.store.store import Store, hash_token
-from reused_db import db_dsn, module_conn, module_dsn  # noqa: F401 (fixtures)
-from support import claim
+from tests.support import claim
+
+pytestmark = pytest.mark.reused_db   # one database for the module, reset before each test
 
 UTC = dt.timezone.utc
 ADMIN = "admin-secret-token"

@@ -16,7 +16,7 @@ is refused with a 4xx problem+json that says why, and nothing is written.
 - the server's own limits: a head over api_max_header_bytes (431), a head or
   body that does not arrive in time (408), a connection that sends nothing
 
-The module shares one database (tests/reused_db.py) and one server; each
+The module shares one database (`module_dsn`, tests/fixtures/databases.py) and one server; each
 test compares table counts before and after, on its own rows."""
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ import pytest
 from minutehand.api import jobs, problems
 from minutehand.protocol.jsontext import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_text_problem, nested_deeper
 from minutehand.store.store import Store, hash_token
-from reused_db import RESET, module_conn, module_dsn  # noqa: F401 (fixtures)
 from tests.processes import Server, logs
+from tests.support import RESET
 
 ADMIN = "admin-hardening-token"
 TEAM_TOKEN = "tok-hardening-t"

@@ -20,8 +20,8 @@ from minutehand.api.app import create_app
 from minutehand.settings import Settings
 from minutehand.store import migrate
 from minutehand.store.store import Store, hash_token
-from reused_db import RESET, module_conn, module_dsn  # noqa: F401 (fixtures)
 from tests.processes import serving
+from tests.support import RESET
 
 ADMIN = "admin-secret-token"
 TEAM_TOKEN = "tok-team-t"

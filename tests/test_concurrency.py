@@ -19,7 +19,7 @@ import pytest
 
 from minutehand.store.errors import StaleLease
 from minutehand.store.records import JobSpec
-from support import T0, claim, lease_all, make_store, pin
+from tests.support import T0, claim, lease_all, make_store, pin
 
 TEAM = "racers"
 N_JOBS = 20_000

@@ -21,12 +21,12 @@ import pytest
 
 from minutehand.dispatch.shards import assign
 from minutehand.store.records import JobSpec
-from tests.processes import Server, WorkerProcess, logs, store, token, wait_until  # noqa: F401 (fixtures)
+from tests.processes import Server, WorkerProcess, logs, wait_until
 from tests.worker_apps import RUNS_DDL
 
 
 @pytest.fixture
-def server(db_dsn, store):
+def server(db_dsn, live_store):
     with psycopg.connect(db_dsn, autocommit=True) as c:
         c.execute(RUNS_DDL)
     s = Server(db_dsn, "--claim-lease-s", "30", "--shard-lease-s", "5")
@@ -94,10 +94,10 @@ def test_assignment_moves_only_what_a_joining_or_leaving_member_changes():
 
 # ---------------------------------------------------------------- end to end
 
-def test_a_job_runs_on_a_worker_and_succeeds_with_its_result_and_lateness(db_dsn, store, server, token):
+def test_a_job_runs_on_a_worker_and_succeeds_with_its_result_and_lateness(db_dsn, live_store, server, token):
     w = worker(server, token, db_dsn)
     try:
-        submitted = store.submit("t", JobSpec(name="work", payload={"x": 1}))
+        submitted = live_store.submit("t", JobSpec(name="work", payload={"x": 1}))
         row = wait_state(db_dsn, submitted.job_id, {"succeeded", "dead"}, 30, server, w)
     finally:
         w.stop()
@@ -107,14 +107,14 @@ def test_a_job_runs_on_a_worker_and_succeeds_with_its_result_and_lateness(db_dsn
     assert row["claimed_by"] and row["lease_token"] is None
     assert dt.timedelta(0) <= row["lateness"] < dt.timedelta(seconds=5)
     assert [a for a, _ in runs(db_dsn, submitted.job_id)] == [1]
-    status = store.status(submitted.job_id)
+    status = live_store.status(submitted.job_id)
     assert status.state == "succeeded" and status.lateness == row["lateness"]
 
 
-def test_a_failing_job_is_retried_with_growing_gaps_then_succeeds(db_dsn, store, server, token):
+def test_a_failing_job_is_retried_with_growing_gaps_then_succeeds(db_dsn, live_store, server, token):
     w = worker(server, token, db_dsn)
     try:
-        job = store.submit("t", JobSpec(name="work", payload={"fail_until": 3}, max_attempts=5,
+        job = live_store.submit("t", JobSpec(name="work", payload={"fail_until": 3}, max_attempts=5,
                                         backoff_base_s=1.0, backoff_cap_s=60))
         row = wait_state(db_dsn, job.job_id, {"succeeded", "dead"}, 60, server, w)
     finally:
@@ -129,12 +129,12 @@ def test_a_failing_job_is_retried_with_growing_gaps_then_succeeds(db_dsn, store,
     assert row["last_error"] == "RuntimeError: failing on attempt 2"
 
 
-def test_a_job_that_always_fails_ends_dead_after_its_limit_and_is_reported(db_dsn, store, server, token):
+def test_a_job_that_always_fails_ends_dead_after_its_limit_and_is_reported(db_dsn, live_store, server, token):
     w = worker(server, token, db_dsn)
     try:
-        job = store.submit("t", JobSpec(name="work", payload={"fail_until": 99}, max_attempts=3,
+        job = live_store.submit("t", JobSpec(name="work", payload={"fail_until": 99}, max_attempts=3,
                                         backoff_base_s=0.2, backoff_cap_s=1))
-        final = store.submit("t", JobSpec(name="work", payload={"never": True}, max_attempts=5))
+        final = live_store.submit("t", JobSpec(name="work", payload={"never": True}, max_attempts=5))
         row = wait_state(db_dsn, job.job_id, {"succeeded", "dead"}, 60, server, w)
         never = wait_state(db_dsn, final.job_id, {"succeeded", "dead"}, 30, server, w)
     finally:
@@ -144,13 +144,13 @@ def test_a_job_that_always_fails_ends_dead_after_its_limit_and_is_reported(db_ds
     # NonRetryable: dead at once, whatever attempts were left
     assert never["state"] == "dead" and never["attempts"] == 1
     assert "this job cannot succeed" in never["last_error"]
-    stats = store.team_stats("t")
+    stats = live_store.team_stats("t")
     assert {f["name"]: f["dead"] for f in stats.failures} == {"work": 2}
 
 
-def test_a_worker_gets_only_the_job_names_it_handles(db_dsn, store, server, token):
-    mine = store.submit("t", JobSpec(name="work"))
-    theirs = store.submit("t", JobSpec(name="elsewhere"))
+def test_a_worker_gets_only_the_job_names_it_handles(db_dsn, live_store, server, token):
+    mine = live_store.submit("t", JobSpec(name="work"))
+    theirs = live_store.submit("t", JobSpec(name="elsewhere"))
     status, body = call(server, "/v1/worker/lease", {"worker": "w1", "capacity": 10, "names": ["work"],
                                                      "wait_s": 3}, token)
     assert status == 200
@@ -160,7 +160,7 @@ def test_a_worker_gets_only_the_job_names_it_handles(db_dsn, store, server, toke
     assert [j["job_id"] for j in body["jobs"]] == [str(theirs.job_id)]     # names null: any
 
 
-def test_a_waiting_worker_is_woken_by_a_due_now_submission(db_dsn, store, server, token):
+def test_a_waiting_worker_is_woken_by_a_due_now_submission(db_dsn, live_store, server, token):
     """The long-poll answers as soon as a job is submitted (NOTIFY), not at
     the next minute or after the wait limit."""
     import threading
@@ -174,7 +174,7 @@ def test_a_waiting_worker_is_woken_by_a_due_now_submission(db_dsn, store, server
     t.start()
     time.sleep(1.0)                                  # the worker is waiting, the dispatcher asleep
     submitted_at = time.monotonic()
-    job = store.submit("t", JobSpec(name="work"))
+    job = live_store.submit("t", JobSpec(name="work"))
     t.join(30)
     status, body = answer["resp"]
     assert status == 200 and [j["job_id"] for j in body["jobs"]] == [str(job.job_id)]
@@ -182,9 +182,9 @@ def test_a_waiting_worker_is_woken_by_a_due_now_submission(db_dsn, store, server
     assert delay < 0.5, f"the job reached the worker {delay:.3f} s after it was submitted"
 
 
-def test_a_job_starts_no_earlier_than_its_run_time(db_dsn, store, server, token):
+def test_a_job_starts_no_earlier_than_its_run_time(db_dsn, live_store, server, token):
     due = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=2)
-    job = store.submit("t", JobSpec(name="work", due_at=due, strict=True))
+    job = live_store.submit("t", JobSpec(name="work", due_at=due, strict=True))
     status, body = call(server, "/v1/worker/lease", {"worker": "w", "capacity": 1, "wait_s": 10}, token)
     assert status == 200 and [j["job_id"] for j in body["jobs"]] == [str(job.job_id)]
     row = job_row(db_dsn, job.job_id)
@@ -192,8 +192,8 @@ def test_a_job_starts_no_earlier_than_its_run_time(db_dsn, store, server, token)
     assert row["claimed_at"] - due < dt.timedelta(seconds=1), "woken at its run time, not later"
 
 
-def test_a_given_back_job_is_due_again_with_its_attempt_not_counted(db_dsn, store, server, token):
-    job = store.submit("t", JobSpec(name="work"))
+def test_a_given_back_job_is_due_again_with_its_attempt_not_counted(db_dsn, live_store, server, token):
+    job = live_store.submit("t", JobSpec(name="work"))
     _, body = call(server, "/v1/worker/lease", {"worker": "w", "capacity": 1, "wait_s": 5}, token)
     leased = body["jobs"][0]
     status, out = call(server, f"/v1/worker/jobs/{job.job_id}/release", {"lease_token": leased["lease_token"]}, token)
@@ -204,8 +204,8 @@ def test_a_given_back_job_is_due_again_with_its_attempt_not_counted(db_dsn, stor
     assert again["jobs"][0]["job_id"] == str(job.job_id) and again["jobs"][0]["attempt"] == 1
 
 
-def test_outcomes_in_one_request_are_answered_in_order(db_dsn, store, server, token):
-    ids = [s.job_id for s in (store.submit("t", JobSpec(name="work")) for _ in range(3))]
+def test_outcomes_in_one_request_are_answered_in_order(db_dsn, live_store, server, token):
+    ids = [s.job_id for s in (live_store.submit("t", JobSpec(name="work")) for _ in range(3))]
     _, body = call(server, "/v1/worker/lease", {"worker": "w", "capacity": 3, "wait_s": 5}, token)
     got = {int(j["job_id"]): j["lease_token"] for j in body["jobs"]}
     assert set(got) == set(ids)
@@ -226,9 +226,9 @@ def test_outcomes_in_one_request_are_answered_in_order(db_dsn, store, server, to
 
 # ---------------------------------------------------------------- bad requests
 
-def test_worker_endpoints_refuse_bad_requests_with_a_clear_4xx_and_change_nothing(db_dsn, store, server, token):
-    job = store.submit("t", JobSpec(name="work"))
-    team_token = store.rotate_token("t")
+def test_worker_endpoints_refuse_bad_requests_with_a_clear_4xx_and_change_nothing(db_dsn, live_store, server, token):
+    job = live_store.submit("t", JobSpec(name="work"))
+    team_token = live_store.rotate_token("t")
     lease = {"worker": "w", "capacity": 1, "wait_s": 0.5}
     cases = [
         ("/v1/worker/lease", lease, None, 401, "unauthorized"),
@@ -270,8 +270,8 @@ def test_worker_endpoints_refuse_bad_requests_with_a_clear_4xx_and_change_nothin
     assert after == before                       # nothing changed the job (none of them leased it)
 
 
-def test_a_stale_token_after_the_job_was_claimed_again_is_refused(db_dsn, store, server, token):
-    job = store.submit("t", JobSpec(name="work"))
+def test_a_stale_token_after_the_job_was_claimed_again_is_refused(db_dsn, live_store, server, token):
+    job = live_store.submit("t", JobSpec(name="work"))
     _, first = call(server, "/v1/worker/lease", {"worker": "a", "capacity": 1, "wait_s": 5}, token)
     old = first["jobs"][0]["lease_token"]
     call(server, f"/v1/worker/jobs/{job.job_id}/release", {"lease_token": old}, token)
@@ -284,7 +284,7 @@ def test_a_stale_token_after_the_job_was_claimed_again_is_refused(db_dsn, store,
     assert row["state"] == "claimed" and str(row["lease_token"]) == new and row["claimed_by"] == "b"
 
 
-def test_a_worker_that_hangs_up_mid_poll_is_not_handed_jobs(db_dsn, store, server, token):
+def test_a_worker_that_hangs_up_mid_poll_is_not_handed_jobs(db_dsn, live_store, server, token):
     """A long-poll whose worker went away (killed, network cut) is dropped at
     once: a job submitted afterwards goes to the next worker that asks, not
     into a dead connection to wait for its claim to expire."""
@@ -295,7 +295,7 @@ def test_a_worker_that_hangs_up_mid_poll_is_not_handed_jobs(db_dsn, store, serve
                   + f"Authorization: Bearer {token}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
         time.sleep(0.5)                              # it is waiting on the dispatcher now
     time.sleep(0.3)
-    job = store.submit("t", JobSpec(name="work"))
+    job = live_store.submit("t", JobSpec(name="work"))
     status, out = call(server, "/v1/worker/lease", {"worker": "alive", "capacity": 5, "wait_s": 5}, token)
     assert status == 200 and [j["job_id"] for j in out["jobs"]] == [str(job.job_id)]
     row = job_row(db_dsn, job.job_id)

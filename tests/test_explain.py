@@ -29,7 +29,7 @@ import pytest
 
 from minutehand.store.queries import q
 from minutehand.store.records import JobSpec
-from support import T0, make_store, pin
+from tests.support import T0, make_store, pin
 
 FAR_JOBS = 1_000_000
 TEAM = "explainers"

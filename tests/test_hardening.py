@@ -48,7 +48,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def store(db_dsn):
+def pinned_store(db_dsn):
+    """This module's own: on the test's fresh database, clock pinned to T0, teams t and u."""
     s = make_store(db_dsn)
     s.create_team("t")
     s.create_team("u")
@@ -67,7 +68,7 @@ def sqlstate(conn: psycopg.Connection, sql: str, params=()) -> str | None:
 
 # ---------------------------------------------------------------- due times
 @pytest.mark.parametrize("due", [BC, "0001-01-01 00:00:00+14", "1999-12-31 23:59:59+00", "infinity"])
-def test_a_due_time_before_2000_is_refused_in_sql_and_writes_nothing(db, store, due):
+def test_a_due_time_before_2000_is_refused_in_sql_and_writes_nothing(db, pinned_store, due):
     pin(db, T0)
     before = counts(db)
     assert sqlstate(db, "SELECT submit_job('t', 'x', %s::timestamptz)", (due,)) == "MH400"
@@ -77,14 +78,14 @@ def test_a_due_time_before_2000_is_refused_in_sql_and_writes_nothing(db, store, 
                        (due,)).fetchall()
     assert items[0][1] and ("before 2000" in items[0][1] or "finite" in items[0][1]), items
     with pytest.raises(errors.InvalidInput):
-        store.submit("t", JobSpec(name="x", due_at=dt.datetime(1999, 1, 1, tzinfo=UTC)))
+        pinned_store.submit("t", JobSpec(name="x", due_at=dt.datetime(1999, 1, 1, tzinfo=UTC)))
     # a series' first run: every_s from a due time or an explicit first due time
     assert sqlstate(db, "SELECT * FROM submit_series('t', 'x', p_every_s => 60, p_first_due_at => %s)",
                     (due,)) == "MH400"
     assert counts(db) == {**before, "jobs": before["jobs"] + 1, "due_minutes": before["due_minutes"] + 1}
 
 
-def test_a_past_due_time_in_this_century_still_runs_at_once(db, store):
+def test_a_past_due_time_in_this_century_still_runs_at_once(db, pinned_store):
     pin(db, T0)
     job_id, run_at, created = submit_sql(db, due_at=dt.datetime(2000, 1, 1, tzinfo=UTC))
     assert created and run_at == T0
@@ -114,20 +115,20 @@ def test_a_row_that_cannot_be_delivered_fails_alone_and_the_round_goes_on(db_dsn
 
 
 # ---------------------------------------------------------------- repeating specs
-def test_cron_expressions_that_never_fire_are_refused_quickly(store, db):
+def test_cron_expressions_that_never_fire_are_refused_quickly(pinned_store, db):
     """Searched to the horizon, not to year 9999 (0.2-0.6 s each before)."""
     before = counts(db)
     started = time.monotonic()
-    items = store.submit_many("t", [JobSpec(name="s", repeat=Repeat(cron="0 0 31 2 *"))] * 40)
+    items = pinned_store.submit_many("t", [JobSpec(name="s", repeat=Repeat(cron="0 0 31 2 *"))] * 40)
     assert time.monotonic() - started < 5
     assert all(i.error and "does not fire within 366 days" in i.error for i in items)
     assert counts(db) == before
 
 
-def test_fire_times_of_one_request_have_a_cpu_budget(store, db, monkeypatch):
+def test_fire_times_of_one_request_have_a_cpu_budget(pinned_store, db, monkeypatch):
     monkeypatch.setattr("minutehand.store.store.FIRE_TIME_BUDGET_S", 0.0)
     before = counts(db)
-    items = store.submit_many("t", [JobSpec(name="plain")] + [JobSpec(name="s", repeat=Repeat(cron="0 3 * * *"))] * 3)
+    items = pinned_store.submit_many("t", [JobSpec(name="plain")] + [JobSpec(name="s", repeat=Repeat(cron="0 3 * * *"))] * 3)
     assert items[0].error is None
     assert all(i.error and "of CPU" in i.error for i in items[1:])
     assert counts(db)["jobs"] == before["jobs"] + 1
@@ -273,14 +274,14 @@ def test_a_leased_job_names_its_team_and_a_worker_may_take_only_some_teams(db_ds
 
 
 # ---------------------------------------------------------------- lock order and aborted transactions
-def test_a_retried_batch_and_completions_lock_keys_in_one_order(db_dsn, store):
+def test_a_retried_batch_and_completions_lock_keys_in_one_order(db_dsn, pinned_store):
     """A batch retried with the same keys while their jobs complete: both
     take the key rows in (shard, key) order, so one waits for the other
     instead of deadlocking."""
     keys = [f"k{i}" for i in range(40)]
-    store.submit_many("t", [JobSpec(name="x", idempotency_key=k) for k in keys])
-    leases = lease_all(store)
-    claimed = {j.idempotency_key: j for j in claim_all(store, leases, limit=100)}
+    pinned_store.submit_many("t", [JobSpec(name="x", idempotency_key=k) for k in keys])
+    leases = lease_all(pinned_store)
+    claimed = {j.idempotency_key: j for j in claim_all(pinned_store, leases, limit=100)}
     with psycopg.connect(db_dsn) as first, psycopg.connect(db_dsn, autocommit=True) as second:
         pin(first, T0)
         order = [r[0] for r in first.execute(
@@ -307,15 +308,15 @@ def test_a_retried_batch_and_completions_lock_keys_in_one_order(db_dsn, store):
     assert all(created is False and error is None for _, created, error in result["rows"])
 
 
-def test_an_aborted_transaction_is_tried_again_then_reported_as_contention(store):
+def test_an_aborted_transaction_is_tried_again_then_reported_as_contention(pinned_store):
     tries = []
 
     def deadlocked():
         tries.append(1)
-        with store.connection() as conn:
+        with pinned_store.connection() as conn:
             conn.execute("DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = '40P01', MESSAGE = 'deadlock detected'; END $$")
     with pytest.raises(errors.Contention, match="aborted the transaction 3 times .deadlock detected.; nothing"):
-        store.retrying(deadlocked)
+        pinned_store.retrying(deadlocked)
     assert len(tries) == 3
 
     def once_then_fine():
@@ -323,11 +324,11 @@ def test_an_aborted_transaction_is_tried_again_then_reported_as_contention(store
         if len(tries) == 4:
             deadlocked()
         return "ok"
-    assert store.retrying(once_then_fine) == "ok"
+    assert pinned_store.retrying(once_then_fine) == "ok"
 
 
 # ---------------------------------------------------------------- the SQL interface
-def test_batch_arrays_of_another_length_are_refused(db, store):
+def test_batch_arrays_of_another_length_are_refused(db, pinned_store):
     before = counts(db)
     for sql in ("SELECT * FROM submit_jobs('t', ARRAY['a','b','c'], p_keys => ARRAY['k1'])",
                 "SELECT * FROM submit_jobs('t', ARRAY['a'], p_priorities => ARRAY[1, 2])",
@@ -341,7 +342,7 @@ def test_batch_arrays_of_another_length_are_refused(db, store):
     assert len(db.execute("SELECT * FROM submit_jobs('t', ARRAY['a','b'], p_keys => NULL)").fetchall()) == 2
 
 
-def test_cancel_needs_the_team(db, store):
+def test_cancel_needs_the_team(db, pinned_store):
     job_id = submit_sql(db)[0]
     try:
         db.execute("SELECT * FROM cancel(%s, NULL)", (job_id,))
@@ -350,7 +351,7 @@ def test_cancel_needs_the_team(db, store):
         assert exc.sqlstate == "MH400"
     assert db.execute("SELECT (cancel(%s, 'u')).reason", (job_id,)).fetchone()[0] == "no such job"
     assert db.execute("SELECT state FROM jobs WHERE id = %s", (job_id,)).fetchone()[0] == "scheduled"
-    assert store.cancel(job_id, None).ok                        # an administrator: as the job's team
+    assert pinned_store.cancel(job_id, None).ok                 # an administrator: as the job's team
 
 
 def test_only_minutehand_clock_may_pin_the_clock_and_the_grants_script_sets_up_roles(db_dsn, db):
@@ -384,13 +385,13 @@ def test_only_minutehand_clock_may_pin_the_clock_and_the_grants_script_sets_up_r
 
 
 # ---------------------------------------------------------------- dead after an expired claim
-def test_a_claim_that_expired_on_the_last_attempt_says_why_the_job_is_dead(store):
-    job = store.submit("t", JobSpec(name="x", max_attempts=1))
-    leases = lease_all(store)
-    assert [j.job_id for j in claim_all(store, leases, lease_s=30)] == [job.job_id]
-    store.clock = T0 + dt.timedelta(seconds=31)
-    assert store.expire_claims(range(256)) == (0, 1)
-    status = store.status(job.job_id)
+def test_a_claim_that_expired_on_the_last_attempt_says_why_the_job_is_dead(pinned_store):
+    job = pinned_store.submit("t", JobSpec(name="x", max_attempts=1))
+    leases = lease_all(pinned_store)
+    assert [j.job_id for j in claim_all(pinned_store, leases, lease_s=30)] == [job.job_id]
+    pinned_store.clock = T0 + dt.timedelta(seconds=31)
+    assert pinned_store.expire_claims(range(256)) == (0, 1)
+    status = pinned_store.status(job.job_id)
     assert status.state == "dead"
     assert "claim expired on attempt 1 of 1" in status.last_error and "may have run" in status.last_error
 

@@ -18,7 +18,9 @@ from psycopg.types.json import Jsonb
 
 from minutehand.store.errors import InvalidInput
 from minutehand.store.records import Complete, Fail, Heartbeat, JobSpec, Outcome, Start
-from support import T0, claim as claim_shards, counts, json_text, pin
+from tests.support import T0, claim as claim_shards, counts, json_text, pin
+
+pytestmark = pytest.mark.reused_db   # one database for the module, reset before each test
 
 S = dt.timedelta(seconds=1)
 H = dt.timedelta(hours=1)
@@ -60,14 +62,11 @@ def claim_job(store, job_id: int, lease_s: float = 30):
 
 
 # ---------------------------------------------------------------- fixtures
-from reused_db import conn, db_dsn, module_conn, module_dsn, module_store, store  # noqa: F401 (fixtures)
-
-
 @pytest.fixture
-def job(store):
+def job(pinned_store):
     """A job due 10 s before T0, claimed at T0 with a 30 s lease: (job_id, lease_token)."""
-    sub = store.submit("t", JobSpec("work", due_at=T0 - 10 * S, payload={"n": 1}))
-    c = claim_job(store, sub.job_id)
+    sub = pinned_store.submit("t", JobSpec("work", due_at=T0 - 10 * S, payload={"n": 1}))
+    c = claim_job(pinned_store, sub.job_id)
     return sub.job_id, c.lease_token
 
 
@@ -97,337 +96,337 @@ def via_sql(store, conn, op: str, job_id: int, token, **kw) -> Outcome:
 
 
 @pytest.fixture(params=["store", "sql"])
-def do(request, store, conn):
+def do(request, pinned_store, pinned_conn):
     fn = via_store if request.param == "store" else via_sql
-    return lambda op, job_id, token, **kw: fn(store, conn, op, job_id, token, **kw)
+    return lambda op, job_id, token, **kw: fn(pinned_store, pinned_conn, op, job_id, token, **kw)
 
 
 OPS = ["start", "heartbeat", "complete", "fail"]
 
 
 # ---------------------------------------------------------------- success
-def test_start_then_complete_closes_the_job(conn, store, job, do):
+def test_start_then_complete_closes_the_job(pinned_conn, pinned_store, job, do):
     job_id, token = job
-    store.clock = T0 + 5 * S
+    pinned_store.clock = T0 + 5 * S
     assert do("start", job_id, token) == Outcome(job_id, True, "running", None)
-    r = row(conn, job_id)
+    r = row(pinned_conn, job_id)
     assert r["state"] == "running" and ts(r["started_at"]) == T0 + 5 * S
-    store.clock = T0 + 20 * S
+    pinned_store.clock = T0 + 20 * S
     assert do("complete", job_id, token, result={"answer": 42}) == Outcome(job_id, True, "succeeded", None)
-    r = row(conn, job_id)
+    r = row(pinned_conn, job_id)
     assert r["state"] == "succeeded"
     assert r["result"] == {"answer": 42}
     assert r["lease_token"] is None and r["claim_expires_at"] is None
     assert ts(r["finished_at"]) == T0 + 20 * S
     assert ts(r["started_at"]) == T0 + 5 * S
     assert r["lateness"] is not None
-    assert conn.execute("SELECT lateness FROM jobs WHERE id = %s", (job_id,)).fetchone()[0] == 15 * S
+    assert pinned_conn.execute("SELECT lateness FROM jobs WHERE id = %s", (job_id,)).fetchone()[0] == 15 * S
     assert r["attempts"] == 1
-    assert due_count(conn, job_id) == 0
-    st = store.status(job_id)
+    assert due_count(pinned_conn, job_id) == 0
+    st = pinned_store.status(job_id)
     assert (st.state, st.result, st.lateness, st.attempts) == ("succeeded", {"answer": 42}, 15 * S, 1)
 
 
-def test_complete_without_start_records_lateness_from_the_claim(conn, store, job, do):
+def test_complete_without_start_records_lateness_from_the_claim(pinned_conn, pinned_store, job, do):
     job_id, token = job
-    store.clock = T0 + 7 * S
+    pinned_store.clock = T0 + 7 * S
     assert do("complete", job_id, token).ok
-    st = store.status(job_id)
+    st = pinned_store.status(job_id)
     assert st.state == "succeeded"
     assert st.lateness == 10 * S                 # claimed at T0, due at T0 - 10 s
     assert st.started_at == T0 and st.finished_at == T0 + 7 * S
 
 
-def test_batch_forms_answer_per_item_in_order(conn, store):
-    subs = [store.submit("t", JobSpec(f"b{i}")) for i in range(4)]
+def test_batch_forms_answer_per_item_in_order(pinned_conn, pinned_store):
+    subs = [pinned_store.submit("t", JobSpec(f"b{i}")) for i in range(4)]
     ids = [s.job_id for s in subs]
-    claimed = {c.job_id: c.lease_token for c in claim(store, ids)}
+    claimed = {c.job_id: c.lease_token for c in claim(pinned_store, ids)}
     assert set(claimed) == set(ids)
     unknown = (ids[0] & ~1023) ^ (1 << 40)            # same shard, no such job
-    before_1 = row(conn, ids[1])
+    before_1 = row(pinned_conn, ids[1])
 
-    started = store.start([Start(ids[0], claimed[ids[0]]), Start(ids[1], uuid.uuid4()), Start(unknown, uuid.uuid4()),
+    started = pinned_store.start([Start(ids[0], claimed[ids[0]]), Start(ids[1], uuid.uuid4()), Start(unknown, uuid.uuid4()),
                            Start(ids[2], claimed[ids[2]]), Start(ids[3], claimed[ids[3]])])
     assert [(o.job_id, o.ok, o.state) for o in started] == [
         (ids[0], True, "running"), (ids[1], False, "claimed"), (unknown, False, None),
         (ids[2], True, "running"), (ids[3], True, "running")]
     assert MISMATCH in started[1].reason and started[2].reason == "no such job"
-    assert row(conn, ids[1]) == before_1
+    assert row(pinned_conn, ids[1]) == before_1
 
-    store.clock = T0 + 10 * S
-    beats = store.heartbeat([Heartbeat(ids[0], claimed[ids[0]]), Heartbeat(ids[1], claimed[ids[1]]), Heartbeat(ids[2], uuid.uuid4())], 120)
+    pinned_store.clock = T0 + 10 * S
+    beats = pinned_store.heartbeat([Heartbeat(ids[0], claimed[ids[0]]), Heartbeat(ids[1], claimed[ids[1]]), Heartbeat(ids[2], uuid.uuid4())], 120)
     assert [(o.ok, o.state) for o in beats] == [(True, "running"), (True, "claimed"), (False, "running")]
-    assert store.status(ids[0]).claim_expires_at == T0 + 130 * S
-    assert store.status(ids[1]).claim_expires_at == T0 + 130 * S
-    assert store.status(ids[2]).claim_expires_at == T0 + 30 * S
+    assert pinned_store.status(ids[0]).claim_expires_at == T0 + 130 * S
+    assert pinned_store.status(ids[1]).claim_expires_at == T0 + 130 * S
+    assert pinned_store.status(ids[2]).claim_expires_at == T0 + 30 * S
 
-    done = store.complete([Complete(ids[0], claimed[ids[0]], json_text({"i": 0})), Complete(ids[1], uuid.uuid4(), json_text({"i": 1})),
+    done = pinned_store.complete([Complete(ids[0], claimed[ids[0]], json_text({"i": 0})), Complete(ids[1], uuid.uuid4(), json_text({"i": 1})),
                            Complete(ids[2], claimed[ids[2]], None)])
     assert [(o.ok, o.state) for o in done] == [(True, "succeeded"), (False, "claimed"), (True, "succeeded")]
-    assert store.status(ids[0]).result == {"i": 0} and store.status(ids[2]).result is None
+    assert pinned_store.status(ids[0]).result == {"i": 0} and pinned_store.status(ids[2]).result is None
 
-    failed = store.fail([Fail(ids[3], claimed[ids[3]], "e3", False), Fail(ids[0], claimed[ids[0]], "late", True),
+    failed = pinned_store.fail([Fail(ids[3], claimed[ids[3]], "e3", False), Fail(ids[0], claimed[ids[0]], "late", True),
                          Fail(ids[1], claimed[ids[1]], "e1", True)])
     assert [(o.ok, o.state) for o in failed] == [(True, "dead"), (False, "succeeded"), (True, "retrying")]
     assert "not claimed" in failed[1].reason
-    assert store.status(ids[0]).state == "succeeded"
+    assert pinned_store.status(ids[0]).state == "succeeded"
 
 
-def test_batch_sql_forms(conn, store):
-    ids = [store.submit("t", JobSpec(f"s{i}")).job_id for i in range(3)]
-    tok = {c.job_id: c.lease_token for c in claim(store, ids)}
-    pin(conn, T0)
-    rows = conn.execute("SELECT * FROM complete_many(%s, %s, %s)",
+def test_batch_sql_forms(pinned_conn, pinned_store):
+    ids = [pinned_store.submit("t", JobSpec(f"s{i}")).job_id for i in range(3)]
+    tok = {c.job_id: c.lease_token for c in claim(pinned_store, ids)}
+    pin(pinned_conn, T0)
+    rows = pinned_conn.execute("SELECT * FROM complete_many(%s, %s, %s)",
                         (ids, [tok[i] for i in ids], [Jsonb({"k": i}) for i in range(3)])).fetchall()
     assert [(r[0], r[1], r[2]) for r in rows] == [(i, True, "succeeded") for i in ids]
-    assert [store.status(i).result for i in ids] == [{"k": 0}, {"k": 1}, {"k": 2}]
+    assert [pinned_store.status(i).result for i in ids] == [{"k": 0}, {"k": 1}, {"k": 2}]
 
 
 # ---------------------------------------------------------------- refusals
 @pytest.mark.parametrize("op", OPS)
-def test_wrong_token_changes_nothing(conn, store, job, do, op):
+def test_wrong_token_changes_nothing(pinned_conn, pinned_store, job, do, op):
     job_id, _ = job
-    before = snapshot(conn, job_id)
+    before = snapshot(pinned_conn, job_id)
     out = do(op, job_id, uuid.uuid4())
     assert (out.job_id, out.ok, out.state) == (job_id, False, "claimed")
     assert MISMATCH in out.reason
-    assert snapshot(conn, job_id) == before
+    assert snapshot(pinned_conn, job_id) == before
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_stale_token_after_expiry_and_reclaim_changes_nothing(conn, store, job, do, op):
+def test_stale_token_after_expiry_and_reclaim_changes_nothing(pinned_conn, pinned_store, job, do, op):
     job_id, old_token = job
-    store.clock = T0 + 31 * S
-    assert store.expire_claims([job_id & 1023]) == (1, 0)
-    new = claim_job(store, job_id)
+    pinned_store.clock = T0 + 31 * S
+    assert pinned_store.expire_claims([job_id & 1023]) == (1, 0)
+    new = claim_job(pinned_store, job_id)
     assert new.attempt == 2 and new.lease_token != old_token
-    before = snapshot(conn, job_id)
+    before = snapshot(pinned_conn, job_id)
     out = do(op, job_id, old_token)
     assert (out.ok, out.state) == (False, "claimed")
     assert MISMATCH in out.reason
-    assert snapshot(conn, job_id) == before
+    assert snapshot(pinned_conn, job_id) == before
     # The current holder is unaffected.
     assert do(op, job_id, new.lease_token).ok
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_stale_token_after_expiry_before_reclaim_changes_nothing(conn, store, job, do, op):
+def test_stale_token_after_expiry_before_reclaim_changes_nothing(pinned_conn, pinned_store, job, do, op):
     job_id, old_token = job
-    store.clock = T0 + 31 * S
-    assert store.expire_claims([job_id & 1023]) == (1, 0)
-    before = snapshot(conn, job_id)
+    pinned_store.clock = T0 + 31 * S
+    assert pinned_store.expire_claims([job_id & 1023]) == (1, 0)
+    before = snapshot(pinned_conn, job_id)
     out = do(op, job_id, old_token)
     assert (out.ok, out.state) == (False, "scheduled")
     assert "not claimed" in out.reason
-    assert snapshot(conn, job_id) == before
+    assert snapshot(pinned_conn, job_id) == before
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_unknown_job_changes_nothing(conn, store, job, do, op):
+def test_unknown_job_changes_nothing(pinned_conn, pinned_store, job, do, op):
     job_id, token = job
-    before = snapshot(conn, job_id)
+    before = snapshot(pinned_conn, job_id)
     for unknown in (job_id + (1 << 30), 0, 123456789):
         out = do(op, unknown, token)
         assert out == Outcome(unknown, False, None, "no such job")
-    assert snapshot(conn, job_id) == before
+    assert snapshot(pinned_conn, job_id) == before
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_outcome_after_completion_changes_nothing(conn, store, job, do, op):
+def test_outcome_after_completion_changes_nothing(pinned_conn, pinned_store, job, do, op):
     job_id, token = job
     assert do("complete", job_id, token, result={"first": True}).ok
-    store.clock = T0 + 60 * S
-    before = snapshot(conn, job_id)
+    pinned_store.clock = T0 + 60 * S
+    before = snapshot(pinned_conn, job_id)
     out = do(op, job_id, token, result={"second": True})
     assert (out.ok, out.state) == (False, "succeeded")
     assert "not claimed" in out.reason
-    assert snapshot(conn, job_id) == before
-    assert store.status(job_id).result == {"first": True}
+    assert snapshot(pinned_conn, job_id) == before
+    assert pinned_store.status(job_id).result == {"first": True}
 
 
-def test_duplicate_item_with_wrong_token_in_one_batch_is_refused(conn, store, job):
+def test_duplicate_item_with_wrong_token_in_one_batch_is_refused(pinned_conn, pinned_store, job):
     job_id, token = job
-    out = store.complete([Complete(job_id, token, json_text({"good": 1})), Complete(job_id, uuid.uuid4(), json_text({"bad": 1}))])
+    out = pinned_store.complete([Complete(job_id, token, json_text({"good": 1})), Complete(job_id, uuid.uuid4(), json_text({"bad": 1}))])
     assert out[0].ok is True
     assert out[1].ok is False and MISMATCH in (out[1].reason or "")
 
 
 # ---------------------------------------------------------------- heartbeat
-def test_heartbeat_extends_the_claim(conn, store, job, do):
+def test_heartbeat_extends_the_claim(pinned_conn, pinned_store, job, do):
     job_id, token = job
-    assert store.status(job_id).claim_expires_at == T0 + 30 * S
-    store.clock = T0 + 20 * S
+    assert pinned_store.status(job_id).claim_expires_at == T0 + 30 * S
+    pinned_store.clock = T0 + 20 * S
     assert do("heartbeat", job_id, token, extend_s=60) == Outcome(job_id, True, "claimed", None)
-    assert store.status(job_id).claim_expires_at == T0 + 80 * S
+    assert pinned_store.status(job_id).claim_expires_at == T0 + 80 * S
     assert do("start", job_id, token).ok
     assert do("heartbeat", job_id, token, extend_s=90) == Outcome(job_id, True, "running", None)
-    assert store.status(job_id).claim_expires_at == T0 + 110 * S
+    assert pinned_store.status(job_id).claim_expires_at == T0 + 110 * S
     # Past the first expiry the extended claim holds; past the extension it expires.
-    store.clock = T0 + 60 * S
-    assert store.expire_claims([job_id & 1023]) == (0, 0)
-    assert store.status(job_id).state == "running"
-    store.clock = T0 + 111 * S
-    assert store.expire_claims([job_id & 1023]) == (1, 0)
-    assert store.status(job_id).state == "scheduled"
+    pinned_store.clock = T0 + 60 * S
+    assert pinned_store.expire_claims([job_id & 1023]) == (0, 0)
+    assert pinned_store.status(job_id).state == "running"
+    pinned_store.clock = T0 + 111 * S
+    assert pinned_store.expire_claims([job_id & 1023]) == (1, 0)
+    assert pinned_store.status(job_id).state == "scheduled"
 
 
 @pytest.mark.parametrize("extend_s", [0, 0.5, -5, 86401])
-def test_heartbeat_extension_out_of_range_is_invalid(conn, store, job, extend_s):
+def test_heartbeat_extension_out_of_range_is_invalid(pinned_conn, pinned_store, job, extend_s):
     job_id, token = job
-    before = snapshot(conn, job_id)
+    before = snapshot(pinned_conn, job_id)
     with pytest.raises(InvalidInput) as err:
-        store.heartbeat([Heartbeat(job_id, token)], extend_s)
+        pinned_store.heartbeat([Heartbeat(job_id, token)], extend_s)
     assert err.value.status == 400 and "extension" in err.value.message
     with pytest.raises(psycopg.Error) as err:
-        conn.execute("SELECT heartbeat(%s, %s, %s::real)", (job_id, token, extend_s))
+        pinned_conn.execute("SELECT heartbeat(%s, %s, %s::real)", (job_id, token, extend_s))
     assert err.value.sqlstate == "MH400"
-    assert snapshot(conn, job_id) == before
+    assert snapshot(pinned_conn, job_id) == before
 
 
 # ---------------------------------------------------------------- cancel
-def test_cancel_a_scheduled_job(conn, store):
-    job_id = store.submit("t", JobSpec("c")).job_id
-    out = store.cancel(job_id, "t")
+def test_cancel_a_scheduled_job(pinned_conn, pinned_store):
+    job_id = pinned_store.submit("t", JobSpec("c")).job_id
+    out = pinned_store.cancel(job_id, "t")
     assert out == Outcome(job_id, True, "cancelled", None)
-    st = store.status(job_id)
+    st = pinned_store.status(job_id)
     assert st.state == "cancelled" and st.finished_at == T0 and st.attempts == 0
-    assert due_count(conn, job_id) == 1               # left for the claim to drop
-    assert claim(store, [job_id]) == []
-    assert due_count(conn, job_id) == 0
-    store.clock = T0 + 10 * 60 * S
-    assert claim(store, [job_id]) == []
-    assert store.status(job_id).state == "cancelled"
+    assert due_count(pinned_conn, job_id) == 1        # left for the claim to drop
+    assert claim(pinned_store, [job_id]) == []
+    assert due_count(pinned_conn, job_id) == 0
+    pinned_store.clock = T0 + 10 * 60 * S
+    assert claim(pinned_store, [job_id]) == []
+    assert pinned_store.status(job_id).state == "cancelled"
 
 
-def test_cancelled_job_does_not_block_others_in_its_bucket(conn, store):
-    a = store.submit("t", JobSpec("a", priority=100)).job_id
-    assert store.cancel(a, "t").ok
+def test_cancelled_job_does_not_block_others_in_its_bucket(pinned_conn, pinned_store):
+    a = pinned_store.submit("t", JobSpec("a", priority=100)).job_id
+    assert pinned_store.cancel(a, "t").ok
     # Another job on the same shard, claimed with limit 1.
     for _ in range(2000):
-        b = store.submit("t", JobSpec("b")).job_id
+        b = pinned_store.submit("t", JobSpec("b")).job_id
         if b & 1023 == a & 1023:
             break
     else:
         pytest.skip("no second job on the same shard")
-    leases = store.take_leases([a & 1023], "d1", 3600)
+    leases = pinned_store.take_leases([a & 1023], "d1", 3600)
     got = []
     for _ in range(3):
-        got += claim_shards(store, leases, 1, "d1", 30).jobs
+        got += claim_shards(pinned_store, leases, 1, "d1", 30).jobs
     assert b in [c.job_id for c in got] and a not in [c.job_id for c in got]
 
 
-def test_cancel_a_future_job(conn, store):
-    job_id = store.submit("t", JobSpec("f", due_at=T0 + 30 * H)).job_id
-    assert store.cancel(job_id, "t").ok
-    assert store.status(job_id).state == "cancelled"
+def test_cancel_a_future_job(pinned_conn, pinned_store):
+    job_id = pinned_store.submit("t", JobSpec("f", due_at=T0 + 30 * H)).job_id
+    assert pinned_store.cancel(job_id, "t").ok
+    assert pinned_store.status(job_id).state == "cancelled"
 
 
-def test_cancel_a_claimed_job_whose_start_is_not_reported_voids_its_claim(conn, store, job):
+def test_cancel_a_claimed_job_whose_start_is_not_reported_voids_its_claim(pinned_conn, pinned_store, job):
     """Claimed is not started: the worker has not said it began. Cancel wins,
     and the worker's start, heartbeat and outcome are refused, changing nothing."""
     job_id, token = job
-    assert store.cancel(job_id, "t") == Outcome(job_id, True, "cancelled", None)
-    before = snapshot(conn, job_id)
+    assert pinned_store.cancel(job_id, "t") == Outcome(job_id, True, "cancelled", None)
+    before = snapshot(pinned_conn, job_id)
     assert before[0]["lease_token"] is None and before[0]["claim_expires_at"] is None
-    for report in (store.start([Start(job_id, token)]), store.heartbeat([Heartbeat(job_id, token)], 30),
-                   store.complete([Complete(job_id, token, None)]), store.fail([Fail(job_id, token, "x", True)])):
+    for report in (pinned_store.start([Start(job_id, token)]), pinned_store.heartbeat([Heartbeat(job_id, token)], 30),
+                   pinned_store.complete([Complete(job_id, token, None)]), pinned_store.fail([Fail(job_id, token, "x", True)])):
         assert (report[0].ok, report[0].state) == (False, "cancelled"), report
-    assert snapshot(conn, job_id) == before
-    store.clock = T0 + 31 * S                       # its old claim's expiry passes: nothing to expire
-    store.expire_claims([job_id & 1023])
-    assert store.status(job_id).state == "cancelled" and store.status(job_id).attempts == 1
+    assert snapshot(pinned_conn, job_id) == before
+    pinned_store.clock = T0 + 31 * S                       # its old claim's expiry passes: nothing to expire
+    pinned_store.expire_claims([job_id & 1023])
+    assert pinned_store.status(job_id).state == "cancelled" and pinned_store.status(job_id).attempts == 1
 
 
 @pytest.mark.parametrize("state", ["running", "succeeded", "dead", "cancelled"])
-def test_cancel_refuses_a_job_that_started_or_ended(conn, store, job, state):
+def test_cancel_refuses_a_job_that_started_or_ended(pinned_conn, pinned_store, job, state):
     job_id, token = job
     if state == "running":
-        assert store.start([Start(job_id, token)])[0].ok
+        assert pinned_store.start([Start(job_id, token)])[0].ok
     elif state == "succeeded":
-        assert store.complete([Complete(job_id, token, None)])[0].ok
+        assert pinned_store.complete([Complete(job_id, token, None)])[0].ok
     elif state == "dead":
-        assert store.fail([Fail(job_id, token, "fatal", False)])[0].state == "dead"
+        assert pinned_store.fail([Fail(job_id, token, "fatal", False)])[0].state == "dead"
     elif state == "cancelled":
-        store.clock = T0 + 31 * S
-        store.expire_claims([job_id & 1023])
-        assert store.cancel(job_id, "t").ok
-    assert store.status(job_id).state == state
-    before = snapshot(conn, job_id)
-    out = store.cancel(job_id, "t")
+        pinned_store.clock = T0 + 31 * S
+        pinned_store.expire_claims([job_id & 1023])
+        assert pinned_store.cancel(job_id, "t").ok
+    assert pinned_store.status(job_id).state == state
+    before = snapshot(pinned_conn, job_id)
+    out = pinned_store.cancel(job_id, "t")
     assert (out.job_id, out.ok, out.state) == (job_id, False, state)
     assert state in out.reason
-    assert snapshot(conn, job_id) == before
+    assert snapshot(pinned_conn, job_id) == before
 
 
-def test_cancel_another_teams_job_is_no_such_job(conn, store):
-    job_id = store.submit("t", JobSpec("mine")).job_id
-    before = snapshot(conn, job_id)
-    assert store.cancel(job_id, "u") == Outcome(job_id, False, None, "no such job")
-    assert snapshot(conn, job_id) == before
+def test_cancel_another_teams_job_is_no_such_job(pinned_conn, pinned_store):
+    job_id = pinned_store.submit("t", JobSpec("mine")).job_id
+    before = snapshot(pinned_conn, job_id)
+    assert pinned_store.cancel(job_id, "u") == Outcome(job_id, False, None, "no such job")
+    assert snapshot(pinned_conn, job_id) == before
     # Also once it has started: no state of another team's job leaks.
-    c = claim_job(store, job_id)
-    assert store.cancel(job_id, "u") == Outcome(job_id, False, None, "no such job")
-    assert store.status(job_id).state == "claimed" and c.attempt == 1
+    c = claim_job(pinned_store, job_id)
+    assert pinned_store.cancel(job_id, "u") == Outcome(job_id, False, None, "no such job")
+    assert pinned_store.status(job_id).state == "claimed" and c.attempt == 1
 
 
-def test_cancel_unknown_job(conn, store):
-    before = counts(conn)
-    assert store.cancel(987654321, "t") == Outcome(987654321, False, None, "no such job")
-    assert counts(conn) == before
+def test_cancel_unknown_job(pinned_conn, pinned_store):
+    before = counts(pinned_conn)
+    assert pinned_store.cancel(987654321, "t") == Outcome(987654321, False, None, "no such job")
+    assert counts(pinned_conn) == before
 
 
-def test_cancel_without_team_acts_for_every_team(conn, store):
-    job_id = store.submit("u", JobSpec("theirs")).job_id
-    assert store.cancel(job_id, None).ok
-    assert store.status(job_id).state == "cancelled"
+def test_cancel_without_team_acts_for_every_team(pinned_conn, pinned_store):
+    job_id = pinned_store.submit("u", JobSpec("theirs")).job_id
+    assert pinned_store.cancel(job_id, None).ok
+    assert pinned_store.status(job_id).state == "cancelled"
 
 
-def test_cancel_a_retrying_job(conn, store, job):
+def test_cancel_a_retrying_job(pinned_conn, pinned_store, job):
     job_id, token = job
-    assert store.fail([Fail(job_id, token, "flaky", True)])[0].state == "retrying"
-    run_at = store.status(job_id).run_at
-    assert due_count(conn, job_id) == 1
-    out = store.cancel(job_id, "t")
+    assert pinned_store.fail([Fail(job_id, token, "flaky", True)])[0].state == "retrying"
+    run_at = pinned_store.status(job_id).run_at
+    assert due_count(pinned_conn, job_id) == 1
+    out = pinned_store.cancel(job_id, "t")
     assert out == Outcome(job_id, True, "cancelled", None)
-    store.clock = run_at + S
-    assert claim(store, [job_id]) == []
-    assert due_count(conn, job_id) == 0
-    st = store.status(job_id)
+    pinned_store.clock = run_at + S
+    assert claim(pinned_store, [job_id]) == []
+    assert due_count(pinned_conn, job_id) == 0
+    st = pinned_store.status(job_id)
     assert st.state == "cancelled" and st.attempts == 1 and st.last_error == "flaky"
 
 
 # ---------------------------------------------------------------- status
-def test_status_returns_the_record(conn, store):
-    sub = store.submit("t", JobSpec("seen", due_at=T0 + H, priority=7, max_attempts=5, flex_s=0,
+def test_status_returns_the_record(pinned_conn, pinned_store):
+    sub = pinned_store.submit("t", JobSpec("seen", due_at=T0 + H, priority=7, max_attempts=5, flex_s=0,
                                     idempotency_key="st-1", payload={"p": 1}))
-    st = store.status(sub.job_id)
+    st = pinned_store.status(sub.job_id)
     assert (st.job_id, st.team, st.name, st.state, st.priority) == (sub.job_id, "t", "seen", "scheduled", 7)
     assert (st.due_at, st.run_at, st.strict, st.flex_s) == (T0 + H, T0 + H, False, 0)
     assert (st.attempts, st.max_attempts, st.idempotency_key, st.created_at) == (0, 5, "st-1", T0)
     assert st.claimed_by is None and st.lateness is None and st.result is None and st.finished_at is None
-    assert store.status(sub.job_id, "t") == st
+    assert pinned_store.status(sub.job_id, "t") == st
 
 
-def test_status_of_another_teams_job_is_none(conn, store):
-    job_id = store.submit("t", JobSpec("private")).job_id
-    assert store.status(job_id, "u") is None
-    assert store.status(job_id, "nosuchteam") is None
-    assert store.status(job_id + (1 << 30)) is None
-    assert store.status(job_id, "t").job_id == job_id
+def test_status_of_another_teams_job_is_none(pinned_conn, pinned_store):
+    job_id = pinned_store.submit("t", JobSpec("private")).job_id
+    assert pinned_store.status(job_id, "u") is None
+    assert pinned_store.status(job_id, "nosuchteam") is None
+    assert pinned_store.status(job_id + (1 << 30)) is None
+    assert pinned_store.status(job_id, "t").job_id == job_id
 
 
-def test_status_shows_the_claim(conn, store, job):
+def test_status_shows_the_claim(pinned_conn, pinned_store, job):
     job_id, _ = job
-    st = store.status(job_id)
+    st = pinned_store.status(job_id)
     assert (st.state, st.attempts, st.claimed_by, st.claim_expires_at) == ("claimed", 1, "d1", T0 + 30 * S)
 
 
 # ---------------------------------------------------------------- claim refusals in a batch
-def test_claim_with_one_stale_shard_lease_refuses_only_that_shard(conn, store):
-    a = store.submit("t", JobSpec("a")).job_id
+def test_claim_with_one_stale_shard_lease_refuses_only_that_shard(pinned_conn, pinned_store):
+    a = pinned_store.submit("t", JobSpec("a")).job_id
     shard_a = a & 1023
     shard_b = (shard_a + 1) % 256
-    leases = store.take_leases([shard_a, shard_b], "d1", 3600)
-    result = claim_shards(store, {shard_a: leases[shard_a], shard_b: leases[shard_b] + 1}, 10, "d1", 30)
+    leases = pinned_store.take_leases([shard_a, shard_b], "d1", 3600)
+    result = claim_shards(pinned_store, {shard_a: leases[shard_a], shard_b: leases[shard_b] + 1}, 10, "d1", 30)
     assert [c.job_id for c in result.jobs] == [a]
     assert list(result.refused) == [shard_b]

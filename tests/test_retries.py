@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import datetime as dt
 
+import pytest
 
 from minutehand.store.records import Complete, Fail, Heartbeat, JobSpec, Start
-from support import T0, claim as claim_shards, due_rows, json_text, make_store, minute_part, pin
+from tests.support import T0, claim as claim_shards, due_rows, json_text, make_store, minute_part, pin
+
+pytestmark = pytest.mark.reused_db   # one database for the module, reset before each test
 
 S = dt.timedelta(seconds=1)
 US = dt.timedelta(microseconds=1)
@@ -41,207 +44,203 @@ def assert_backoff(gap: dt.timedelta, d: float) -> None:
     assert dt.timedelta(seconds=d / 2) - US <= gap <= dt.timedelta(seconds=d) + US, (gap, d)
 
 
-# ---------------------------------------------------------------- fixtures
-from reused_db import conn, db_dsn, module_conn, module_dsn, module_store, store  # noqa: F401 (fixtures)
-
-
 # ---------------------------------------------------------------- backoff
-def test_fail_twice_then_succeed(conn, store):
+def test_fail_twice_then_succeed(pinned_conn, pinned_store):
     base = 2.0
-    job_id = store.submit("t", JobSpec("flaky", max_attempts=3, backoff_base_s=base)).job_id
+    job_id = pinned_store.submit("t", JobSpec("flaky", max_attempts=3, backoff_base_s=base)).job_id
     gaps = []
     for attempt in (1, 2):
-        c = claim_job(store, job_id)
+        c = claim_job(pinned_store, job_id)
         assert c.attempt == attempt
-        failed_at = store.clock + S
-        store.clock = failed_at
-        [out] = store.fail([Fail(job_id, c.lease_token, f"error {attempt}", True)])
+        failed_at = pinned_store.clock + S
+        pinned_store.clock = failed_at
+        [out] = pinned_store.fail([Fail(job_id, c.lease_token, f"error {attempt}", True)])
         assert (out.ok, out.state) == (True, "retrying")
-        st = store.status(job_id)
+        st = pinned_store.status(job_id)
         assert st.state == "retrying" and st.attempts == attempt and st.last_error == f"error {attempt}"
         assert st.claimed_by is None and st.claim_expires_at is None
         gap = st.run_at - failed_at
         assert_backoff(gap, base * 2 ** (attempt - 1))
         gaps.append(gap)
         # On the wheel at its retry time, and not claimable a moment before it.
-        assert due_rows(conn, job_id) == [(minute_part(conn, st.run_at), st.run_at)]
-        store.clock = st.run_at - dt.timedelta(milliseconds=1)
-        assert claim(store, [job_id]) == []
-        store.clock = st.run_at
+        assert due_rows(pinned_conn, job_id) == [(minute_part(pinned_conn, st.run_at), st.run_at)]
+        pinned_store.clock = st.run_at - dt.timedelta(milliseconds=1)
+        assert claim(pinned_store, [job_id]) == []
+        pinned_store.clock = st.run_at
     assert gaps[1] >= gaps[0]
-    c = claim_job(store, job_id)
+    c = claim_job(pinned_store, job_id)
     assert c.attempt == 3
-    [out] = store.complete([Complete(job_id, c.lease_token, json_text({"third": "time lucky"}))])
+    [out] = pinned_store.complete([Complete(job_id, c.lease_token, json_text({"third": "time lucky"}))])
     assert (out.ok, out.state) == (True, "succeeded")
-    st = store.status(job_id)
+    st = pinned_store.status(job_id)
     assert (st.state, st.attempts, st.result) == ("succeeded", 3, {"third": "time lucky"})
-    assert due_rows(conn, job_id) == []
+    assert due_rows(pinned_conn, job_id) == []
 
 
-def test_fail_via_sql_schedules_the_retry(conn, store):
-    job_id = store.submit("t", JobSpec("sqlfail", backoff_base_s=8)).job_id
-    c = claim_job(store, job_id)
-    pin(conn, T0)
-    r = conn.execute("SELECT * FROM fail(%s, %s, 'oops')", (job_id, c.lease_token)).fetchone()
+def test_fail_via_sql_schedules_the_retry(pinned_conn, pinned_store):
+    job_id = pinned_store.submit("t", JobSpec("sqlfail", backoff_base_s=8)).job_id
+    c = claim_job(pinned_store, job_id)
+    pin(pinned_conn, T0)
+    r = pinned_conn.execute("SELECT * FROM fail(%s, %s, 'oops')", (job_id, c.lease_token)).fetchone()
     assert r == (job_id, True, "retrying", None)
-    assert_backoff(store.status(job_id).run_at - T0, 8)
+    assert_backoff(pinned_store.status(job_id).run_at - T0, 8)
 
 
-def test_jitter_spreads_retries_of_jobs_failing_together(conn, store):
+def test_jitter_spreads_retries_of_jobs_failing_together(pinned_conn, pinned_store):
     base = 60.0
-    ids = [s.job_id for s in store.submit_many("t", [JobSpec(f"j{i}", backoff_base_s=base) for i in range(50)])]
-    claimed = claim(store, ids)
+    ids = [s.job_id for s in pinned_store.submit_many("t", [JobSpec(f"j{i}", backoff_base_s=base) for i in range(50)])]
+    claimed = claim(pinned_store, ids)
     assert sorted(c.job_id for c in claimed) == sorted(ids)
-    outs = store.fail([Fail(c.job_id, c.lease_token, "thundering herd", True) for c in claimed])
+    outs = pinned_store.fail([Fail(c.job_id, c.lease_token, "thundering herd", True) for c in claimed])
     assert all(o.ok and o.state == "retrying" for o in outs)
-    run_ats = [store.status(i).run_at for i in ids]
+    run_ats = [pinned_store.status(i).run_at for i in ids]
     assert len(set(run_ats)) == 50
     for r in run_ats:
         assert_backoff(r - T0, base)
     assert max(run_ats) - min(run_ats) > 5 * S
 
 
-def test_backoff_is_capped(conn, store):
+def test_backoff_is_capped(pinned_conn, pinned_store):
     base, cap = 10.0, 15.0
-    job_id = store.submit("t", JobSpec("capped", max_attempts=6, backoff_base_s=base, backoff_cap_s=cap)).job_id
+    job_id = pinned_store.submit("t", JobSpec("capped", max_attempts=6, backoff_base_s=base, backoff_cap_s=cap)).job_id
     for attempt in range(1, 6):
-        c = claim_job(store, job_id)
+        c = claim_job(pinned_store, job_id)
         assert c.attempt == attempt
-        [out] = store.fail([Fail(job_id, c.lease_token, "again", True)])
+        [out] = pinned_store.fail([Fail(job_id, c.lease_token, "again", True)])
         assert out.state == "retrying"
-        st = store.status(job_id)
-        gap = st.run_at - store.clock
+        st = pinned_store.status(job_id)
+        gap = st.run_at - pinned_store.clock
         assert_backoff(gap, min(cap, base * 2 ** (attempt - 1)))
         assert gap <= dt.timedelta(seconds=cap)
-        store.clock = st.run_at
+        pinned_store.clock = st.run_at
     assert attempt == 5 and gap >= dt.timedelta(seconds=cap / 2) - US
 
 
-def test_large_base_is_capped_from_the_first_attempt(conn, store):
-    job_id = store.submit("t", JobSpec("big", backoff_base_s=7200, backoff_cap_s=7200)).job_id
-    c = claim_job(store, job_id)
-    store.fail([Fail(job_id, c.lease_token, "x", True)])
-    st = store.status(job_id)
+def test_large_base_is_capped_from_the_first_attempt(pinned_conn, pinned_store):
+    job_id = pinned_store.submit("t", JobSpec("big", backoff_base_s=7200, backoff_cap_s=7200)).job_id
+    c = claim_job(pinned_store, job_id)
+    pinned_store.fail([Fail(job_id, c.lease_token, "x", True)])
+    st = pinned_store.status(job_id)
     assert_backoff(st.run_at - T0, 7200)
     # Over an hour ahead: waits on the wheel at its own run time.
-    assert len(due_rows(conn, job_id)) == 1 and due_rows(conn, job_id)[0][1] == st.run_at
+    assert len(due_rows(pinned_conn, job_id)) == 1 and due_rows(pinned_conn, job_id)[0][1] == st.run_at
 
 
 # ---------------------------------------------------------------- dead
-def test_non_retryable_failure_is_dead_at_once(conn, store):
-    job_id = store.submit("t", JobSpec("fatal", max_attempts=5)).job_id
-    c = claim_job(store, job_id)
-    store.clock = T0 + 3 * S
-    [out] = store.fail([Fail(job_id, c.lease_token, "bad input", False)])
+def test_non_retryable_failure_is_dead_at_once(pinned_conn, pinned_store):
+    job_id = pinned_store.submit("t", JobSpec("fatal", max_attempts=5)).job_id
+    c = claim_job(pinned_store, job_id)
+    pinned_store.clock = T0 + 3 * S
+    [out] = pinned_store.fail([Fail(job_id, c.lease_token, "bad input", False)])
     assert (out.ok, out.state) == (True, "dead")
-    st = store.status(job_id)
+    st = pinned_store.status(job_id)
     assert (st.state, st.attempts, st.last_error, st.finished_at) == ("dead", 1, "bad input", T0 + 3 * S)
-    assert due_rows(conn, job_id) == []
-    store.clock = T0 + 3600 * S
-    assert claim(store, [job_id]) == []
+    assert due_rows(pinned_conn, job_id) == []
+    pinned_store.clock = T0 + 3600 * S
+    assert claim(pinned_store, [job_id]) == []
 
 
-def test_last_attempt_failure_is_dead_with_its_error(conn, store):
-    job_id = store.submit("t", JobSpec("twice", max_attempts=2)).job_id
-    c = claim_job(store, job_id)
-    assert store.fail([Fail(job_id, c.lease_token, "first", True)])[0].state == "retrying"
-    store.clock = store.status(job_id).run_at
-    c = claim_job(store, job_id)
+def test_last_attempt_failure_is_dead_with_its_error(pinned_conn, pinned_store):
+    job_id = pinned_store.submit("t", JobSpec("twice", max_attempts=2)).job_id
+    c = claim_job(pinned_store, job_id)
+    assert pinned_store.fail([Fail(job_id, c.lease_token, "first", True)])[0].state == "retrying"
+    pinned_store.clock = pinned_store.status(job_id).run_at
+    c = claim_job(pinned_store, job_id)
     assert c.attempt == 2 and c.max_attempts == 2
-    [out] = store.fail([Fail(job_id, c.lease_token, "second", True)])
+    [out] = pinned_store.fail([Fail(job_id, c.lease_token, "second", True)])
     assert (out.ok, out.state) == (True, "dead")
-    st = store.status(job_id)
+    st = pinned_store.status(job_id)
     assert (st.state, st.attempts, st.last_error) == ("dead", 2, "second")
-    assert st.finished_at == store.clock
-    assert due_rows(conn, job_id) == []
-    store.clock = store.clock + 3600 * S
-    assert claim(store, [job_id]) == []
+    assert st.finished_at == pinned_store.clock
+    assert due_rows(pinned_conn, job_id) == []
+    pinned_store.clock = pinned_store.clock + 3600 * S
+    assert claim(pinned_store, [job_id]) == []
 
 
-def test_single_attempt_job_is_dead_after_one_failure(conn, store):
-    job_id = store.submit("t", JobSpec("once", max_attempts=1)).job_id
-    c = claim_job(store, job_id)
-    assert store.fail([Fail(job_id, c.lease_token, "nope", True)])[0].state == "dead"
+def test_single_attempt_job_is_dead_after_one_failure(pinned_conn, pinned_store):
+    job_id = pinned_store.submit("t", JobSpec("once", max_attempts=1)).job_id
+    c = claim_job(pinned_store, job_id)
+    assert pinned_store.fail([Fail(job_id, c.lease_token, "nope", True)])[0].state == "dead"
 
 
 # ---------------------------------------------------------------- expired claims
-def test_expired_claim_returns_to_the_current_bucket(conn, store):
-    job_id = store.submit("t", JobSpec("slow", max_attempts=3)).job_id
+def test_expired_claim_returns_to_the_current_bucket(pinned_conn, pinned_store):
+    job_id = pinned_store.submit("t", JobSpec("slow", max_attempts=3)).job_id
     shard = job_id & 1023
-    c = claim_job(store, job_id, lease_s=30)
+    c = claim_job(pinned_store, job_id, lease_s=30)
     assert c.claim_expires_at == T0 + 30 * S
-    store.clock = T0 + 29 * S
-    assert store.expire_claims([shard]) == (0, 0)
-    assert store.status(job_id).state == "claimed"
+    pinned_store.clock = T0 + 29 * S
+    assert pinned_store.expire_claims([shard]) == (0, 0)
+    assert pinned_store.status(job_id).state == "claimed"
     now = T0 + 95 * S                                       # in the next minute
-    store.clock = now
-    assert store.expire_claims([shard]) == (1, 0)
-    st = store.status(job_id)
+    pinned_store.clock = now
+    assert pinned_store.expire_claims([shard]) == (1, 0)
+    st = pinned_store.status(job_id)
     assert (st.state, st.attempts, st.claimed_by, st.claim_expires_at) == ("scheduled", 1, None, None)
     assert "expired" in st.last_error
-    assert due_rows(conn, job_id) == [(minute_part(conn, now), now)]
-    assert store.expire_claims([shard]) == (0, 0)         # once only
-    c2 = claim_job(store, job_id)
+    assert due_rows(pinned_conn, job_id) == [(minute_part(pinned_conn, now), now)]
+    assert pinned_store.expire_claims([shard]) == (0, 0)  # once only
+    c2 = claim_job(pinned_store, job_id)
     assert c2.attempt == 2 and c2.lease_token != c.lease_token
-    assert due_rows(conn, job_id) == []
+    assert due_rows(pinned_conn, job_id) == []
 
 
-def test_expired_running_job_returns_too(conn, store):
-    job_id = store.submit("t", JobSpec("hung")).job_id
-    c = claim_job(store, job_id, lease_s=10)
-    assert store.start([Start(job_id, c.lease_token)])[0].ok
-    store.clock = T0 + 11 * S
-    pin(conn, store.clock)
-    assert conn.execute("SELECT returned, dead FROM expire_claims(%s)", (job_id & 1023,)).fetchone() == (1, 0)
-    assert store.status(job_id).state == "scheduled"
-    assert claim_job(store, job_id).attempt == 2
+def test_expired_running_job_returns_too(pinned_conn, pinned_store):
+    job_id = pinned_store.submit("t", JobSpec("hung")).job_id
+    c = claim_job(pinned_store, job_id, lease_s=10)
+    assert pinned_store.start([Start(job_id, c.lease_token)])[0].ok
+    pinned_store.clock = T0 + 11 * S
+    pin(pinned_conn, pinned_store.clock)
+    assert pinned_conn.execute("SELECT returned, dead FROM expire_claims(%s)", (job_id & 1023,)).fetchone() == (1, 0)
+    assert pinned_store.status(job_id).state == "scheduled"
+    assert claim_job(pinned_store, job_id).attempt == 2
 
 
-def test_expired_claim_at_the_last_attempt_is_dead(conn, store):
-    job_id = store.submit("t", JobSpec("killer", max_attempts=2)).job_id
+def test_expired_claim_at_the_last_attempt_is_dead(pinned_conn, pinned_store):
+    job_id = pinned_store.submit("t", JobSpec("killer", max_attempts=2)).job_id
     shard = job_id & 1023
-    claim_job(store, job_id, lease_s=30)
-    store.clock = T0 + 31 * S
-    assert store.expire_claims([shard]) == (1, 0)
-    c = claim_job(store, job_id, lease_s=30)
+    claim_job(pinned_store, job_id, lease_s=30)
+    pinned_store.clock = T0 + 31 * S
+    assert pinned_store.expire_claims([shard]) == (1, 0)
+    c = claim_job(pinned_store, job_id, lease_s=30)
     assert c.attempt == 2
-    store.clock = T0 + 62 * S
-    assert store.expire_claims([shard]) == (0, 1)
-    st = store.status(job_id)
+    pinned_store.clock = T0 + 62 * S
+    assert pinned_store.expire_claims([shard]) == (0, 1)
+    st = pinned_store.status(job_id)
     assert (st.state, st.attempts, st.finished_at) == ("dead", 2, T0 + 62 * S)
     assert "expired" in st.last_error
-    assert due_rows(conn, job_id) == []
-    store.clock = T0 + 3600 * S
-    assert claim(store, [job_id]) == []
+    assert due_rows(pinned_conn, job_id) == []
+    pinned_store.clock = T0 + 3600 * S
+    assert claim(pinned_store, [job_id]) == []
 
 
-def test_completed_claim_is_not_expired(conn, store):
-    job_id = store.submit("t", JobSpec("quick")).job_id
-    c = claim_job(store, job_id, lease_s=30)
-    assert store.complete([Complete(job_id, c.lease_token, None)])[0].ok
-    store.clock = T0 + 31 * S
-    assert store.expire_claims([job_id & 1023]) == (0, 0)
-    assert store.status(job_id).state == "succeeded"
+def test_completed_claim_is_not_expired(pinned_conn, pinned_store):
+    job_id = pinned_store.submit("t", JobSpec("quick")).job_id
+    c = claim_job(pinned_store, job_id, lease_s=30)
+    assert pinned_store.complete([Complete(job_id, c.lease_token, None)])[0].ok
+    pinned_store.clock = T0 + 31 * S
+    assert pinned_store.expire_claims([job_id & 1023]) == (0, 0)
+    assert pinned_store.status(job_id).state == "succeeded"
 
 
 
-def test_claim_shortened_by_a_heartbeat_is_returned_once_it_expires(conn, store):
-    job_id = store.submit("t", JobSpec("short-beat")).job_id
-    c = claim_job(store, job_id, lease_s=300)
-    store.clock = T0 + 5 * S
-    assert store.heartbeat([Heartbeat(job_id, c.lease_token)], 10)[0].ok
-    expires = store.status(job_id).claim_expires_at
-    store.clock = expires + S                                  # the claim, as recorded, has expired
-    assert store.expire_claims([job_id & 1023]) == (1, 0)
-    assert store.status(job_id).state == "scheduled"
+def test_claim_shortened_by_a_heartbeat_is_returned_once_it_expires(pinned_conn, pinned_store):
+    job_id = pinned_store.submit("t", JobSpec("short-beat")).job_id
+    c = claim_job(pinned_store, job_id, lease_s=300)
+    pinned_store.clock = T0 + 5 * S
+    assert pinned_store.heartbeat([Heartbeat(job_id, c.lease_token)], 10)[0].ok
+    expires = pinned_store.status(job_id).claim_expires_at
+    pinned_store.clock = expires + S                           # the claim, as recorded, has expired
+    assert pinned_store.expire_claims([job_id & 1023]) == (1, 0)
+    assert pinned_store.status(job_id).state == "scheduled"
 
 # ---------------------------------------------------------------- the pinned clock itself
-def test_advancing_the_store_clock_moves_every_pooled_session(conn, store):
-    with store.connection() as a, store.connection() as b:       # two sessions of the pool
+def test_advancing_the_store_clock_moves_every_pooled_session(pinned_conn, pinned_store):
+    with pinned_store.connection() as a, pinned_store.connection() as b:  # two sessions of the pool
         assert a.execute("SELECT mh_now() AS t").fetchone()["t"] == T0
         assert b.execute("SELECT mh_now() AS t").fetchone()["t"] == T0
-    store.clock = T0 + 3600 * S
-    with store.connection() as a, store.connection() as b:
+    pinned_store.clock = T0 + 3600 * S
+    with pinned_store.connection() as a, pinned_store.connection() as b:
         assert a.execute("SELECT mh_now() AS t").fetchone()["t"] == T0 + 3600 * S
         assert b.execute("SELECT mh_now() AS t").fetchone()["t"] == T0 + 3600 * S
 

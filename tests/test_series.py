@@ -8,7 +8,7 @@ Idempotency-Key names the series' first run; batch items with repeat are
 written with the rest of their batch.
 
 The tests share one clone of the migrated template, emptied before each
-(tests/reused_db.py)."""
+(marked reused_db, tests/fixtures/databases.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -24,8 +24,9 @@ from minutehand.settings import Settings
 from minutehand.store import errors, migrate
 from minutehand.store.records import JobSpec, Repeat
 from minutehand.store.store import hash_token
-from reused_db import conn, db_dsn, module_conn, module_dsn, module_store, store  # noqa: F401 (fixtures)
-from support import T0, due_rows, minute_part, pin
+from tests.support import T0, due_rows, minute_part, pin
+
+pytestmark = pytest.mark.reused_db   # one database for the module, reset before each test
 
 UTC = dt.timezone.utc
 H = dt.timedelta(hours=1)
@@ -77,7 +78,7 @@ def client(db_dsn, module_conn, module_store):
 
 
 # ---------------------------------------------------------------- HTTP: accepted
-def test_every_s_makes_one_series_and_its_first_run_at_the_due_time(client, conn):
+def test_every_s_makes_one_series_and_its_first_run_at_the_due_time(client, pinned_conn):
     due = T0 + 2 * H
     r = client.post("/v1/jobs", headers=T, json={"name": "report", "due_at": due.isoformat(),
                                                   "payload": {"k": 1}, "priority": 7, "max_attempts": 5,
@@ -86,38 +87,38 @@ def test_every_s_makes_one_series_and_its_first_run_at_the_due_time(client, conn
     body = r.json()
     assert body["created"] is True and at(body["run_at"]) == due
     series_id, job_id = int(body["series_id"]), int(body["job_id"])
-    s = assert_one_series_with_its_run(conn, series_id, job_id, due)
+    s = assert_one_series_with_its_run(pinned_conn, series_id, job_id, due)
     assert (s["name"], s["payload"], s["priority"], s["max_attempts"], s["strict"]) == ("report", {"k": 1}, 7, 5, False)
     assert (s["every_s"], s["cron"], s["timezone"], s["cancelled_at"]) == (3600, None, None, None)
-    j = job_row(conn, job_id)
+    j = job_row(pinned_conn, job_id)
     assert (j["name"], j["payload"], j["priority"], j["max_attempts"]) == ("report", {"k": 1}, 7, 5)
 
 
-def test_every_s_without_a_due_time_runs_first_now(client, conn):
+def test_every_s_without_a_due_time_runs_first_now(client, pinned_conn):
     r = client.post("/v1/jobs", headers=T, json={"name": "tick", "repeat": {"every_s": 60}})
     assert r.status_code == 201, r.text
     assert at(r.json()["run_at"]) == T0
-    assert_one_series_with_its_run(conn, int(r.json()["series_id"]), int(r.json()["job_id"]), T0)
-    assert due_rows(conn, int(r.json()["job_id"])) == [(minute_part(conn, T0), T0)]
+    assert_one_series_with_its_run(pinned_conn, int(r.json()["series_id"]), int(r.json()["job_id"]), T0)
+    assert due_rows(pinned_conn, int(r.json()["job_id"])) == [(minute_part(pinned_conn, T0), T0)]
 
 
-def test_cron_in_a_zone_runs_first_at_its_next_fire_time(client, conn):
+def test_cron_in_a_zone_runs_first_at_its_next_fire_time(client, pinned_conn):
     # T0 is 2030-01-01 12:00:30 UTC; 03:00 in Berlin (CET, +01:00) next is 2030-01-02 02:00 UTC.
     r = client.post("/v1/jobs", headers=T, json={"name": "nightly",
                                                   "repeat": {"cron": "0 3 * * *", "timezone": "Europe/Berlin"}})
     assert r.status_code == 201, r.text
     first = dt.datetime(2030, 1, 2, 2, 0, tzinfo=UTC)
     assert at(r.json()["run_at"]) == first
-    s = assert_one_series_with_its_run(conn, int(r.json()["series_id"]), int(r.json()["job_id"]), first)
+    s = assert_one_series_with_its_run(pinned_conn, int(r.json()["series_id"]), int(r.json()["job_id"]), first)
     assert (s["every_s"], s["cron"], s["timezone"]) == (None, "0 3 * * *", "Europe/Berlin")
 
 
-def test_cron_without_a_zone_is_utc_and_a_due_time_is_its_start(client, conn):
+def test_cron_without_a_zone_is_utc_and_a_due_time_is_its_start(client, pinned_conn):
     r = client.post("/v1/jobs", headers=T, json={"name": "a", "due_at": "2030-01-05T00:00:00+00:00",
                                                   "repeat": {"cron": "*/15 3 * * *"}})
     assert r.status_code == 201, r.text
     assert at(r.json()["run_at"]) == dt.datetime(2030, 1, 5, 3, 0, tzinfo=UTC)
-    assert series_row(conn, int(r.json()["series_id"]))["timezone"] == "UTC"
+    assert series_row(pinned_conn, int(r.json()["series_id"]))["timezone"] == "UTC"
     # a start in the past: the first fire time from now on (not a missed one)
     r = client.post("/v1/jobs", headers=T, json={"name": "b", "due_at": "2029-06-01T00:00:00+00:00",
                                                   "repeat": {"cron": "0 * * * *"}})
@@ -125,14 +126,14 @@ def test_cron_without_a_zone_is_utc_and_a_due_time_is_its_start(client, conn):
     assert at(r.json()["run_at"]) == dt.datetime(2030, 1, 1, 13, 0, tzinfo=UTC)
 
 
-def test_a_flexible_series_run_is_spread_inside_its_window(client, conn):
+def test_a_flexible_series_run_is_spread_inside_its_window(client, pinned_conn):
     due = T0 + H
     r = client.post("/v1/jobs", headers=T, json={"name": "f", "due_at": due.isoformat(), "flex_s": 600,
                                                   "repeat": {"every_s": 86400}})
     assert r.status_code == 201, r.text
     run_at = at(r.json()["run_at"])
     assert due <= run_at <= due + dt.timedelta(seconds=600)
-    j = job_row(conn, int(r.json()["job_id"]))
+    j = job_row(pinned_conn, int(r.json()["job_id"]))
     assert at(j["due_at"]) == due and at(j["run_at"]) == run_at and j["flex_s"] == 600
 
 
@@ -178,15 +179,15 @@ def test_status_shows_the_series_and_its_repeat_spec(client):
     (dt.datetime(2030, 4, 6, 12, 0, tzinfo=UTC), "0 9 * * *", "Australia/Sydney",
      dt.datetime(2030, 4, 6, 23, 0, tzinfo=UTC)),
 ])
-def test_cron_across_daylight_saving_gives_the_right_utc_instant(conn, store, now, cron, zone, first):
-    store.clock = now
-    pin(conn, now)
-    got = store.submit("t", JobSpec(name="dst", repeat=Repeat(cron=cron, timezone=zone)))
+def test_cron_across_daylight_saving_gives_the_right_utc_instant(pinned_conn, pinned_store, now, cron, zone, first):
+    pinned_store.clock = now
+    pin(pinned_conn, now)
+    got = pinned_store.submit("t", JobSpec(name="dst", repeat=Repeat(cron=cron, timezone=zone)))
     assert got.created and got.run_at == first
-    assert_one_series_with_its_run(conn, got.series_id, got.job_id, first)
+    assert_one_series_with_its_run(pinned_conn, got.series_id, got.job_id, first)
 
 
-def test_dst_through_the_api(client, module_store, conn):
+def test_dst_through_the_api(client, module_store, pinned_conn):
     module_store.clock = dt.datetime(2030, 3, 30, 12, 0, tzinfo=UTC)
     r = client.post("/v1/jobs", headers=T, json={"name": "d", "repeat": {"cron": "0 3 * * *",
                                                                          "timezone": "Europe/Berlin"}})
@@ -217,11 +218,11 @@ def assert_problem(r, status: int, slug: str, detail: str = "") -> dict:
     ({"every_s": "60"}, "expected `int`, got `str`"),
     ({"every_s": 60, "day": 1}, "unknown field `day`"),
 ])
-def test_invalid_repeat_is_422_and_writes_nothing(client, conn, repeat, detail):
-    before = counts(conn)
+def test_invalid_repeat_is_422_and_writes_nothing(client, pinned_conn, repeat, detail):
+    before = counts(pinned_conn)
     assert_problem(client.post("/v1/jobs", headers=T, json={"name": "a", "repeat": repeat}), 422,
                    "invalid-input", detail)
-    assert counts(conn) == before
+    assert counts(pinned_conn) == before
 
 
 @pytest.mark.parametrize("body, status, slug, detail", [
@@ -231,21 +232,21 @@ def test_invalid_repeat_is_422_and_writes_nothing(client, conn, repeat, detail):
     ({"name": "a", "due_at": "2031-06-01T00:00:00Z", "repeat": {"every_s": 60}}, 422, "invalid-input", "ahead"),
     ({"name": "a", "payload": {"b": "x" * 270_000}, "repeat": {"every_s": 60}}, 413, "too-large", "over the limit"),
 ])
-def test_invalid_job_fields_with_repeat_are_refused_like_a_job(client, conn, body, status, slug, detail):
-    before = counts(conn)
+def test_invalid_job_fields_with_repeat_are_refused_like_a_job(client, pinned_conn, body, status, slug, detail):
+    before = counts(pinned_conn)
     assert_problem(client.post("/v1/jobs", headers=T, json=body), status, slug, detail)
-    assert counts(conn) == before
+    assert counts(pinned_conn) == before
 
 
-def test_unknown_team_with_repeat_is_404(client, conn):
-    before = counts(conn)
+def test_unknown_team_with_repeat_is_404(client, pinned_conn):
+    before = counts(pinned_conn)
     assert_problem(client.post("/v1/jobs?team=nobody", headers={"Authorization": f"Bearer {ADMIN}"},
                                json={"name": "x", "repeat": {"every_s": 60}}), 404, "not-found", "unknown team")
-    assert counts(conn) == before
+    assert counts(pinned_conn) == before
 
 
 # ---------------------------------------------------------------- idempotency
-def test_idempotency_key_names_the_series_first_run(client, conn, module_store):
+def test_idempotency_key_names_the_series_first_run(client, pinned_conn, module_store):
     h = {**T, "Idempotency-Key": "daily-report"}
     body = {"name": "report", "repeat": {"cron": "0 3 * * *", "timezone": "Europe/Berlin"}}
     first = client.post("/v1/jobs", headers=h, json=body)
@@ -256,31 +257,31 @@ def test_idempotency_key_names_the_series_first_run(client, conn, module_store):
     again = client.post("/v1/jobs", headers=h, json=body)
     assert again.status_code == 200, again.text
     assert again.json() == {**first.json(), "created": False}
-    assert counts(conn)["series"] == 1 and counts(conn)["jobs"] == 1
-    k = conn.execute("SELECT job_id, shard FROM idempotency_keys WHERE key = 'daily-report'").fetchone()
+    assert counts(pinned_conn)["series"] == 1 and counts(pinned_conn)["jobs"] == 1
+    k = pinned_conn.execute("SELECT job_id, shard FROM idempotency_keys WHERE key = 'daily-report'").fetchone()
     assert k == (int(first.json()["job_id"]), int(first.json()["series_id"]) & 1023)
-    assert job_row(conn, k[0])["idempotency_key"] == "daily-report"
-    assert series_row(conn, int(first.json()["series_id"]))["idempotency_key"] == "daily-report"
-    before = counts(conn)
+    assert job_row(pinned_conn, k[0])["idempotency_key"] == "daily-report"
+    assert series_row(pinned_conn, int(first.json()["series_id"]))["idempotency_key"] == "daily-report"
+    before = counts(pinned_conn)
     for other in ({**body, "repeat": {"cron": "0 4 * * *", "timezone": "Europe/Berlin"}},   # another spec
                   {**body, "repeat": {"cron": "0 3 * * *"}},                               # another zone
                   {"name": "report"},                                                      # no repeat
                   {**body, "payload": {"v": 2}}):                                          # another body
         assert_problem(client.post("/v1/jobs", headers=h, json=other), 409, "conflict",
                        "was used for a different request")
-    assert counts(conn) == before
+    assert counts(pinned_conn) == before
 
 
-def test_a_key_used_for_a_job_conflicts_with_a_series(client, conn):
+def test_a_key_used_for_a_job_conflicts_with_a_series(client, pinned_conn):
     h = {**T, "Idempotency-Key": "k"}
     assert client.post("/v1/jobs", headers=h, json={"name": "x"}).status_code == 201
-    before = counts(conn)
+    before = counts(pinned_conn)
     assert_problem(client.post("/v1/jobs", headers=h, json={"name": "x", "repeat": {"every_s": 60}}), 409,
                    "conflict")
-    assert counts(conn) == before
+    assert counts(pinned_conn) == before
 
 
-def test_a_series_key_from_another_team_is_its_own(client, conn):
+def test_a_series_key_from_another_team_is_its_own(client, pinned_conn):
     body = {"name": "x", "repeat": {"every_s": 60}}
     mine = client.post("/v1/jobs", headers={**T, "Idempotency-Key": "k"}, json=body).json()
     theirs = client.post("/v1/jobs", headers={**U, "Idempotency-Key": "k"}, json=body)
@@ -306,7 +307,7 @@ def test_twenty_concurrent_series_submissions_of_one_key_make_one_series(db_dsn,
 
 
 # ---------------------------------------------------------------- batch
-def test_batch_items_with_repeat_make_series_with_the_rest(client, conn):
+def test_batch_items_with_repeat_make_series_with_the_rest(client, pinned_conn):
     jobs = [{"name": "plain"},
             {"name": "every", "repeat": {"every_s": 600}, "due_at": (T0 + H).isoformat()},
             {"name": "cron", "repeat": {"cron": "0 3 * * *", "timezone": "Europe/Berlin"}},
@@ -333,43 +334,43 @@ def test_batch_items_with_repeat_make_series_with_the_rest(client, conn):
     assert items[6]["created"] is True and items[7]["created"] is False
     assert (items[7]["job_id"], items[7]["series_id"]) == (items[6]["job_id"], items[6]["series_id"])
     assert (body["created"], body["existing"], body["rejected"]) == (5, 1, 5)
-    assert counts(conn)["series"] == 3 and counts(conn)["jobs"] == 5
-    linked = conn.execute("SELECT count(*) FROM jobs j JOIN series s ON s.shard = j.shard AND s.id = j.series_id"
+    assert counts(pinned_conn)["series"] == 3 and counts(pinned_conn)["jobs"] == 5
+    linked = pinned_conn.execute("SELECT count(*) FROM jobs j JOIN series s ON s.shard = j.shard AND s.id = j.series_id"
                           " AND s.last_job_id = j.id").fetchone()[0]
     assert linked == 3
     for i in (1, 2, 6):
-        assert job_row(conn, int(items[i]["job_id"]))["series_id"] == int(items[i]["series_id"])
+        assert job_row(pinned_conn, int(items[i]["job_id"]))["series_id"] == int(items[i]["series_id"])
 
 
-def test_an_item_that_cannot_be_stored_is_refused_alone_beside_a_series(client, conn):
-    before = counts(conn)
+def test_an_item_that_cannot_be_stored_is_refused_alone_beside_a_series(client, pinned_conn):
+    before = counts(pinned_conn)
     r = client.post("/v1/jobs/batch", headers=T, json={"jobs": [
         {"name": "s", "repeat": {"every_s": 60}}, {"name": "a\u0000b"}]})
     assert r.status_code == 200, r.text
     first, second = r.json()["items"]
     assert first["created"] and first["series_id"] is not None
     assert not second["created"] and "cannot be stored" in second["error"]
-    after = counts(conn)
+    after = counts(pinned_conn)
     assert after["jobs"] == before["jobs"] + 1 and after["series"] == before["series"] + 1
 
 
-def test_a_batch_of_only_series_for_an_unknown_team_is_404(client, conn):
-    before = counts(conn)
+def test_a_batch_of_only_series_for_an_unknown_team_is_404(client, pinned_conn):
+    before = counts(pinned_conn)
     r = client.post("/v1/jobs/batch?team=nobody", headers={"Authorization": f"Bearer {ADMIN}"},
                     json={"jobs": [{"name": "s", "repeat": {"every_s": 60}}]})
     assert_problem(r, 404, "not-found", "unknown team")
-    assert counts(conn) == before
+    assert counts(pinned_conn) == before
 
 
 # ---------------------------------------------------------------- store and SQL
-def test_store_submit_routes_a_repeat_to_its_series(conn, store):
-    got = store.submit("t", JobSpec(name="s", due_at=T0 + H, repeat=Repeat(every_s=30)))
+def test_store_submit_routes_a_repeat_to_its_series(pinned_conn, pinned_store):
+    got = pinned_store.submit("t", JobSpec(name="s", due_at=T0 + H, repeat=Repeat(every_s=30)))
     assert got.created and got.run_at == T0 + H and got.series_id is not None
-    assert_one_series_with_its_run(conn, got.series_id, got.job_id, T0 + H)
-    status = store.status(got.job_id)
+    assert_one_series_with_its_run(pinned_conn, got.series_id, got.job_id, T0 + H)
+    status = pinned_store.status(got.job_id)
     assert status.series_id == got.series_id and status.repeat == Repeat(every_s=30)
     with pytest.raises(errors.InvalidInput, match="does not fire within 366 days"):
-        store.submit("t", JobSpec(name="s", repeat=Repeat(cron="0 0 30 2 *")))
+        pinned_store.submit("t", JobSpec(name="s", repeat=Repeat(cron="0 0 30 2 *")))
 
 
 def submit_series_sql(conn, **kw):
@@ -378,7 +379,7 @@ def submit_series_sql(conn, **kw):
     return conn.execute(f"SELECT series_id, job_id, run_at, created FROM submit_series({named})", args).fetchone()
 
 
-def test_sql_submission_of_a_series_rolls_back_with_the_callers_transaction(db_dsn, conn):
+def test_sql_submission_of_a_series_rolls_back_with_the_callers_transaction(db_dsn, pinned_conn):
     with psycopg.connect(db_dsn) as other:
         pin(other, T0)
         series_id, job_id, run_at, created = submit_series_sql(other, every_s=3600, payload=Jsonb({"a": 1}),
@@ -386,13 +387,13 @@ def test_sql_submission_of_a_series_rolls_back_with_the_callers_transaction(db_d
         assert created and run_at == T0
         assert other.execute("SELECT count(*) FROM series").fetchone()[0] == 1
         other.rollback()
-        assert counts(conn) == dict.fromkeys(TABLES, 0)
+        assert counts(pinned_conn) == dict.fromkeys(TABLES, 0)
         pin(other, T0)                                   # the rollback undid the pin too
         kept = submit_series_sql(other, cron="0 3 * * *", timezone="Europe/Berlin",
                                  first_due_at=dt.datetime(2030, 1, 2, 2, tzinfo=UTC), idempotency_key="tx")
         other.commit()
-    assert_one_series_with_its_run(conn, kept[0], kept[1], dt.datetime(2030, 1, 2, 2, tzinfo=UTC))
-    assert counts(conn)["idempotency_keys"] == 1
+    assert_one_series_with_its_run(pinned_conn, kept[0], kept[1], dt.datetime(2030, 1, 2, 2, tzinfo=UTC))
+    assert counts(pinned_conn)["idempotency_keys"] == 1
 
 
 @pytest.mark.parametrize("kw, sqlstate, msg", [
@@ -415,14 +416,14 @@ def test_sql_submission_of_a_series_rolls_back_with_the_callers_transaction(db_d
     ({"every_s": 60, "payload": Jsonb({"b": "x" * 300_000})}, "MH413", "over the limit"),
     ({"every_s": 60, "team": "nobody"}, "MH404", "unknown team"),
 ])
-def test_sql_refusals_write_nothing(conn, kw, sqlstate, msg):
-    before = counts(conn)
+def test_sql_refusals_write_nothing(pinned_conn, kw, sqlstate, msg):
+    before = counts(pinned_conn)
     with pytest.raises(psycopg.Error) as err:
-        submit_series_sql(conn, **kw)
+        submit_series_sql(pinned_conn, **kw)
     assert err.value.sqlstate == sqlstate and msg in err.value.diag.message_primary
-    assert counts(conn) == before
+    assert counts(pinned_conn) == before
 
 
-def test_sql_zones_by_iana_name(conn):
+def test_sql_zones_by_iana_name(pinned_conn):
     for zone in ("UTC", "Europe/Berlin", "America/Argentina/Buenos_Aires", "Etc/GMT+5", "EST5EDT", "Japan"):
-        assert submit_series_sql(conn, cron="0 3 * * *", timezone=zone, first_due_at=T0 + H)[3] is True, zone
+        assert submit_series_sql(pinned_conn, cron="0 3 * * *", timezone=zone, first_due_at=T0 + H)[3] is True, zone

@@ -134,7 +134,8 @@ def minutehand_database_url(db_dsn) -> str:
 
 
 @pytest.fixture
-def store(db_dsn):
+def live_store(db_dsn):
+    """This module's own: a Store on the real clock with teams shop and other."""
     with Store(db_dsn) as s:
         s.create_team("shop")
         s.create_team("other")
@@ -145,22 +146,22 @@ def submit(store: Store, name: str, payload=None, team: str = "shop", **kw) -> i
     return store.submit(team, JobSpec(name=name, payload={} if payload is None else payload, **kw)).job_id
 
 
-def test_drain_runs_every_due_job_through_the_worker_loop(worker, store, db_dsn):
-    sent = submit(store, "emails.send", {"to": "a@b"})
-    built = submit(store, "reports.build", {"rows": 5})
-    no_recipient = submit(store, "emails.send", {})
-    recovers = submit(store, "flaky", {"succeed_on": 2}, backoff_base_s=0.02, backoff_cap_s=0.05)
-    gives_up = submit(store, "flaky", {}, max_attempts=3, backoff_base_s=0.02, backoff_cap_s=0.05)
-    huge = submit(store, "export.huge")
-    later = submit(store, "emails.send", {"to": "later"}, due_at=dt.datetime.now(UTC) + dt.timedelta(hours=1))
-    not_ours = submit(store, "someone.else", {})
+def test_drain_runs_every_due_job_through_the_worker_loop(worker, live_store, db_dsn):
+    sent = submit(live_store, "emails.send", {"to": "a@b"})
+    built = submit(live_store, "reports.build", {"rows": 5})
+    no_recipient = submit(live_store, "emails.send", {})
+    recovers = submit(live_store, "flaky", {"succeed_on": 2}, backoff_base_s=0.02, backoff_cap_s=0.05)
+    gives_up = submit(live_store, "flaky", {}, max_attempts=3, backoff_base_s=0.02, backoff_cap_s=0.05)
+    huge = submit(live_store, "export.huge")
+    later = submit(live_store, "emails.send", {"to": "later"}, due_at=dt.datetime.now(UTC) + dt.timedelta(hours=1))
+    not_ours = submit(live_store, "someone.else", {})
 
     drained = testing.drain(worker, db_dsn, timeout_s=60)
 
     assert drained.succeeded == sorted([sent, built, recovers])
     assert drained.dead == sorted([no_recipient, gives_up, huge])
     assert set(drained.jobs) == {sent, built, no_recipient, recovers, gives_up, huge}
-    st = store.status
+    st = live_store.status
     assert st(sent).result["sent_to"] == "a@b" and st(built).result == {"rows": 10}
     assert (st(recovers).attempts, st(recovers).result) == (2, "finally")
     assert (st(gives_up).attempts, st(gives_up).last_error) == (3, "ConnectionError: attempt 3 failed")
@@ -172,47 +173,47 @@ def test_drain_runs_every_due_job_through_the_worker_loop(worker, store, db_dsn)
     assert worker.urls is None and worker.token is None
 
 
-def test_drain_without_retries_stops_at_a_retry_not_yet_due(worker, store, db_dsn):
-    failing = submit(store, "flaky", {}, backoff_base_s=60)
+def test_drain_without_retries_stops_at_a_retry_not_yet_due(worker, live_store, db_dsn):
+    failing = submit(live_store, "flaky", {}, backoff_base_s=60)
     drained = testing.drain(worker, db_dsn, retries=False)
     assert drained.retrying == [failing]
-    assert (store.status(failing).state, store.status(failing).attempts) == ("retrying", 1)
+    assert (live_store.status(failing).state, live_store.status(failing).attempts) == ("retrying", 1)
 
 
-def test_a_drain_with_nothing_due_returns_at_once(worker, store, db_dsn):
-    later = submit(store, "emails.send", {"to": "a@b"}, due_at=dt.datetime.now(UTC) + dt.timedelta(minutes=5))
+def test_a_drain_with_nothing_due_returns_at_once(worker, live_store, db_dsn):
+    later = submit(live_store, "emails.send", {"to": "a@b"}, due_at=dt.datetime.now(UTC) + dt.timedelta(minutes=5))
     assert testing.drain(worker, db_dsn) == testing.Drained({})
-    assert store.status(later).state == "scheduled"
+    assert live_store.status(later).state == "scheduled"
 
 
-def test_drain_keeps_to_the_teams_a_worker_names(store, db_dsn):
+def test_drain_keeps_to_the_teams_a_worker_names(live_store, db_dsn):
     worker = make_worker(teams=["shop"])
-    ours = submit(store, "emails.send", {"to": "a@b"})
-    theirs = submit(store, "emails.send", {"to": "c@d"}, team="other")
+    ours = submit(live_store, "emails.send", {"to": "a@b"})
+    theirs = submit(live_store, "emails.send", {"to": "c@d"}, team="other")
     assert testing.drain(worker, db_dsn).succeeded == [ours]
-    assert store.status(theirs).state == "scheduled"
+    assert live_store.status(theirs).state == "scheduled"
 
 
-def test_the_fixture_drains_on_the_database_the_user_names(worker, store, minutehand_drain):
-    first = submit(store, "emails.send", {"to": "a@b"})
+def test_the_fixture_drains_on_the_database_the_user_names(worker, live_store, minutehand_drain):
+    first = submit(live_store, "emails.send", {"to": "a@b"})
     assert minutehand_drain(worker).succeeded == [first]
     # a second drain in the same test: the first one's dispatcher gave its shards up
-    second = submit(store, "reports.build", {"rows": 1})
+    second = submit(live_store, "reports.build", {"rows": 1})
     assert minutehand_drain(worker).succeeded == [second]
-    assert store.status(first).attempts == 1
+    assert live_store.status(first).attempts == 1
 
 
-def test_a_drain_that_does_not_settle_in_time_says_which_jobs_are_left(worker, store, db_dsn):
-    stuck = submit(store, "slow", {"sleep_s": 3})
+def test_a_drain_that_does_not_settle_in_time_says_which_jobs_are_left(worker, live_store, db_dsn):
+    stuck = submit(live_store, "slow", {"sleep_s": 3})
     with pytest.raises(testing.DrainTimeout) as caught:
         testing.drain(worker, db_dsn, timeout_s=1)
     assert caught.value.outstanding == [stuck]
     assert stuck in caught.value.drained.jobs
 
 
-def test_a_worker_whose_loop_fails_fails_the_drain_at_once(store, db_dsn):
+def test_a_worker_whose_loop_fails_fails_the_drain_at_once(live_store, db_dsn):
     worker = make_worker(concurrency=0)
-    submit(store, "emails.send", {"to": "a@b"})
+    submit(live_store, "emails.send", {"to": "a@b"})
     started = time.monotonic()
     with pytest.raises(RuntimeError, match="loop failed") as caught:
         testing.drain(worker, db_dsn, timeout_s=30)

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from minutehand.store.records import JobSpec
-from support import T0, claim, make_store, pin
+from tests.support import T0, claim, make_store, pin
 
 TEAM = "wheelers"
 S = dt.timedelta(seconds=1)
@@ -32,7 +32,8 @@ WHERE_SQL = """
 # ---------------------------------------------------------------- helpers
 
 @pytest.fixture
-def store(db_dsn):
+def pinned_store(db_dsn):
+    """This module's own: on the test's fresh database, clock pinned to T0, team TEAM."""
     s = make_store(db_dsn, clock=T0)
     s.create_team(TEAM)
     yield s
@@ -88,12 +89,12 @@ def claim_ids(store, leases, limit: int = 1000) -> list[int]:
 
 # ---------------------------------------------------------------- far future down to the minute
 
-def test_far_jobs_cascade_down_to_the_minute_bucket_of_their_run_time(db_dsn, db, store):
+def test_far_jobs_cascade_down_to_the_minute_bucket_of_their_run_time(db_dsn, db, pinned_store):
     offsets = [0 * S, 17 * MIN + 5 * S, 59 * MIN + 29 * S, H + 29 * S, 5 * H + 42 * MIN,
                6 * H - 30 * S, 6 * H + 59 * MIN, 11 * H + 1 * S]
     due = {T0 + 3 * DAY + o: None for o in offsets}
     for t in due:
-        due[t] = store.submit(TEAM, JobSpec(name="far", due_at=t, strict=True)).job_id
+        due[t] = pinned_store.submit(TEAM, JobSpec(name="far", due_at=t, strict=True)).job_id
     run_at = {job_id: t for t, job_id in due.items()}
     ids = set(run_at)
 
@@ -101,7 +102,7 @@ def test_far_jobs_cascade_down_to_the_minute_bucket_of_their_run_time(db_dsn, db
     assert all(w == ["due_far"] for w in where(db, ids).values())
     # claims ask the shards of these jobs (no other job exists)
     shards = {r[0] for r in db.execute("SELECT shard FROM jobs").fetchall()}
-    leases = store.take_leases(sorted(shards), "d1", LONG_LEASE)
+    leases = pinned_store.take_leases(sorted(shards), "d1", LONG_LEASE)
 
     # The clock moves by hours, and stops one second before and at each run time.
     last_due = max(run_at.values())
@@ -113,8 +114,8 @@ def test_far_jobs_cascade_down_to_the_minute_bucket_of_their_run_time(db_dsn, db
     hourly_steps = 0
     for clock in sorted(instants):
         hourly_steps += clock in {T0 + k * H for k in range(200)}
-        store.clock = clock
-        maintain(store)
+        pinned_store.clock = clock
+        maintain(pinned_store)
         minute_end, hour_end = bounds(db, clock)
         # none lost, none doubled: one due row per job not yet claimed
         assert due_total(db) == (len(pending), len(pending)), clock
@@ -135,7 +136,7 @@ def test_far_jobs_cascade_down_to_the_minute_bucket_of_their_run_time(db_dsn, db
             if clock >= t - 6 * H:
                 assert rel == m_part[job_id], (clock, t, rel)
         # exactly the jobs whose run time has come are claimable: none a second early
-        got = claim(store, leases, 1000, "d1", 30).jobs
+        got = claim(pinned_store, leases, 1000, "d1", 30).jobs
         assert {j.job_id for j in got} == {i for i in pending if run_at[i] <= clock}, clock
         for j in got:
             assert j.run_at == run_at[j.job_id] == clock and j.attempt == 1
@@ -145,17 +146,17 @@ def test_far_jobs_cascade_down_to_the_minute_bucket_of_their_run_time(db_dsn, db
     assert due_total(db) == (0, 0)
 
 
-def test_jobs_due_inside_the_hour_level_cascade_to_minutes_in_bulk(db_dsn, db, store):
+def test_jobs_due_inside_the_hour_level_cascade_to_minutes_in_bulk(db_dsn, db, pinned_store):
     """Hour slots are moved whole, once the minute level's end passes them, and emptied."""
     base = T0 + 20 * H
     specs = [JobSpec(name="h", due_at=base + i * 37 * S) for i in range(500)]   # ~5 h worth
-    items = store.submit_many(TEAM, specs)
+    items = pinned_store.submit_many(TEAM, specs)
     ids = {it.job_id for it in items}
     assert set(r for rels in where(db, ids).values() for r in rels) <= {
         hour_part(db, base + k * H) for k in range(7)}
     for k in range(20):                            # until just before the first is due
-        store.clock = T0 + k * H
-        maintain(store)
+        pinned_store.clock = T0 + k * H
+        maintain(pinned_store)
         assert due_total(db) == (500, 500)
     placed = db.execute(WHERE_SQL, {"ids": list(ids)}).fetchall()
     for job_id, rel, slot, run_at in placed:
@@ -165,15 +166,15 @@ def test_jobs_due_inside_the_hour_level_cascade_to_minutes_in_bulk(db_dsn, db, s
 
 # ---------------------------------------------------------------- the sweep
 
-def test_sweep_carries_leftovers_forward_and_truncates_the_passed_bucket(db_dsn, db, store):
-    ids = {it.job_id for it in store.submit_many(TEAM, [JobSpec(name="left", due_at=T0) for _ in range(300)])}
+def test_sweep_carries_leftovers_forward_and_truncates_the_passed_bucket(db_dsn, db, pinned_store):
+    ids = {it.job_id for it in pinned_store.submit_many(TEAM, [JobSpec(name="left", due_at=T0) for _ in range(300)])}
     old = minute_part(db, T0)
     assert set(r for rels in where(db, ids).values() for r in rels) == {old}
     node_before = db.execute("SELECT pg_relation_filenode(%s::regclass)", (old,)).fetchone()[0]
 
     later = T0 + 31 * MIN + 10 * S
-    store.clock = later
-    assert store.sweep()[1] == 300
+    pinned_store.clock = later
+    assert pinned_store.sweep()[1] == 300
     cur = minute_part(db, later)
     assert where(db, ids) == {i: [cur] for i in ids}                # carried whole into the current bucket
     assert due_total(db) == (300, 300)
@@ -184,21 +185,21 @@ def test_sweep_carries_leftovers_forward_and_truncates_the_passed_bucket(db_dsn,
     assert size == 0
     # their run times are kept; the slot is the current one
     assert db.execute("SELECT DISTINCT run_at FROM due_minutes").fetchall() == [(T0,)]
-    assert store.sweep() == (0, 0)                                    # once
-    leases = store.take_leases(range(256), "d1", 3600)
-    got = claim(store, leases, 1000, "d1", 30).jobs
+    assert pinned_store.sweep() == (0, 0)                             # once
+    leases = pinned_store.take_leases(range(256), "d1", 3600)
+    got = claim(pinned_store, leases, 1000, "d1", 30).jobs
     assert {j.job_id for j in got} == ids
     assert {j.run_at for j in got} == {T0}
 
 
-def test_rows_left_behind_a_stopped_dispatcher_are_not_lost(db_dsn, db, store):
+def test_rows_left_behind_a_stopped_dispatcher_are_not_lost(db_dsn, db, pinned_store):
     """Whatever the hand does, the sweep brings every leftover back within 31 minutes."""
-    store.clock = T0 - 10 * MIN
-    ids = {it.job_id for it in store.submit_many(TEAM, [JobSpec(name="x", due_at=T0 - 10 * MIN)] * 40)}
-    store.clock = T0 + 21 * MIN                     # 31 minutes after they were due
-    maintain(store)
-    leases = store.take_leases(range(256), "d1", 3600)
-    assert set(claim_ids(store, leases)) == ids
+    pinned_store.clock = T0 - 10 * MIN
+    ids = {it.job_id for it in pinned_store.submit_many(TEAM, [JobSpec(name="x", due_at=T0 - 10 * MIN)] * 40)}
+    pinned_store.clock = T0 + 21 * MIN              # 31 minutes after they were due
+    maintain(pinned_store)
+    leases = pinned_store.take_leases(range(256), "d1", 3600)
+    assert set(claim_ids(pinned_store, leases)) == ids
 
 
 # ---------------------------------------------------------------- the hand
@@ -219,84 +220,84 @@ def _old_and_new_on_shard(db, store, shard: int):
     return old, new
 
 
-def test_a_hand_left_behind_drains_its_oldest_bucket_first(db_dsn, db, store):
+def test_a_hand_left_behind_drains_its_oldest_bucket_first(db_dsn, db, pinned_store):
     shard = 7
-    old, new = _old_and_new_on_shard(db, store, shard)
+    old, new = _old_and_new_on_shard(db, pinned_store, shard)
     db.execute("UPDATE shards SET hand = %s WHERE shard = %s", (T0.replace(second=0) - 10 * MIN, shard))
-    [epoch] = store.take_leases([shard], "d1", 3600).values()
+    [epoch] = pinned_store.take_leases([shard], "d1", 3600).values()
 
-    first = [j.job_id for j in claim(store, {shard: epoch}, 3, "d1", 30).jobs]
+    first = [j.job_id for j in claim(pinned_store, {shard: epoch}, 3, "d1", 30).jobs]
     assert first == old[:3]                      # the old bucket first, despite lower priority
-    rest = [j.job_id for j in claim(store, {shard: epoch}, 100, "d1", 30).jobs]
+    rest = [j.job_id for j in claim(pinned_store, {shard: epoch}, 100, "d1", 30).jobs]
     assert rest == old[3:] + new                 # then the rest of it, then the current bucket
     # the hand has caught up: one minute behind now
     pin(db, T0)
     assert db.execute("SELECT hand FROM shards WHERE shard = %s", (shard,)).fetchone()[0] == \
         T0.replace(second=0) - MIN
-    assert claim(store, {shard: epoch}, 100, "d1", 30).jobs == []
+    assert claim(pinned_store, {shard: epoch}, 100, "d1", 30).jobs == []
 
 
-def test_after_a_dispatcher_pause_the_claim_catches_up_from_where_it_stopped(db_dsn, db, store):
+def test_after_a_dispatcher_pause_the_claim_catches_up_from_where_it_stopped(db_dsn, db, pinned_store):
     shard = 7
-    [epoch] = store.take_leases([shard], "d1", 3600).values()
-    store.clock = T0 - 10 * MIN - 20 * S
-    assert claim(store, {shard: epoch}, 100, "d1", 30).jobs == []     # the dispatcher was running
-    old, new = _old_and_new_on_shard(db, store, shard)                 # then paused 10 minutes
-    store.clock = T0
-    got = [j.job_id for j in claim(store, {shard: epoch}, 100, "d1", 30).jobs]
+    [epoch] = pinned_store.take_leases([shard], "d1", 3600).values()
+    pinned_store.clock = T0 - 10 * MIN - 20 * S
+    assert claim(pinned_store, {shard: epoch}, 100, "d1", 30).jobs == []  # the dispatcher was running
+    old, new = _old_and_new_on_shard(db, pinned_store, shard)          # then paused 10 minutes
+    pinned_store.clock = T0
+    got = [j.job_id for j in claim(pinned_store, {shard: epoch}, 100, "d1", 30).jobs]
     assert got == old + new
 
 
 # ---------------------------------------------------------------- past run times
 
-def test_a_past_run_time_goes_to_the_current_bucket_and_is_claimed_at_once(db_dsn, db, store):
+def test_a_past_run_time_goes_to_the_current_bucket_and_is_claimed_at_once(db_dsn, db, pinned_store):
     for ago in (2 * H, 5 * MIN, 40 * DAY):
-        sub = store.submit(TEAM, JobSpec(name="late", due_at=T0 - ago))
+        sub = pinned_store.submit(TEAM, JobSpec(name="late", due_at=T0 - ago))
         assert sub.run_at == T0
         assert where(db, [sub.job_id]) == {sub.job_id: [minute_part(db, T0)]}
-    leases = store.take_leases(range(256), "d1", 3600)
-    got = claim(store, leases, 100, "d1", 30).jobs
+    leases = pinned_store.take_leases(range(256), "d1", 3600)
+    got = claim(pinned_store, leases, 100, "d1", 30).jobs
     assert len(got) == 3 and {j.run_at for j in got} == {T0}
     assert sorted(j.due_at for j in got) == [T0 - 40 * DAY, T0 - 2 * H, T0 - 5 * MIN]
 
 
 # ---------------------------------------------------------------- long outages
 
-def test_after_a_30_hour_maintenance_outage_every_overdue_job_is_claimable(db_dsn, db, store):
-    ids = {it.job_id for it in store.submit_many(TEAM, [JobSpec(name="o", due_at=T0 + 10 * H + i * MIN)
+def test_after_a_30_hour_maintenance_outage_every_overdue_job_is_claimable(db_dsn, db, pinned_store):
+    ids = {it.job_id for it in pinned_store.submit_many(TEAM, [JobSpec(name="o", due_at=T0 + 10 * H + i * MIN)
                                                         for i in range(30)])}
     assert all(rels[0].startswith("due_h") for rels in where(db, ids).values())
-    store.clock = T0 + 30 * H                      # nothing ran for 30 hours
-    maintain(store)
-    leases = store.take_leases(range(256), "d1", 3600)
-    assert set(claim_ids(store, leases)) == ids
+    pinned_store.clock = T0 + 30 * H               # nothing ran for 30 hours
+    maintain(pinned_store)
+    leases = pinned_store.take_leases(range(256), "d1", 3600)
+    assert set(claim_ids(pinned_store, leases)) == ids
 
 
-def test_the_first_sweep_carries_every_passed_bucket(db_dsn, db, store):
+def test_the_first_sweep_carries_every_passed_bucket(db_dsn, db, pinned_store):
     """A fresh install: jobs submitted, nothing claimed, maintenance starts 3 hours later."""
-    ids = {it.job_id for it in store.submit_many(TEAM, [JobSpec(name="early", due_at=T0)] * 20)}
-    store.clock = T0 + 3 * H
-    maintain(store)
-    leases = store.take_leases(range(256), "d1", 3600)
-    assert set(claim_ids(store, leases)) == ids
+    ids = {it.job_id for it in pinned_store.submit_many(TEAM, [JobSpec(name="early", due_at=T0)] * 20)}
+    pinned_store.clock = T0 + 3 * H
+    maintain(pinned_store)
+    leases = pinned_store.take_leases(range(256), "d1", 3600)
+    assert set(claim_ids(pinned_store, leases)) == ids
 
 
-def test_the_first_sweep_after_an_8_hour_outage_loses_no_job(db_dsn, db, store):
-    maintain(store)                                   # maintenance ran at T0 ...
-    ids = {it.job_id for it in store.submit_many(TEAM, [JobSpec(name="a", due_at=T0 + 10 * S)] * 50)}
-    store.clock = T0 + 8 * H                          # ... then nothing ran for 8 hours
-    ids |= {it.job_id for it in store.submit_many(TEAM, [JobSpec(name="b", due_at=T0 + 8 * H)] * 50)}
+def test_the_first_sweep_after_an_8_hour_outage_loses_no_job(db_dsn, db, pinned_store):
+    maintain(pinned_store)                            # maintenance ran at T0 ...
+    ids = {it.job_id for it in pinned_store.submit_many(TEAM, [JobSpec(name="a", due_at=T0 + 10 * S)] * 50)}
+    pinned_store.clock = T0 + 8 * H                   # ... then nothing ran for 8 hours
+    ids |= {it.job_id for it in pinned_store.submit_many(TEAM, [JobSpec(name="b", due_at=T0 + 8 * H)] * 50)}
     assert due_total(db) == (100, 100)
-    maintain(store)
+    maintain(pinned_store)
     assert due_total(db) == (100, 100)
-    leases = store.take_leases(range(256), "d1", 3600)
-    assert set(claim_ids(store, leases)) == ids
+    leases = pinned_store.take_leases(range(256), "d1", 3600)
+    assert set(claim_ids(pinned_store, leases)) == ids
 
 
 # ---------------------------------------------------------------- concurrent maintenance
 
-def test_concurrent_cascades_and_sweeps_neither_fail_nor_duplicate(db_dsn, db, store):
-    items = store.submit_many(
+def test_concurrent_cascades_and_sweeps_neither_fail_nor_duplicate(db_dsn, db, pinned_store):
+    items = pinned_store.submit_many(
         TEAM,
         [JobSpec(name="f", due_at=T0 + 3 * DAY + i * 7 * S) for i in range(3000)]      # due_far
         + [JobSpec(name="h", due_at=T0 + 3 * H + i * 11 * S) for i in range(3000)]    # minutes and hours
@@ -304,7 +305,7 @@ def test_concurrent_cascades_and_sweeps_neither_fail_nor_duplicate(db_dsn, db, s
     ids = {it.job_id for it in items}
     n = len(ids)
     assert due_total(db) == (n, n)
-    maintain(store)                     # maintenance has been running (see the first-sweep test)
+    maintain(pinned_store)              # maintenance has been running (see the first-sweep test)
     clock = T0 + 6 * H                  # a shorter gap than the outage tests
     minute_end, hour_end = bounds(db, clock)
     to_move = db.execute("SELECT (SELECT count(*) FROM due_far WHERE run_at < %s)"
@@ -336,12 +337,12 @@ def test_concurrent_cascades_and_sweeps_neither_fail_nor_duplicate(db_dsn, db, s
     # the cascades together moved what was due to move, once (cascade and sweep share the wheel's
     # lock: a cascade that found a sweep at work stepped aside, and the next run does its part)
     moved = sum(sum(results[i]) for i in (0, 2))
-    store.clock = clock
-    moved += sum(store.cascade())
+    pinned_store.clock = clock
+    moved += sum(pinned_store.cascade())
     assert moved == to_move
     # at the new clock everything sits where it belongs, each row once
-    store.clock = clock
-    maintain(store)
+    pinned_store.clock = clock
+    maintain(pinned_store)
     minute_end, hour_end = bounds(db, clock)
     for job_id, rel, _slot, run_at in db.execute(WHERE_SQL, {"ids": list(ids)}).fetchall():
         if run_at >= hour_end:
@@ -353,7 +354,7 @@ def test_concurrent_cascades_and_sweeps_neither_fail_nor_duplicate(db_dsn, db, s
     assert due_total(db) == (n, n)
 
     # claims racing cascades and sweeps (run 40 minutes later) take each due job once
-    leases = store.take_leases(range(256), "d1", LONG_LEASE)
+    leases = pinned_store.take_leases(range(256), "d1", LONG_LEASE)
     claimed: list[int] = []
     lock = threading.Lock()
 
@@ -389,14 +390,14 @@ def test_concurrent_cascades_and_sweeps_neither_fail_nor_duplicate(db_dsn, db, s
     assert due_total(db) == (n - len(claimed),) * 2
     # whatever the sweep carried forward meanwhile is still there to claim, 40 minutes on, by a
     # dispatcher whose hand stayed where the claimers stopped (set by hand: see the catch-up xfail)
-    store.clock = clock + 40 * MIN
-    maintain(store)
+    pinned_store.clock = clock + 40 * MIN
+    maintain(pinned_store)
     db.execute("UPDATE shards SET hand = %s", (clock.replace(second=0),))
     rest: list[int] = []
-    while more := claim_ids(store, leases, 1000):
+    while more := claim_ids(pinned_store, leases, 1000):
         rest += more
     everything = claimed + rest
     assert len(everything) == len(set(everything))
-    due_by_then = db.execute("SELECT count(*) FROM jobs WHERE run_at <= %s", (store.clock,)).fetchone()[0]
+    due_by_then = db.execute("SELECT count(*) FROM jobs WHERE run_at <= %s", (pinned_store.clock,)).fetchone()[0]
     assert len(everything) == due_by_then
     assert due_total(db) == (n - len(everything),) * 2

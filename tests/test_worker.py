@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from minutehand.worker import Job, NonRetryable, Worker, effects
-from tests.processes import ROOT, Server, free_port, store, token, wait_until  # noqa: F401 (fixtures)
+from tests.processes import ROOT, Server, free_port, wait_until
 from tests.support import submit_store
 
 
@@ -33,7 +33,7 @@ def start_server(dsn: str, *extra: str) -> Server:
 
 
 @pytest.fixture
-def server(db_dsn, store) -> Iterator[Server]:
+def server(db_dsn, live_store) -> Iterator[Server]:
     s = start_server(db_dsn, "--claim-lease-s", "30")
     yield s
     s.stop()
@@ -75,7 +75,7 @@ def all_in(store, ids, wanted: set[str]) -> bool:
 
 
 # ---------------------------------------------------------------- handlers
-def test_sync_and_async_handlers_get_their_jobs_and_results_are_stored(server, store, token):
+def test_sync_and_async_handlers_get_their_jobs_and_results_are_stored(server, live_store, token):
     worker = Worker(urls=[server.url], token=token, wait_s=1, concurrency=4, grace_s=5)
     seen: list[Job] = []
 
@@ -89,29 +89,29 @@ def test_sync_and_async_handlers_get_their_jobs_and_results_are_stored(server, s
         await asyncio.sleep(0.01)
         return job.payload.upper()
 
-    adds = [submit(store, "add", {"a": i, "b": 1}) for i in range(5)]
-    shouts = [submit(store, "shout", f"hi {i}") for i in range(5)]
+    adds = [submit(live_store, "add", {"a": i, "b": 1}) for i in range(5)]
+    shouts = [submit(live_store, "shout", f"hi {i}") for i in range(5)]
     with running(worker):
-        wait_until(lambda: all_in(store, adds + shouts, {"succeeded"}), what="every job to succeed")
+        wait_until(lambda: all_in(live_store, adds + shouts, {"succeeded"}), what="every job to succeed")
     for i, job_id in enumerate(adds):
-        st = store.status(job_id)
+        st = live_store.status(job_id)
         assert st.result["sum"] == i + 1
         assert st.result["thread"].startswith("minutehand-handler")     # sync: off the event loop
         assert st.attempts == 1
-    assert [store.status(j).result for j in shouts] == [f"HI {i}" for i in range(5)]
+    assert [live_store.status(j).result for j in shouts] == [f"HI {i}" for i in range(5)]
     job = next(j for j in seen if j.id == adds[0])
     assert (job.name, job.attempt, job.max_attempts, job.idempotency_key) == ("add", 1, 3, None)
     assert job.due_at <= job.run_at and job.claim_expires_at > job.run_at
 
 
-def test_a_worker_asks_only_for_its_names(server, store, token):
+def test_a_worker_asks_only_for_its_names(server, live_store, token):
     worker = Worker(urls=[server.url], token=token, wait_s=1, concurrency=2, grace_s=5)
     worker.job("mine")(lambda job: "ok")
-    mine, other = submit(store, "mine"), submit(store, "someone-else")
+    mine, other = submit(live_store, "mine"), submit(live_store, "someone-else")
     with running(worker):
-        wait_until(lambda: all_in(store, [mine], {"succeeded"}), what="its job")
+        wait_until(lambda: all_in(live_store, [mine], {"succeeded"}), what="its job")
         time.sleep(0.5)
-    assert store.status(other).state == "scheduled" and store.status(other).attempts == 0
+    assert live_store.status(other).state == "scheduled" and live_store.status(other).attempts == 0
 
 
 def test_registering_a_name_twice_is_refused():
@@ -123,7 +123,7 @@ def test_registering_a_name_twice_is_refused():
 
 # ---------------------------------------------------------------- concurrency
 @pytest.mark.parametrize("copies", [1, 2], ids=["one-url", "same-dispatcher-twice"])
-def test_never_more_handlers_running_than_the_concurrency(server, store, token, copies):
+def test_never_more_handlers_running_than_the_concurrency(server, live_store, token, copies):
     """Counted inside the handlers, sync and async together; with two URLs the
     two lease loops split the slots and still never exceed the limit."""
     limit = 3
@@ -156,23 +156,23 @@ def test_never_more_handlers_running_than_the_concurrency(server, store, token, 
         finally:
             leave()
 
-    ids = [submit(store, "slow_sync" if i % 2 else "slow_async") for i in range(30)]
+    ids = [submit(live_store, "slow_sync" if i % 2 else "slow_async") for i in range(30)]
     with running(worker):
-        wait_until(lambda: all_in(store, ids, {"succeeded"}), 60, "every job to succeed")
+        wait_until(lambda: all_in(live_store, ids, {"succeeded"}), 60, "every job to succeed")
     assert now["most"] == limit
 
 
-def test_a_dead_dispatcher_url_does_not_stop_the_others(server, store, token, caplog):
+def test_a_dead_dispatcher_url_does_not_stop_the_others(server, live_store, token, caplog):
     dead = f"http://127.0.0.1:{free_port()}"
     worker = Worker(urls=[dead, server.url], token=token, wait_s=1, concurrency=2, grace_s=5)
     worker.job("j")(lambda job: job.id)
-    ids = [submit(store, "j") for _ in range(5)]
+    ids = [submit(live_store, "j") for _ in range(5)]
     with caplog.at_level("WARNING", logger="minutehand.worker"), running(worker):
-        wait_until(lambda: all_in(store, ids, {"succeeded"}), what="every job to succeed")
+        wait_until(lambda: all_in(live_store, ids, {"succeeded"}), what="every job to succeed")
     assert any(r.getMessage() == "dispatcher_unavailable" and r.url == dead for r in caplog.records)
 
 
-def test_outcomes_go_through_another_dispatcher_when_theirs_is_frozen(db_dsn, store, token, db, caplog):
+def test_outcomes_go_through_another_dispatcher_when_theirs_is_frozen(db_dsn, live_store, token, db, caplog):
     """The dispatcher that handed out the job is frozen (SIGSTOP) before the
     handler returns: the completion is sent through the other one in time."""
     servers = {name: Server(db_dsn, "--claim-lease-s", "6", name=name) for name in "ab"}
@@ -189,11 +189,11 @@ def test_outcomes_go_through_another_dispatcher_when_theirs_is_frozen(db_dsn, st
             frozen.append(owner)
             return "done"
 
-        job_id = submit(store, "x")
+        job_id = submit(live_store, "x")
         with caplog.at_level("INFO", logger="minutehand.worker"), running(worker):
-            wait_until(lambda: all_in(store, [job_id], {"succeeded"}), 20, f"the job to succeed (frozen {frozen})")
+            wait_until(lambda: all_in(live_store, [job_id], {"succeeded"}), 20, f"the job to succeed (frozen {frozen})")
             servers[frozen[0]].signal(signal.SIGCONT)
-        assert store.status(job_id).attempts == 1
+        assert live_store.status(job_id).attempts == 1
         assert any(r.getMessage() == "dispatcher_unavailable" and r.url == servers[frozen[0]].url
                    and r.reason == "sending outcomes" for r in caplog.records)
     finally:
@@ -202,36 +202,36 @@ def test_outcomes_go_through_another_dispatcher_when_theirs_is_frozen(db_dsn, st
 
 
 # ---------------------------------------------------------------- replay, failures
-def test_a_stored_result_is_replayed_without_running_the_handler(server, store, token, db):
+def test_a_stored_result_is_replayed_without_running_the_handler(server, live_store, token, db):
     worker = Worker(urls=[server.url], token=token, wait_s=1, concurrency=2, grace_s=5)
     ran = []
     worker.job("pay")(lambda job: ran.append(job.id) or {"paid": "again"})
-    job_id = submit(store, "pay", {"cents": 5}, idempotency_key="order-1")
+    job_id = submit(live_store, "pay", {"cents": 5}, idempotency_key="order-1")
     # As if an earlier run had finished: its result is stored under the key.
     n = db.execute("""UPDATE idempotency_keys SET result = '{"paid": "once"}', completed_at = now()
                        WHERE key = 'order-1'""").rowcount
     assert n == 1
     with running(worker):
-        wait_until(lambda: all_in(store, [job_id], {"succeeded"}), what="the job to succeed")
+        wait_until(lambda: all_in(live_store, [job_id], {"succeeded"}), what="the job to succeed")
     assert ran == []
-    assert store.status(job_id).result == {"paid": "once"}
+    assert live_store.status(job_id).result == {"paid": "once"}
 
 
-def test_non_retryable_is_dead_at_once(server, store, token):
+def test_non_retryable_is_dead_at_once(server, live_store, token):
     worker = Worker(urls=[server.url], token=token, wait_s=1, concurrency=2, grace_s=5)
 
     @worker.job("bad")
     def bad(job):
         raise NonRetryable("no such account")
 
-    job_id = submit(store, "bad", max_attempts=5)
+    job_id = submit(live_store, "bad", max_attempts=5)
     with running(worker):
-        wait_until(lambda: all_in(store, [job_id], {"dead"}), what="the job to be dead")
-    st = store.status(job_id)
+        wait_until(lambda: all_in(live_store, [job_id], {"dead"}), what="the job to be dead")
+    st = live_store.status(job_id)
     assert (st.attempts, st.last_error) == (1, "NonRetryable: no such account")
 
 
-def test_an_exception_is_retried_later_with_its_error(server, store, token):
+def test_an_exception_is_retried_later_with_its_error(server, live_store, token):
     worker = Worker(urls=[server.url], token=token, wait_s=1, concurrency=2, grace_s=5)
 
     @worker.job("flaky")
@@ -243,27 +243,27 @@ def test_an_exception_is_retried_later_with_its_error(server, store, token):
         raise RuntimeError("x" * 20_000)
 
     # a long backoff: the retry is not due while the test looks
-    flaky_id = submit(store, "flaky", backoff_base_s=3600)
-    wordy_id = submit(store, "wordy", backoff_base_s=3600)
+    flaky_id = submit(live_store, "flaky", backoff_base_s=3600)
+    wordy_id = submit(live_store, "wordy", backoff_base_s=3600)
     with running(worker):
-        wait_until(lambda: all_in(store, [flaky_id, wordy_id], {"retrying"}), what="both to be retrying")
-    st = store.status(flaky_id)
+        wait_until(lambda: all_in(live_store, [flaky_id, wordy_id], {"retrying"}), what="both to be retrying")
+    st = live_store.status(flaky_id)
     assert (st.state, st.attempts, st.last_error) == ("retrying", 1, "ValueError: upstream said 503")
     assert st.run_at > st.due_at
-    assert store.status(wordy_id).last_error == ("RuntimeError: " + "x" * 20_000)[:10_000]
+    assert live_store.status(wordy_id).last_error == ("RuntimeError: " + "x" * 20_000)[:10_000]
 
 
-def test_a_result_that_is_not_json_fails_the_run(server, store, token):
+def test_a_result_that_is_not_json_fails_the_run(server, live_store, token):
     worker = Worker(urls=[server.url], token=token, wait_s=1, concurrency=1, grace_s=5)
     worker.job("odd")(lambda job: object())
-    job_id = submit(store, "odd", backoff_base_s=3600)
+    job_id = submit(live_store, "odd", backoff_base_s=3600)
     with running(worker):
-        wait_until(lambda: all_in(store, [job_id], {"retrying"}), what="the job to be retrying")
-    assert "not JSON-able" in store.status(job_id).last_error
+        wait_until(lambda: all_in(live_store, [job_id], {"retrying"}), what="the job to be retrying")
+    assert "not JSON-able" in live_store.status(job_id).last_error
 
 
 # ---------------------------------------------------------------- claims
-def test_heartbeats_keep_a_long_job_claimed(db_dsn, store, token):
+def test_heartbeats_keep_a_long_job_claimed(db_dsn, live_store, token):
     """Claims of 3 s, a job of 5 s: renewed by heartbeat, it runs once."""
     server = start_server(db_dsn, "--claim-lease-s", "3")
     try:
@@ -274,16 +274,16 @@ def test_heartbeats_keep_a_long_job_claimed(db_dsn, store, token):
             await asyncio.sleep(5)
             return job.attempt
 
-        job_id = submit(store, "long")
+        job_id = submit(live_store, "long")
         with running(worker):
-            wait_until(lambda: all_in(store, [job_id], {"succeeded"}), 30, "the job to succeed")
-        st = store.status(job_id)
+            wait_until(lambda: all_in(live_store, [job_id], {"succeeded"}), 30, "the job to succeed")
+        st = live_store.status(job_id)
         assert (st.attempts, st.result) == (1, 1)
     finally:
         server.stop()
 
 
-def test_a_job_whose_claim_was_lost_is_not_reported(db_dsn, store, token, db, caplog):
+def test_a_job_whose_claim_was_lost_is_not_reported(db_dsn, live_store, token, db, caplog):
     """The heartbeat is refused (the claim now has another token, as after an
     expiry and a new claim elsewhere): the handler's result is dropped, the
     job is left to its current claimer."""
@@ -299,11 +299,11 @@ def test_a_job_whose_claim_was_lost_is_not_reported(db_dsn, store, token, db, ca
             finished.set()
             return "should not be stored"
 
-        job_id = submit(store, "stolen")
+        job_id = submit(live_store, "stolen")
         with caplog.at_level("INFO", logger="minutehand.worker"), running(worker):
             assert finished.wait(20)
             wait_until(lambda: any(r.getMessage() == "job_dropped" for r in caplog.records), 5, "job_dropped")
-        st = store.status(job_id)
+        st = live_store.status(job_id)
         assert st.state == "claimed" and st.result is None
         events = [r.getMessage() for r in caplog.records if getattr(r, "job_id", None) == job_id]
         assert "claim_lost" in events and "job_succeeded" not in events
@@ -311,7 +311,7 @@ def test_a_job_whose_claim_was_lost_is_not_reported(db_dsn, store, token, db, ca
         server.stop()
 
 
-def test_a_job_past_its_claim_without_renewal_is_dropped(db_dsn, store, token, caplog):
+def test_a_job_past_its_claim_without_renewal_is_dropped(db_dsn, live_store, token, caplog):
     """The dispatcher is frozen (SIGSTOP) while the handler runs: no heartbeat
     gets through before the claim runs out, so the result is not reported."""
     server = start_server(db_dsn, "--claim-lease-s", "3")
@@ -325,7 +325,7 @@ def test_a_job_past_its_claim_without_renewal_is_dropped(db_dsn, store, token, c
             time.sleep(4)
             return "too late"
 
-        job_id = submit(store, "frozen")
+        job_id = submit(live_store, "frozen")
         with caplog.at_level("INFO", logger="minutehand.worker"), running(worker):
             assert started.wait(20)
             server.signal(signal.SIGSTOP)
@@ -335,7 +335,7 @@ def test_a_job_past_its_claim_without_renewal_is_dropped(db_dsn, store, token, c
                 server.signal(signal.SIGCONT)
         events = [r.getMessage() for r in caplog.records if getattr(r, "job_id", None) == job_id]
         assert "claim_expired" in events and "job_succeeded" not in events
-        assert store.status(job_id).result is None
+        assert live_store.status(job_id).result is None
     finally:
         server.stop()
 
@@ -430,7 +430,7 @@ def test_sigkill_inside_the_effect_leaves_neither_key_nor_effect(db_dsn, db):
     assert db.execute("SELECT array_agg(n) FROM sent").fetchone()[0] == [2]
 
 
-def test_job_once_does_the_effect_once_across_retries(server, store, token, db, db_dsn):
+def test_job_once_does_the_effect_once_across_retries(server, live_store, token, db, db_dsn):
     """Attempt 1 does the effect then fails; attempt 2 gets the stored result."""
     db.execute("CREATE TABLE charges (id serial, cents int)")
     worker = Worker(urls=[server.url], token=token, wait_s=1, concurrency=1, grace_s=5)
@@ -444,10 +444,10 @@ def test_job_once_does_the_effect_once_across_retries(server, store, token, db, 
             raise ConnectionError("receipt service down")
         return {"charge": charge_id}
 
-    job_id = submit(store, "charge", {"cents": 250}, idempotency_key="order-7", backoff_base_s=0.2)
+    job_id = submit(live_store, "charge", {"cents": 250}, idempotency_key="order-7", backoff_base_s=0.2)
     with running(worker):
-        wait_until(lambda: all_in(store, [job_id], {"succeeded"}), 30, "the job to succeed")
-    st = store.status(job_id)
+        wait_until(lambda: all_in(live_store, [job_id], {"succeeded"}), 30, "the job to succeed")
+    st = live_store.status(job_id)
     assert st.attempts == 2
     assert db.execute("SELECT count(*), min(id) FROM charges").fetchone() == (1, st.result["charge"])
     assert db.execute("SELECT key FROM minutehand_effects").fetchone()[0] == "order-7:charge"
@@ -507,24 +507,24 @@ def finish(proc: subprocess.Popen, events: list[dict]) -> list[dict]:
     return events
 
 
-def test_sigterm_drains_a_worker_process(server, store, token):
+def test_sigterm_drains_a_worker_process(server, live_store, token):
     """Running jobs finish and are reported; jobs that arrive after SIGTERM are
     given back at once; nothing is left claimed for expiry; exit 0."""
     proc = worker_process(server, token, concurrency=4, grace_s=10)
     try:
-        running_ids = [submit(store, "sleep", {"s": 2}), submit(store, "sleep_sync", {"s": 2})]
+        running_ids = [submit(live_store, "sleep", {"s": 2}), submit(live_store, "sleep_sync", {"s": 2})]
         events = read_until(proc, started(running_ids))
         time.sleep(0.3)                        # the worker's next long-poll (2 free slots) is in flight
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.2)
-        late_ids = [submit(store, "sleep", {"s": 0}) for _ in range(3)]
+        late_ids = [submit(live_store, "sleep", {"s": 0}) for _ in range(3)]
         events = finish(proc, events)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert states(store, running_ids) == {i: "succeeded" for i in running_ids}
+    assert states(live_store, running_ids) == {i: "succeeded" for i in running_ids}
     for i in late_ids:                          # given back (or never taken): due again, attempt not counted
-        st = store.status(i)
+        st = live_store.status(i)
         assert (st.state, st.attempts) == ("scheduled", 0), st
     released = {e["job_id"] for e in events if e["event"] == "job_released"}
     assert released and released <= set(late_ids)
@@ -536,10 +536,10 @@ def test_sigterm_drains_a_worker_process(server, store, token):
     assert [e["event"] for e in events][-1] == "worker_stopped"
 
 
-def test_after_the_grace_period_running_jobs_are_abandoned(server, store, token):
+def test_after_the_grace_period_running_jobs_are_abandoned(server, live_store, token):
     proc = worker_process(server, token, concurrency=1, grace_s=1)
     try:
-        job_id = submit(store, "sleep_sync", {"s": 60})
+        job_id = submit(live_store, "sleep_sync", {"s": 60})
         events = read_until(proc, started([job_id]))
         proc.send_signal(signal.SIGTERM)
         t0 = time.monotonic()
@@ -549,10 +549,10 @@ def test_after_the_grace_period_running_jobs_are_abandoned(server, store, token)
             proc.kill()
     assert time.monotonic() - t0 < 5
     assert [e["job_id"] for e in events if e["event"] == "job_abandoned"] == [job_id]
-    assert store.status(job_id).state in ("claimed", "running")        # its claim expiry brings it back
+    assert live_store.status(job_id).state in ("claimed", "running")   # its claim expiry brings it back
 
 
-def test_one_slot_and_two_dispatchers_serves_both(db_dsn, store, token, db):
+def test_one_slot_and_two_dispatchers_serves_both(db_dsn, live_store, token, db):
     """With fewer slots than dispatchers, the slot goes round: jobs on either
     dispatcher's shards all run (one poll loop must not keep the slot)."""
     servers = [Server(db_dsn, name=name) for name in "cd"]
@@ -561,12 +561,12 @@ def test_one_slot_and_two_dispatchers_serves_both(db_dsn, store, token, db):
                    30, "the two dispatchers to split the shards")
         worker = Worker(urls=[s.url for s in servers], token=token, wait_s=1, concurrency=1, grace_s=5)
         worker.job("x")(lambda job: None)
-        ids = [submit(store, "x") for _ in range(20)]
+        ids = [submit(live_store, "x") for _ in range(20)]
         owners = {o for (o,) in db.execute("SELECT DISTINCT owner FROM shards WHERE shard = ANY(%s)",
                                            ([i & 1023 for i in ids],))}
         assert owners == {"c", "d"}                  # jobs on both dispatchers' shards
         with running(worker):
-            wait_until(lambda: all_in(store, ids, {"succeeded"}), 20, "every job to succeed")
+            wait_until(lambda: all_in(live_store, ids, {"succeeded"}), 20, "every job to succeed")
     finally:
         for s in servers:
             s.stop()

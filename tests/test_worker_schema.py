@@ -20,8 +20,8 @@ from minutehand.settings import Settings
 from minutehand.store import migrate
 from minutehand.store.records import JobSpec
 from minutehand.store.store import Store
-from reused_db import RESET, module_conn, module_dsn  # noqa: F401 (fixtures)
 from tests.processes import serving
+from tests.support import RESET
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 SETTINGS = Settings(dispatcher_name="schema", shard_lease_s=5)
