@@ -570,3 +570,25 @@ def test_one_slot_and_two_dispatchers_serves_both(db_dsn, live_store, token, db)
     finally:
         for s in servers:
             s.stop()
+
+
+# ---------------------------------------------------------------- states say what happened
+def test_a_running_job_is_running_and_one_cancelled_before_its_start_is_not_reported(server, live_store, token, caplog):
+    """The worker reports each start: a job whose handler runs is 'running'
+    (no longer cancellable). A job cancelled after its claim but before its
+    start was reported (here the outbox holds reports for 2 s) keeps its
+    cancellation: the start is refused and the handler's outcome dropped."""
+    release = threading.Event()
+    worker = Worker(urls=[server.url], token=token, wait_s=1, concurrency=2, grace_s=10, flush_s=2.0)
+    worker.job("slow")(lambda job: release.wait(20) and "done")
+    cancelled, running_ = submit(live_store, "slow"), submit(live_store, "slow")
+    with caplog.at_level("WARNING", logger="minutehand.worker"), running(worker):
+        wait_until(lambda: all_in(live_store, [cancelled, running_], {"claimed"}), what="both jobs claimed")
+        assert live_store.cancel(cancelled, "t").ok                 # claimed, start not reported yet
+        wait_until(lambda: live_store.status(running_).state == "running", what="the other job's start")
+        assert not live_store.cancel(running_, "t").ok              # running: not cancellable
+        release.set()
+        wait_until(lambda: live_store.status(running_).state == "succeeded", what="the running job to finish")
+        wait_until(lambda: any(r.getMessage() == "job_dropped" for r in caplog.records), what="the drop")
+    assert live_store.status(cancelled).state == "cancelled"
+    assert live_store.status(running_).state == "succeeded"
