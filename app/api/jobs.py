@@ -37,6 +37,7 @@ from minutehand.api.problems import (COMMON, CONFLICT, INVALID, MALFORMED, NOT_C
                               ApiProblem)
 from minutehand.api.schemas import (KEY_RULE, BatchIn, BatchItemOut, BatchJobIn, BatchOut, CancelledOut, JobCreated, JobIn,
                              JobOut, JobPageOut, JobSummaryOut, Repeat, State, decoder, key_problem, text_problem)
+from minutehand.protocol import JobId
 from minutehand.protocol.jsontext import MAX_JSON_DEPTH, json_text_problem
 from minutehand.store import repeat as repeats
 from minutehand.store import records
@@ -225,7 +226,7 @@ def series_id_out(series_id: int | None) -> str | None:
 
 
 def job_out(s: JobStatus) -> JobOut:
-    return JobOut(job_id=str(s.job_id), team=s.team, name=s.name, state=s.state, priority=s.priority,
+    return JobOut(job_id=JobId(s.job_id), team=s.team, name=s.name, state=s.state, priority=s.priority,
                   due_at=s.due_at, run_at=s.run_at, strict=s.strict, flex_s=s.flex_s, attempts=s.attempts,
                   max_attempts=s.max_attempts, claimed_by=s.claimed_by, claim_expires_at=s.claim_expires_at,
                   lateness_s=s.lateness.total_seconds() if s.lateness is not None else None,
@@ -260,7 +261,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
             submitted = await ctx.db(store.submit_series, owner, spec)
         else:
             submitted = await ctx.submit(owner, spec)
-        return Response(JobCreated(str(submitted.job_id), submitted.run_at, submitted.created,
+        return Response(JobCreated(JobId(submitted.job_id), submitted.run_at, submitted.created,
                                    series_id_out(submitted.series_id)),
                         status_code=201 if submitted.created else 200)
 
@@ -288,7 +289,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
                 items[i] = BatchItemOut(i, None, None, False, p)
         for r in results:
             i = send[r.idx]
-            items[i] = BatchItemOut(i, str(r.job_id) if r.job_id is not None else None, r.run_at, r.created,
+            items[i] = BatchItemOut(i, JobId(r.job_id) if r.job_id is not None else None, r.run_at, r.created,
                                     r.error, series_id_out(r.series_id))
         created = sum(1 for it in items if it.created)
         rejected = sum(1 for it in items if it.error is not None)
@@ -312,7 +313,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
     async def cancel_job(principal: NamedDependency[Principal], job_id: JobIdParam, team: TeamParam = None) -> CancelledOut:
         outcome = await ctx.db(store.cancel, job_id, principal.scope(team))
         if outcome.ok:
-            return CancelledOut(str(job_id), "cancelled")
+            return CancelledOut(JobId(job_id), "cancelled")
         if outcome.state is None:
             raise ApiProblem(NOT_FOUND, f"no job {job_id}")
         raise ApiProblem(NOT_CANCELLABLE, outcome.reason or f"job is {outcome.state}", job_id=str(job_id),
@@ -342,7 +343,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
             raise ApiProblem(INVALID, "cursor is not one this API returned")
         page = await ctx.db(store.list_jobs, principal.own_team(team), state=job_state, name=name,
                             due_before=due_before, due_after=due_after, before_id=before, limit=limit)
-        return JobPageOut([JobSummaryOut(str(j.job_id), j.team, j.name, j.state, j.priority, j.due_at, j.run_at,
+        return JobPageOut([JobSummaryOut(JobId(j.job_id), j.team, j.name, j.state, j.priority, j.due_at, j.run_at,
                                          j.attempts, j.max_attempts, j.created_at) for j in page.jobs],
                           str(page.next_cursor) if page.next_cursor is not None else None)
 

@@ -25,11 +25,11 @@ import msgspec
 from msgspec import Meta, Struct
 
 from minutehand import protocol
+from minutehand.protocol import JobId
 from minutehand.protocol.jsontext import MAX_JSON_DEPTH
 
 # RFC 3339 with an offset: a naive time is refused, not guessed.
 AwareTime = Annotated[dt.datetime, Meta(tz=True, description="RFC 3339 date-time with a UTC offset")]
-JobId = Annotated[str, Meta(pattern=r"^-?[0-9]{1,19}$", description="64-bit job id, as a decimal string")]
 State = Literal["scheduled", "claimed", "running", "retrying", "succeeded", "dead", "cancelled"]
 
 
