@@ -157,8 +157,9 @@ def _insert_far_jobs(dsn: str) -> None:
             SELECT f.shard, f.id, t.id, 'far', '{{}}', 0, f.run_at, 0, false, f.run_at,
                    'scheduled', 3, 1, 3600, %(t0)s, %(t0)s
               FROM ({far_rows}) f CROSS JOIN (SELECT id FROM teams WHERE name = %(team)s) t""",
-        f"""INSERT INTO due_far (shard, strict, priority, run_at, job_id)
-            SELECT f.shard, false, 0, f.run_at, f.id FROM ({far_rows}) f""",
+        f"""INSERT INTO due_far (shard, strict, priority, run_at, job_id, team_id)
+            SELECT f.shard, false, 0, f.run_at, f.id, t.id
+              FROM ({far_rows}) f CROSS JOIN (SELECT id FROM teams WHERE name = %(team)s) t""",
     ]
     errors: list[BaseException] = []
 

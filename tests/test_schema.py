@@ -25,8 +25,8 @@ CATALOG = {
                          (SELECT p.relname FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent
                            WHERE i.inhrelid = c.oid), c.relacl::text, c.relpersistence::text)
           FROM pg_class c WHERE c.relnamespace = 'minutehand'::regnamespace""",
-    "column": """
-        SELECT c.relname, a.attnum::text || ' ' || a.attname,
+    "column": """  -- the position among live columns: a revision undone and redone keeps the order
+        SELECT c.relname, (row_number() OVER (PARTITION BY a.attrelid ORDER BY a.attnum))::text || ' ' || a.attname,
                concat_ws(' ', format_type(a.atttypid, a.atttypmod), a.attnotnull, a.attidentity, a.attgenerated,
                          pg_get_expr(d.adbin, d.adrelid), a.attcollation)
           FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid

@@ -182,8 +182,8 @@ def add_far_future(url: str, count: int) -> None:
                                              created_at, updated_at)
                            SELECT shard, id, (SELECT id FROM teams WHERE name = %(team)s), 'bench.far', '{}', 0,
                                   run_at, 0, false, run_at, 'scheduled', 3, 1, 3600, now(), now() FROM r)
-                INSERT INTO due_far (shard, strict, priority, run_at, job_id)
-                SELECT shard, false, 0, run_at, id FROM r""", {"n": n, "team": TEAM})
+                INSERT INTO due_far (shard, strict, priority, run_at, job_id, team_id)
+                SELECT shard, false, 0, run_at, id, (SELECT id FROM teams WHERE name = %(team)s) FROM r""", {"n": n, "team": TEAM})
         conn.execute("VACUUM ANALYZE")
         conn.execute("CHECKPOINT")
 

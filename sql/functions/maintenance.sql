@@ -46,9 +46,9 @@ BEGIN
           FROM unnest(v_ids) AS i(id)
          WHERE j.shard = p_shard AND j.id = i.id
            AND j.state IN ('claimed', 'running') AND j.claim_expires_at < v_now
-        RETURNING j.id, j.state, j.strict, j.priority
+        RETURNING j.id, j.state, j.strict, j.priority, j.team_id
     )
-    SELECT array_agg(ROW(p_shard, e.strict, e.priority, v_now, e.id)::due_row) FILTER (WHERE e.state = 'scheduled'),
+    SELECT array_agg(ROW(p_shard, e.strict, e.priority, v_now, e.id, e.team_id)::due_row) FILTER (WHERE e.state = 'scheduled'),
            count(*) FILTER (WHERE e.state = 'scheduled'),
            count(*) FILTER (WHERE e.state = 'dead')
       INTO v_rows, returned, dead
@@ -95,7 +95,7 @@ BEGIN
                                     ORDER BY c.run_at LIMIT p_far_limit))
         RETURNING f.*
     )
-    SELECT array_agg(ROW(m.shard, m.strict, m.priority, m.run_at, m.job_id)::due_row), count(*)
+    SELECT array_agg(ROW(m.shard, m.strict, m.priority, m.run_at, m.job_id, m.team_id)::due_row), count(*)
       INTO v_rows, from_far FROM moved m;
     PERFORM mh_enqueue_many(v_rows, v_now);
 

@@ -162,7 +162,7 @@ BEGIN
                SET state = 'retrying', run_at = v_run_at, last_error = v_error, updated_at = v_now,
                    claimed_by = NULL, claim_expires_at = NULL, lease_token = NULL
              WHERE j.shard = v_job.shard AND j.id = v_job.id;
-            PERFORM mh_enqueue(v_job.shard, v_job.id, v_run_at, (v_job).strict, v_job.priority, v_now);
+            PERFORM mh_enqueue(v_job.shard, v_job.id, v_run_at, (v_job).strict, v_job.priority, v_job.team_id, v_now);
             v_answers[i] := ROW(v_job.id, true, 'retrying'::job_state, NULL::text)::outcome;
         ELSE
             UPDATE jobs j
@@ -200,9 +200,10 @@ BEGIN
           FROM input i
          WHERE j.shard = mh_shard_of(i.id) AND j.id = i.id AND j.lease_token = i.token
            AND j.state IN ('claimed', 'running')
-        RETURNING j.shard, j.strict, j.priority, j.run_at, j.id, j.state, i.ord
+        RETURNING j.shard, j.strict, j.priority, j.run_at, j.id, j.team_id, j.state, i.ord
     )
-    SELECT array_agg(r.ord), array_agg(r.state), array_agg(ROW(r.shard, r.strict, r.priority, r.run_at, r.id)::due_row)
+    SELECT array_agg(r.ord), array_agg(r.state),
+           array_agg(ROW(r.shard, r.strict, r.priority, r.run_at, r.id, r.team_id)::due_row)
       INTO v_ords, v_states, v_rows FROM released r;
     IF v_rows IS NOT NULL THEN
         PERFORM mh_enqueue_many(v_rows, v_now);

@@ -145,5 +145,5 @@ BEGIN
                       max_attempts, backoff_base_s, backoff_cap_s, idempotency_key, series_id, created_at, updated_at)
     VALUES (v_shard, job_id, v_team, p_name, v_payload, p_priority, v_first, p_flex_s, p_strict, run_at, 'scheduled',
             p_max_attempts, p_backoff_base_s, p_backoff_cap_s, p_idempotency_key, series_id, v_now, v_now);
-    PERFORM mh_enqueue(v_shard, job_id, run_at, p_strict, p_priority::smallint, v_now);
+    PERFORM mh_enqueue(v_shard, job_id, run_at, p_strict, p_priority::smallint, v_team, v_now);
 END $$;

@@ -112,7 +112,7 @@ BEGIN
                       max_attempts, backoff_base_s, backoff_cap_s, idempotency_key, created_at, updated_at)
     VALUES (p_shard, p_id, p_team, p_name, p_payload, p_priority, coalesce(p_due_at, p_now), p_flex_s, p_strict,
             v_run_at, 'scheduled', p_max_attempts, p_base, p_cap, p_key, p_now, p_now);
-    PERFORM mh_enqueue(p_shard, p_id, v_run_at, p_strict, p_priority::smallint, p_now);
+    PERFORM mh_enqueue(p_shard, p_id, v_run_at, p_strict, p_priority::smallint, p_team, p_now);
     RETURN v_run_at;
 END $$;
 
@@ -315,7 +315,7 @@ BEGIN
                f.run_at, 'scheduled', f.max_attempts, f.base, f.cap, v_now, v_now
           FROM fresh f
     )
-    SELECT (SELECT array_agg(ROW(f.shard, f.is_strict, f.priority, f.run_at, f.id)::due_row) FROM fresh f),
+    SELECT (SELECT array_agg(ROW(f.shard, f.is_strict, f.priority, f.run_at, f.id, v_team)::due_row) FROM fresh f),
            (SELECT array_agg(ROW(c.idx, f.id, f.run_at, f.id IS NOT NULL, c.problem)::submit_result)
               FROM checked c LEFT JOIN fresh f ON f.idx = c.idx
              WHERE c.key IS NULL OR c.problem IS NOT NULL)

@@ -50,21 +50,21 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT mh_hour(t) + mh_hour_span() $$
 -- dispatcher claims from those shards only. Sent at commit; a repeated
 -- payload in one transaction is sent once.
 CREATE OR REPLACE FUNCTION mh_enqueue(p_shard smallint, p_job bigint, p_run_at timestamptz,
-                                      p_strict boolean, p_priority smallint, p_now timestamptz)
+                                      p_strict boolean, p_priority smallint, p_team int, p_now timestamptz)
 RETURNS void LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 BEGIN
     IF p_run_at < mh_minute_end(p_now) THEN
-        INSERT INTO due_minutes (slot, shard, strict, priority, run_at, job_id)
-        VALUES (mh_minute_slot(greatest(p_run_at, p_now)), p_shard, p_strict, p_priority, p_run_at, p_job);
+        INSERT INTO due_minutes (slot, shard, strict, priority, run_at, job_id, team_id)
+        VALUES (mh_minute_slot(greatest(p_run_at, p_now)), p_shard, p_strict, p_priority, p_run_at, p_job, p_team);
         IF p_run_at < mh_minute(p_now) + interval '2 minutes' THEN
             PERFORM pg_notify('minutehand_due', p_shard::text);
         END IF;
     ELSIF p_run_at < mh_hour_end(p_now) THEN
-        INSERT INTO due_hours (slot, shard, strict, priority, run_at, job_id)
-        VALUES (mh_hour_slot(p_run_at), p_shard, p_strict, p_priority, p_run_at, p_job);
+        INSERT INTO due_hours (slot, shard, strict, priority, run_at, job_id, team_id)
+        VALUES (mh_hour_slot(p_run_at), p_shard, p_strict, p_priority, p_run_at, p_job, p_team);
     ELSE
-        INSERT INTO due_far (shard, strict, priority, run_at, job_id)
-        VALUES (p_shard, p_strict, p_priority, p_run_at, p_job);
+        INSERT INTO due_far (shard, strict, priority, run_at, job_id, team_id)
+        VALUES (p_shard, p_strict, p_priority, p_run_at, p_job, p_team);
     END IF;
 END $$;
 
@@ -79,16 +79,16 @@ DECLARE
     v_hour_end   timestamptz := mh_hour_end(p_now);
     v_shards     text;
 BEGIN
-    INSERT INTO due_minutes (slot, shard, strict, priority, run_at, job_id)
-    SELECT mh_minute_slot(greatest(r.run_at, p_now)), r.shard, r.strict, r.priority, r.run_at, r.job_id
+    INSERT INTO due_minutes (slot, shard, strict, priority, run_at, job_id, team_id)
+    SELECT mh_minute_slot(greatest(r.run_at, p_now)), r.shard, r.strict, r.priority, r.run_at, r.job_id, r.team_id
       FROM unnest(p_rows) r WHERE r.run_at < v_minute_end;
     GET DIAGNOSTICS to_minutes = ROW_COUNT;
-    INSERT INTO due_hours (slot, shard, strict, priority, run_at, job_id)
-    SELECT mh_hour_slot(r.run_at), r.shard, r.strict, r.priority, r.run_at, r.job_id
+    INSERT INTO due_hours (slot, shard, strict, priority, run_at, job_id, team_id)
+    SELECT mh_hour_slot(r.run_at), r.shard, r.strict, r.priority, r.run_at, r.job_id, r.team_id
       FROM unnest(p_rows) r WHERE r.run_at >= v_minute_end AND r.run_at < v_hour_end;
     GET DIAGNOSTICS to_hours = ROW_COUNT;
-    INSERT INTO due_far (shard, strict, priority, run_at, job_id)
-    SELECT r.shard, r.strict, r.priority, r.run_at, r.job_id
+    INSERT INTO due_far (shard, strict, priority, run_at, job_id, team_id)
+    SELECT r.shard, r.strict, r.priority, r.run_at, r.job_id, r.team_id
       FROM unnest(p_rows) r WHERE r.run_at >= v_hour_end;
     GET DIAGNOSTICS to_far = ROW_COUNT;
     IF to_minutes > 0 THEN
@@ -136,8 +136,9 @@ DECLARE
     v_later boolean;
 BEGIN
     EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', p_part);
-    EXECUTE format($f$INSERT INTO due_minutes (slot, shard, strict, priority, run_at, job_id)
-                      SELECT mh_minute_slot(greatest(p.run_at, $2)), p.shard, p.strict, p.priority, p.run_at, p.job_id
+    EXECUTE format($f$INSERT INTO due_minutes (slot, shard, strict, priority, run_at, job_id, team_id)
+                      SELECT mh_minute_slot(greatest(p.run_at, $2)), p.shard, p.strict, p.priority, p.run_at, p.job_id,
+                             p.team_id
                         FROM %I p WHERE p.run_at < $1$f$, p_part)
        USING p_before, p_now;
     GET DIAGNOSTICS v_moved = ROW_COUNT;

@@ -25,3 +25,14 @@ CREATE TABLE duty_leases (
     owner       text NOT NULL,
     expires_at  timestamptz NOT NULL
 );
+
+-- Jobs claimed and not yet finished, per shard and team: what a team's
+-- quota is measured against. Kept in the transactions that change it (the
+-- claim adds, every way out of claimed/running subtracts), so it survives a
+-- crash exactly; one row per (shard, team), so no single row is hot.
+CREATE TABLE team_running (
+    shard    smallint NOT NULL,
+    team_id  int      NOT NULL,
+    running  int      NOT NULL,
+    PRIMARY KEY (shard, team_id)
+);

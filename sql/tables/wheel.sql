@@ -46,7 +46,8 @@ CREATE TABLE due_minutes (
     strict   boolean     NOT NULL,
     priority smallint    NOT NULL,
     run_at   timestamptz NOT NULL,
-    job_id   bigint      NOT NULL
+    job_id   bigint      NOT NULL,
+    team_id  int         NOT NULL         -- for rotation and quotas between teams
 ) PARTITION BY LIST (slot);
 
 CREATE TABLE due_hours (LIKE due_minutes) PARTITION BY LIST (slot);
@@ -56,7 +57,8 @@ CREATE TABLE due_far (
     strict   boolean     NOT NULL,
     priority smallint    NOT NULL,
     run_at   timestamptz NOT NULL,
-    job_id   bigint      NOT NULL
+    job_id   bigint      NOT NULL,
+    team_id  int         NOT NULL
 );
 CREATE INDEX due_far_run_at ON due_far (run_at);
 
@@ -72,9 +74,12 @@ BEGIN
     END LOOP;
 END $$;
 
--- The claim reads one shard's rows of a bucket in claim order. Hour slots
--- need no index: they are only ever moved whole.
-CREATE INDEX due_minutes_claim ON due_minutes (shard, strict DESC, priority DESC, run_at);
+-- The claim reads one shard's rows of a bucket class by class (strict,
+-- priority), team by team, oldest first; the dispatcher's summary of a
+-- shard's due rows counts them in the same order. Hour slots need no index:
+-- they are only ever moved whole.
+CREATE INDEX due_minutes_claim ON due_minutes (shard, strict DESC, priority DESC, team_id, run_at);
 
 -- A row on the wheel in transit (bulk submission, cascades, expiry).
-CREATE TYPE due_row AS (shard smallint, strict boolean, priority smallint, run_at timestamptz, job_id bigint);
+CREATE TYPE due_row AS (shard smallint, strict boolean, priority smallint, run_at timestamptz, job_id bigint,
+                        team_id int);
