@@ -175,6 +175,10 @@ BEGIN
             ), reminder AS (
                 INSERT INTO claim_checks (shard, check_at, job_ids)
                 SELECT p_shard, v_expires, array_agg(c.id) FROM claimed c HAVING count(*) > 0
+            ), counted AS (
+                INSERT INTO team_running AS r (shard, team_id, running)
+                SELECT p_shard, c.team_id, count(*) FROM claimed c GROUP BY c.team_id ORDER BY c.team_id
+                ON CONFLICT (shard, team_id) DO UPDATE SET running = r.running + excluded.running
             )
             SELECT c.id, t.name, c.name, c.payload::text, c.attempts, c.max_attempts, c.idempotency_key,
                    c.lease_token, c.claim_expires_at, mh_readable(c.due_at), mh_readable(c.run_at),
