@@ -29,12 +29,25 @@ SELECT take_shard_lease(%(shard)s::int, %(owner)s::text, %(ttl_s)s::real) AS epo
 -- Give a shard up at once.
 SELECT release_shard_lease(%(shard)s::int, %(owner)s::text, %(epoch)s::bigint) AS released
 
--- name: next_due
--- Earliest run time in one shard's current and next buckets; one before
--- year 1 (a row written around the procedures) reads as year 1: due, so the
--- claim reaches that job and fails it alone, and the reader can load it.
-SELECT CASE WHEN t < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'::timestamptz ELSE t END AS next_due
-  FROM next_due(%(shard)s::int) AS t
+-- name: due_edge
+-- What one shard has due now, per bucket, class and team, and when it next
+-- has more. A run time before year 1 (a row written around the procedures)
+-- reads as year 1: due, so the claim reaches that job and fails it alone,
+-- and the reader can load it.
+SELECT bucket, strict, priority, team_id, due,
+       CASE WHEN oldest < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'::timestamptz ELSE oldest END
+           AS oldest,
+       CASE WHEN next_at < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'::timestamptz ELSE next_at END
+           AS next_at
+  FROM due_edge(%(shard)s::int)
+
+-- name: team_budgets
+-- Every team's quota and weight, for sharing capacity between them.
+SELECT id, name, quota, weight FROM teams
+
+-- name: teams_running
+-- Jobs claimed and not finished, per team, over all shards.
+SELECT team_id, sum(running)::int AS running FROM team_running GROUP BY team_id HAVING sum(running) > 0
 
 -- name: start_many
 -- Mark claimed jobs as started (records lateness).
@@ -181,6 +194,14 @@ SELECT (SELECT version_num FROM alembic_version LIMIT 1) AS revision
 -- on as they are.
 SELECT * FROM claim_due(%(shard)s::int, %(limit)s::int, %(owner)s::text, %(epoch)s::bigint,
                         %(lease_s)s::real, %(worker)s::text, %(names)s::text[], %(teams)s::text[])
+
+-- name: claim_planned
+-- The dispatcher's planned claim from one bucket of one shard: per cell
+-- (strict, priority, team id) up to its limit; rows as claim_due's, with
+-- the cell each came from.
+SELECT * FROM claim_planned(%(shard)s::int, %(owner)s::text, %(epoch)s::bigint, %(lease_s)s::real,
+                            %(worker)s::text, %(bucket)s::timestamptz, %(stricts)s::boolean[],
+                            %(priorities)s::smallint[], %(teams)s::int[], %(limits)s::int[])
 
 -- name: release_many
 -- Give back claimed jobs that were not started (due again at once, the attempt not counted).

@@ -1,24 +1,40 @@
-"""The dispatcher: hands due jobs of its shards to workers that ask.
+"""The dispatcher: hands due jobs of its shards to workers that ask, in the
+order and shares the scheduler promises (fairness.py).
 
 Workers long-poll (app/api/workers.py): each request becomes a Waiter with room for
 `capacity` jobs, perhaps only of some job names or teams (its filter). One
-thread claims for the waiters in turn, from the shards this dispatcher
-leases (shards.py), and answers each with what it got.
+thread claims for the waiters, from the shards this dispatcher leases
+(shards.py), and answers each with what it got.
 
-It never polls empty buckets. For each shard it knows the next run time
-among the rows of its current and next minute buckets (next_due), and
-sleeps until the earliest, or until:
-- a NOTIFY names shards that got rows due now (mh_enqueue in sql/functions/wheel.sql; a
-  listener thread marks those shards due),
-- the minute turns (every shard's next run time is read again: the wheel
-  moved a bucket on), or the shard set changed.
-An unfiltered claim that comes back short means the shard is drained for
-now: its next run time is read again. A filtered claim that comes back
-short says only that nothing of that filter is due there: the shard stays
-due for the others, and is skipped for that filter until a wake-up names
-the shard, the minute turns, or FILTERED_RECHECK_S passes (rows of the
-filter that became due by the clock alone). So a worker whose job names
-have nothing due neither spins nor stands in the way of the others.
+It knows what each shard has due: per minute bucket, class (strict,
+priority) and team, how many rows and the oldest run time (due_edge, its
+"edge"). A round pools the waiters' capacity, plans across all its shards
+which rows go (fairness.plan: order, quotas with lending, weighted
+rotation) and claims exactly those, one statement per shard and bucket, all
+in one round trip; it counts down the edges by what came back. An edge is
+read again when:
+- a NOTIFY names the shard (rows due now were added: mh_enqueue in
+  sql/functions/wheel.sql; a listener thread marks those shards),
+- its next run time comes (rows of its current bucket come due by the clock),
+- the minute turns (every shard: the wheel moved a bucket on), or the shard
+  was just leased,
+- a claim came back with fewer rows than the edge promised (cancelled jobs,
+  another claimer).
+It sleeps until the earliest of these, never polling empty buckets.
+
+Quotas: a team's quota is shared between the dispatchers by the fraction of
+the shards each leases; each knows the jobs running over all shards (the
+team_running rows, read every RUNNING_READ_S) plus what it claimed since,
+so several dispatchers together exceed a quota by at most one job each
+(rounding) outside a handover (README: "Quotas").
+
+Workers that take only some job names cannot be planned from the edges
+(they carry no names): for them, each team's headroom is claimed shard by
+shard in the shard's own order (claim_due). A claim of theirs that comes
+back short says only that nothing of that filter is due there: the shard
+is skipped for that filter until a wake-up names it, the minute turns, or
+FILTERED_RECHECK_S passes. So a worker whose job names have nothing due
+neither spins nor stands in the way of the others.
 
 What a round claimed is never lost: a job that cannot be handed out (its
 worker went away, the round failed) is given back at once, the attempt not
@@ -28,34 +44,39 @@ read) fails alone, set aside as dead with the reason.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 import math
 import os
 import socket
 import threading
 import time
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
 import msgspec
 import psycopg
 
+from minutehand.dispatch import fairness
+from minutehand.dispatch.fairness import Budget, Class, Edge
 from minutehand.dispatch.outcomes import OutcomeWriter
 from minutehand.dispatch.shards import ShardKeeper
 from minutehand.futures import settle
 from minutehand.protocol import JobId, LeasedJob, Replay
 from minutehand.settings import Settings
 from minutehand.store import errors
-from minutehand.store.records import ClaimRequest, Fail, Release
+from minutehand.store.records import ClaimRequest, Fail, PlannedClaim, Release, TeamTerms
 from minutehand.store.store import Store
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "minutehand_due"
-MAX_SHARDS_PER_WAITER = 64      # claims for one waiter in one round trip
+MAX_SHARDS_PER_TEAM = 16        # a names-filtered waiter's claims per team in one round trip
 MAX_WAITERS_PER_ROUND = 32
 FILTERED_RECHECK_S = 1.0        # a shard found empty for a filter is tried again for it after this
+RUNNING_READ_S = 0.25           # how often the jobs running per team are read (quota headroom)
+TERMS_READ_S = 2.0              # how often teams' quotas and weights are read
 
 # What a waiter takes: (job names, teams); None for either means any.
 Filter = tuple[tuple[str, ...] | None, tuple[str, ...] | None]
@@ -72,12 +93,17 @@ class Waiter:
     expired: bool = False                # its wait ran out while it was being served
 
     @property
-    def filtered(self) -> bool:
-        return self.filter != (None, None)
+    def named(self) -> bool:
+        """Takes only some job names: served shard by shard, not planned."""
+        return self.filter[0] is not None
 
 
 def _key(values: list[str] | None) -> tuple[str, ...] | None:
     return tuple(sorted(set(values))) if values is not None else None
+
+
+def _class(row: dict) -> Class:
+    return (row["bucket"], row["strict"], row["priority"])
 
 
 class Dispatcher:
@@ -97,16 +123,23 @@ class Dispatcher:
         self._cond = threading.Condition()
         self._waiters: deque[Waiter] = deque()
         self._leases: dict[int, int] = {}
-        self._due: dict[int, float] = {}          # shard -> next run time known (epoch s); absent: none soon
-        self._recheck: set[int] = set()          # shards whose next run time must be read again
+        self._edges: dict[int, Edge] = {}         # shard -> what it has due now, as last read and counted down
+        self._due: dict[int, float] = {}          # shard -> when to read its edge again (epoch s); absent: none soon
         self._generation = 0                      # bumped by every event that may make jobs claimable
         self._marked: dict[int, int] = {}         # shard -> generation a NOTIFY last marked it due at
         self._woken_at: dict[int, float] = {}     # shard -> when a NOTIFY last marked it due
-        self._refreshed_at = 0.0                  # when every shard's next run time was last read
+        self._refreshed_at = 0.0                  # when every shard's edge was last read
         self._empty: dict[Filter, dict[int, float]] = {}   # filter -> {shard: when a claim for it came up short}
         self._next_refresh = 0.0
-        self._cursor = 0
         self._taken: list[Waiter] = []           # the waiters being served (put back if the round fails)
+        # Quotas and rotation (dispatch thread only).
+        self._terms: dict[int, TeamTerms] = {}
+        self._team_ids: dict[str, int] = {}
+        self._terms_at = -math.inf
+        self._running: dict[int, int] = {}       # team -> running over all shards, as last read
+        self._mine: dict[int, int] = defaultdict(int)    # team -> claimed by this dispatcher since that read
+        self._running_at = -math.inf
+        self._credit: dict[int, float] = {}      # the rotation's carried fractions, per team
         self._stopping = threading.Event()
         self._threads = [threading.Thread(target=self._dispatch, name="dispatch", daemon=True),
                          threading.Thread(target=self._listen, name="listen", daemon=True)]
@@ -178,6 +211,7 @@ class Dispatcher:
             gained = leases.keys() - self._leases.keys()
             self._leases = leases
             self._due = {s: t for s, t in self._due.items() if s in leases}
+            self._edges = {s: e for s, e in self._edges.items() if s in leases}
             self._due.update({s: 0.0 for s in gained})
             self._generation += 1
             self._cond.notify()
@@ -224,40 +258,42 @@ class Dispatcher:
                 self._stopping.wait(1.0)
 
     def _refresh(self) -> None:
-        """Read next run times again: every owned shard once a minute (just
-        after the minute turns), and the shards whose claims came up short."""
+        """Read edges again: every owned shard once a minute (just after the
+        minute turns), and the shards marked since."""
         now = time.time()
         with self._cond:
             if now >= self._next_refresh:
-                shards = set(self._leases)
+                self._due.update(dict.fromkeys(self._leases, 0.0))
                 self._next_refresh = (math.floor(now / 60) + 1) * 60 + 0.2
                 self._refreshed_at = now
                 self._empty.clear()
-            else:
-                shards = self._recheck & self._leases.keys()
-            self._recheck.clear()
+            shards = sorted(s for s, t in self._due.items() if t <= now and s in self._leases)
             asked_at = self._generation
         if not shards:
             return
-        times = self.store.next_due_many(sorted(shards))
+        edges = self.store.due_edges(shards)
         with self._cond:
-            for s, t in times.items():
-                # A wake-up that came while the query ran is newer than its answer.
-                if s not in self._leases or self._marked.get(s, -1) > asked_at:
+            for s, (cells, next_at) in edges.items():
+                if s not in self._leases:
                     continue
-                if t is None:
+                self._edges[s] = Edge({((c.bucket.timestamp(), c.strict, c.priority), c.team_id):
+                                       [c.due, c.oldest.timestamp()] for c in cells})
+                # A wake-up that came while the query ran is newer than its answer.
+                if self._marked.get(s, -1) > asked_at:
+                    continue
+                if next_at is None:
                     self._due.pop(s, None)
                 else:
-                    self._due[s] = t.timestamp()
+                    self._due[s] = next_at.timestamp()
             self._generation += 1
 
     def _ready_waiters(self) -> list[Waiter]:
         """The waiters there may be jobs for (at most MAX_WAITERS_PER_ROUND,
-        in queue order), marked taken: those with a due shard their filter
-        has not found empty. None after sleeping until something changes."""
+        in queue order), marked taken. None after sleeping until something
+        changes."""
         with self._cond:
             now = time.time()
-            due = {s for s, t in self._due.items() if t <= now}
+            due = [s for s, e in self._edges.items() if e.cells]
             if due:
                 open_for: dict[Filter, bool] = {}
                 ready = []
@@ -274,7 +310,7 @@ class Dispatcher:
                         w.state = "taken"
                     self._taken = ready
                     return ready
-            if self._recheck:
+            if any(t <= now for t in self._due.values()):
                 return []
             wake = min([t for t in self._due.values() if t > now] + [self._next_refresh])
             if due and self._waiters:             # filters that found due shards empty look again
@@ -301,50 +337,98 @@ class Dispatcher:
             self._taken = []
         settle((w.future, w.loop, [], None) for w in expired)
 
+    # ------------------------------------------------------------ quotas
+    def _budgets(self) -> dict[int, Budget]:
+        """Each team's weight and headroom here: its quota's share by the
+        fraction of the shards this dispatcher leases, less the jobs it runs
+        over all shards (as last read, plus what this one claimed since)."""
+        now = time.monotonic()
+        if now - self._terms_at >= TERMS_READ_S:
+            self._terms = {t.id: t for t in self.store.team_budgets()}
+            self._team_ids = {t.name: t.id for t in self._terms.values()}
+            self._terms_at = now
+        if now - self._running_at >= RUNNING_READ_S:
+            self._running = self.store.teams_running()
+            self._mine.clear()
+            self._running_at = now
+        fraction = len(self._leases) / max(1, len(self.keeper.shards))
+        return {t: Budget(terms.weight, math.ceil(max(0, terms.quota - self._running.get(t, 0)) * fraction)
+                          - self._mine.get(t, 0))
+                for t, terms in self._terms.items()}
+
+    # ------------------------------------------------------------ a round
     def _serve(self, waiters: list[Waiter]) -> None:
-        """Claim for several waiters at once, each from shards of its own, in
-        one round trip per pass: first one shard each (a shard usually
-        holds enough), then a few more each for those still short. Waiters
-        with the same filter share the due shards; each filter skips the
-        shards it found empty."""
+        """Claim for the waiters in one round trip: the planned ones pooled
+        by their teams filter (fairness.plan over every due shard), the
+        names-filtered ones shard by shard within each team's headroom.
+        What comes back goes out in rotation order."""
+        budgets = self._budgets()
         with self._cond:
             now = time.time()
-            shards = [s for s, t in self._due.items() if t <= now and s in self._leases]
             leases = dict(self._leases)
             generation = self._generation
-            if shards:
-                self._cursor = (self._cursor + 1) % len(shards)
-                shards = shards[self._cursor:] + shards[:self._cursor]     # every shard gets its turn first
-            queues = {f: deque(s for s in shards if not self._empty_for(f, s, now))
-                      for f in {w.filter for w in waiters}}       # shards that may still hold due rows
+            edges = {s: Edge({k: list(v) for k, v in e.cells.items()}) for s, e in self._edges.items()
+                     if e.cells and s in leases}
+        if any(cls_team[1] not in budgets for e in edges.values() for cls_team in e.cells):
+            self._terms_at = -math.inf            # a team created since the last read
+            budgets = self._budgets()
+        requests: list[ClaimRequest | PlannedClaim] = []
+        goes_to: list[Waiter] = []                           # per request: the waiter its rows serve
+        planned: list[dict[tuple[Class, int], int]] = []     # per request: rows expected per (class, team)
+        asked: dict[int, int] = defaultdict(int)             # per waiter: rows claimed for it
+        pools: dict[Filter, list[Waiter]] = defaultdict(list)
+        for w in waiters:
+            if not w.named:
+                pools[w.filter].append(w)
+        for filter_, pool in pools.items():
+            teams = None if filter_[1] is None else {self._team_ids[n] for n in filter_[1] if n in self._team_ids}
+            takes = fairness.plan(sum(w.capacity for w in pool), edges, budgets, self._credit, teams)
+            for t in takes:
+                edges[t.shard].cells[t.cls, t.team][0] -= t.n
+                b = budgets[t.team]
+                budgets[t.team] = Budget(b.weight, b.headroom - t.n)
+            # Each waiter a run of the takes in rotation order, so every
+            # answer mixes the teams, and a take is split only between two.
+            queue = deque(fairness.rotate(takes, lambda t: t.cls, lambda t: t.team))
+            for w in pool:
+                cells: dict[tuple[int, float], dict[tuple[Class, int], int]] = defaultdict(lambda: defaultdict(int))
+                room = w.capacity
+                while room and queue:
+                    t = queue.popleft()
+                    k = min(room, t.n)
+                    cells[t.shard, t.cls[0]][t.cls, t.team] += k
+                    room -= k
+                    if k < t.n:
+                        queue.appendleft(fairness.Take(t.shard, t.cls, t.team, t.n - k))
+                asked[id(w)] = w.capacity - room
+                for (shard, bucket), wanted in cells.items():
+                    keys = list(wanted)
+                    requests.append(PlannedClaim(shard, leases[shard], w.worker,
+                                                 dt.datetime.fromtimestamp(bucket, dt.timezone.utc),
+                                                 [c[1] for c, _ in keys], [c[2] for c, _ in keys],
+                                                 [team for _, team in keys], [wanted[k] for k in keys]))
+                    goes_to.append(w)
+                    planned.append(wanted)
+        with self._cond:
+            named = [(w, [s for s in edges if not self._empty_for(w.filter, s, now)]) for w in waiters if w.named]
+        for w, shards in named:
+            for team, shard, n in self._named_takes(w, shards, edges, budgets):
+                requests.append(ClaimRequest(shard, leases[shard], n, w.worker, list(w.filter[0]),
+                                             [self._terms[team].name]))
+                goes_to.append(w)
+                planned.append({})
+                asked[id(w)] += n
+                b = budgets[team]
+                budgets[team] = Budget(b.weight, b.headroom - n)
         got: dict[int, list[dict]] = {id(w): [] for w in waiters}
         failed: dict[int, Exception] = {}
-        drained: set[int] = set()                 # unfiltered claims came up short: nothing due there
-        empty: dict[Filter, set[int]] = {}        # filtered claims came up short
-        per_waiter = 1                            # grows while shards come up short (sparse rows)
         try:
-            while True:
-                requests, whose = [], []
-                for w in waiters:
-                    queue = queues[w.filter]
-                    left = 0 if id(w) in failed else w.capacity - len(got[id(w)])
-                    picks = [queue.popleft() for _ in range(min(per_waiter, left, len(queue)))]
-                    if not picks:
-                        continue
-                    each, extra = divmod(left, len(picks))
-                    names, teams = w.filter
-                    for k, s in enumerate(picks):
-                        requests.append(ClaimRequest(s, leases[s], each + (1 if k < extra else 0), w.worker,
-                                                     list(names) if names is not None else None,
-                                                     list(teams) if teams is not None else None))
-                        whose.append(w)
-                if not requests:
-                    break
-                per_waiter = min(per_waiter * 4, MAX_SHARDS_PER_WAITER)
-                results, refused = self.store.claim(requests, self.name, self.claim_s)
-                if refused:
-                    self._drop(refused)
-                for r, w, rows in zip(requests, whose, results):
+            results, refused = self.store.claim(requests, self.name, self.claim_s) if requests else ([], {})
+            if refused:
+                self._drop(refused)
+            recount, short = set(), defaultdict(set)
+            with self._cond:
+                for r, w, cells, rows in zip(requests, goes_to, planned, results):
                     if isinstance(rows, errors.StaleLease):
                         continue
                     if isinstance(rows, Exception):   # this worker's request alone
@@ -352,38 +436,78 @@ class Dispatcher:
                         failed.setdefault(id(w), rows)
                         continue
                     got[id(w)].extend(rows)
-                    if len(rows) < r.limit:
-                        (empty.setdefault(w.filter, set()) if w.filtered else drained).add(r.shard)
-                    else:
-                        queues[w.filter].append(r.shard)   # may hold more, for the next one
-            answers = [(w, self._deliverable(got[id(w)])) for w in waiters]
+                    for row in rows:
+                        self._mine[self._team_ids.get(row["team"], -1)] += 1
+                    if isinstance(r, ClaimRequest):  # names-filtered: the edge no longer says what is left
+                        recount.add(r.shard)
+                        if len(rows) < r.limit:
+                            short[w.filter].add(r.shard)
+                        continue
+                    came: dict[tuple[Class, int], int] = defaultdict(int)
+                    for row in rows:
+                        row["bucket"] = r.bucket.timestamp()
+                        came[_class(row), row["team_id"]] += 1
+                    edge = self._edges.get(r.shard)
+                    for key, n in cells.items():
+                        if edge is not None and key in edge.cells:
+                            edge.cells[key][0] -= came[key]
+                            if edge.cells[key][0] <= 0:
+                                del edge.cells[key]
+                        if came[key] < n:            # the edge promised more: read it again
+                            recount.add(r.shard)
+            answers = [(w, self._deliverable(fairness.rotate(got[id(w)], _class, lambda row: row["team"])
+                                             if not w.named else got[id(w)]))
+                       for w in waiters]
         except BaseException:
             # Claimed, committed, and not handed out: back at once, attempts not counted.
             self.writer.later([Release(r["job_id"], r["lease_token"]) for rows in got.values() for r in rows])
             raise
         with self._cond:
-            for s in drained:
-                if self._marked.get(s, -1) <= generation:   # no wake-up for it since this round began
-                    self._due.pop(s, None)        # until its next run time is read again
-                    self._recheck.add(s)
-            for f, found_empty in empty.items():
+            for s in recount:
+                if self._marked.get(s, -1) <= generation and s in self._leases:
+                    self._due[s] = 0.0
+                    self._edges.get(s, Edge()).cells.clear()
+            for f, found_empty in short.items():
                 marks = self._empty.setdefault(f, {})
                 for s in found_empty:
                     if self._marked.get(s, -1) <= generation:
                         marks[s] = now
-                        # Due for others still; its next run time, read again, may be the
-                        # moment rows of this filter become due (its mark then lapses).
-                        self._recheck.add(s)
             settled = []
             for w, jobs in answers:
                 if jobs or w.expired or id(w) in failed:
                     w.state = "done"
                     settled.append((w.future, w.loop, jobs, None if jobs else failed.get(id(w))))
-                else:                             # waits on, behind the others; tried again after the next event
-                    w.state = "waiting"
-                    self._waiters.append(w)
+                    continue
+                w.state = "waiting"               # waits on, behind the others; tried again after the next event
+                self._waiters.append(w)
+                if not asked[id(w)]:              # nothing its filter may take now: not before an event
+                    marks = self._empty.setdefault(w.filter, {})
+                    for s in edges:
+                        marks[s] = now
             self._taken = []
         settle(settled, on_gone=self._give_back)
+
+    def _named_takes(self, w: Waiter, shards: list[int], edges: dict[int, Edge],
+                     budgets: dict[int, Budget]) -> list[tuple[int, int, int]]:
+        """(team, shard, limit) claims for a names-filtered waiter: its
+        capacity shared among the teams it may take (by weight, within their
+        headroom), each team's share over the shards holding its due rows,
+        best class first."""
+        allowed = None if w.filter[1] is None else {self._team_ids.get(n) for n in w.filter[1]}
+        where: dict[int, list[tuple[tuple, int]]] = defaultdict(list)
+        for s in shards:
+            for (cls, team), (due, _) in edges[s].cells.items():
+                if due > 0 and team in budgets and (allowed is None or team in allowed):
+                    where[team].append((fairness.class_order(cls), s))
+        caps = {t: budgets[t].headroom for t in where if budgets[t].headroom > 0}
+        shares = fairness.share(w.capacity, caps, {t: budgets[t].weight for t in caps}, self._credit)
+        takes = []
+        for team, n in shares.items():
+            picks = list(dict.fromkeys(s for _, s in sorted(where[team])))[:MAX_SHARDS_PER_TEAM]
+            each, extra = divmod(n, len(picks)) if picks else (0, 0)
+            takes += [(team, s, each + (1 if k < extra else 0)) for k, s in enumerate(picks)
+                      if each + (1 if k < extra else 0) > 0]
+        return takes
 
     def _deliverable(self, rows: list[dict]) -> list[LeasedJob]:
         """The claimed rows as jobs for a worker. A row that cannot be sent

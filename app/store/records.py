@@ -65,6 +65,41 @@ class ClaimRequest:
     teams: list[str] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class PlannedClaim:
+    """A claim the dispatcher planned across its shards (claim_planned): from
+    one minute bucket of a shard, per cell (strict, priority, team id) up to
+    its limit of due rows."""
+    shard: int
+    epoch: int
+    worker: str
+    bucket: dt.datetime
+    stricts: list[bool]
+    priorities: list[int]
+    teams: list[int]
+    limits: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeCell:
+    """Rows due now in one shard's bucket, of one class and team (due_edge)."""
+    bucket: dt.datetime
+    strict: bool
+    priority: int
+    team_id: int
+    due: int
+    oldest: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class TeamTerms:
+    """What the dispatcher shares capacity by: a team's quota and weight."""
+    id: int
+    name: str
+    quota: int
+    weight: int
+
+
 # What a worker (or the dispatcher) reports about a claimed job, one record
 # per kind: each names the job and the lease token of the claim it acts on.
 @dataclass(frozen=True, slots=True)

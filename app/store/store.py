@@ -22,8 +22,9 @@ from psycopg_pool import ConnectionPool
 
 from minutehand.store import errors, repeat, schema
 from minutehand.store.queries import q
-from minutehand.store.records import (BatchItem, ClaimRequest, Complete, Fail, Heartbeat, JobPage, JobSpec, JobStatus,
-                                     JobSummary, Maintenance, Outcome, Release, Report, Start, Submitted, TeamStats)
+from minutehand.store.records import (BatchItem, ClaimRequest, Complete, EdgeCell, Fail, Heartbeat, JobPage, JobSpec,
+                                     JobStatus, JobSummary, Maintenance, Outcome, PlannedClaim, Release, Report, Start,
+                                     Submitted, TeamStats, TeamTerms)
 
 
 log = logging.getLogger(__name__)
@@ -321,10 +322,10 @@ class Store:
 
     # ------------------------------------------------------------ dispatch
     @staticmethod
-    def each_alone(conn: psycopg.Connection, sql: str, params: Sequence[dict[str, Any]]
+    def each_alone(conn: psycopg.Connection, sql: str | Sequence[str], params: Sequence[dict[str, Any]]
                    ) -> list[list[dict[str, Any]] | Exception]:
-        """The statement once per item, all sent in ONE round trip, each its
-        own transaction: a Sync follows each, so no transaction holds rows of
+        """The statement (or each item's own) once per item, all sent in ONE
+        round trip, each its own transaction: a Sync follows each, so no transaction holds rows of
         more than one shard (on Citus, a single-shard transaction each).
         psycopg's public Pipeline.sync() would wait for each result in turn
         (a round trip per statement), so the Sync is queued with its
@@ -340,10 +341,10 @@ class Store:
         first: psycopg.Error | None = None       # the first error the server sent back
         try:
             with conn.pipeline() as pipe:
-                for p in params:
+                for i, p in enumerate(params):
                     cur = conn.cursor()
                     try:
-                        cur.execute(sql, p)
+                        cur.execute(sql if isinstance(sql, str) else sql[i], p)
                     except psycopg.Error as exc:
                         if conn.broken:
                             raise
@@ -389,25 +390,49 @@ class Store:
         self._pipelined("release_shard_lease",
                         [{"shard": s, "owner": owner, "epoch": e} for s, e in leases.items()])
 
-    def next_due(self, shard: int) -> dt.datetime | None:
-        return self._one("next_due", {"shard": shard})["next_due"]
+    def due_edges(self, shards: Sequence[int]) -> dict[int, tuple[list[EdgeCell], dt.datetime | None]]:
+        """Per shard, in one round trip: its cells due now (due_edge), and
+        the next run time in its current and next buckets (None: none)."""
+        with self.connection() as conn:
+            results = self.each_alone(conn, q("due_edge"), [{"shard": s} for s in shards])
+        edges = {}
+        for s, rows in zip(shards, results):
+            if isinstance(rows, Exception):
+                raise rows
+            last = rows.pop()                      # the row that says when more comes due
+            edges[s] = ([EdgeCell(**{k: v for k, v in r.items() if k != "next_at"}) for r in rows], last["next_at"])
+        return edges
 
-    def next_due_many(self, shards: Sequence[int]) -> dict[int, dt.datetime | None]:
-        return {s: r["next_due"] for s, r in zip(shards, self._pipelined("next_due", [{"shard": s} for s in shards]))}
+    def team_budgets(self) -> list[TeamTerms]:
+        with self.connection() as conn:
+            return [TeamTerms(**r) for r in conn.execute(q("team_budgets")).fetchall()]
 
-    def claim(self, requests: Sequence[ClaimRequest], owner: str, lease_s: float
+    def teams_running(self) -> dict[int, int]:
+        """Jobs claimed and not finished, per team id, over all shards."""
+        with self.connection() as conn:
+            return {r["team_id"]: r["running"] for r in conn.execute(q("teams_running")).fetchall()}
+
+    def claim(self, requests: Sequence[ClaimRequest | PlannedClaim], owner: str, lease_s: float
               ) -> tuple[list[list[dict[str, Any]] | Exception], dict[int, str]]:
         """Claims for workers, one per request, all in one round trip, each
-        its own transaction: per request, the rows claimed (claim_due:
-        payload and replay as JSON text; due_at and run_at None where no
-        client could read them), or the error that request alone met (a stale
-        lease: StaleLease);
+        its own transaction: per request, the rows claimed (claim_due, or
+        claim_planned for a PlannedClaim: payload and replay as JSON text;
+        due_at and run_at None where no client could read them), or the error
+        that request alone met (a stale lease: StaleLease);
         and {shard: why} for the shards whose lease was stale."""
+        statements, params = [], []
+        for r in requests:
+            if isinstance(r, PlannedClaim):
+                statements.append(q("claim_planned"))
+                params.append({"shard": r.shard, "owner": owner, "epoch": r.epoch, "lease_s": lease_s,
+                               "worker": r.worker, "bucket": r.bucket, "stricts": r.stricts,
+                               "priorities": r.priorities, "teams": r.teams, "limits": r.limits})
+            else:
+                statements.append(q("claim_due"))
+                params.append({"shard": r.shard, "limit": r.limit, "owner": owner, "epoch": r.epoch,
+                               "lease_s": lease_s, "worker": r.worker, "names": r.names, "teams": r.teams})
         with self.connection() as conn:
-            results = self.each_alone(conn, q("claim_due"), [
-                {"shard": r.shard, "limit": r.limit, "owner": owner, "epoch": r.epoch, "lease_s": lease_s,
-                 "worker": r.worker, "names": r.names, "teams": r.teams}
-                for r in requests])
+            results = self.each_alone(conn, statements, params)
         refused: dict[int, str] = {}
         for i, (r, rows) in enumerate(zip(requests, results)):
             if not isinstance(rows, Exception) and rows and rows[0]["refused"] is not None:

@@ -64,10 +64,10 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
 $$;
 
 -- The same for workers that handle only some job names ($4, NULL: any) or
--- only some teams' jobs ($5, team ids; NULL: any). The due rows carry
--- neither, so each candidate is joined to its job (a primary-key probe);
--- rows of other names or teams are skipped, and stay for a worker that
--- takes them.
+-- only some teams' jobs ($5, team ids; NULL: any). The due rows carry the
+-- team but not the name, so for names each candidate is joined to its job
+-- (a primary-key probe); rows of other names or teams are skipped, and stay
+-- for a worker that takes them.
 CREATE OR REPLACE FUNCTION mh_claim_filtered_sql(p_slot int) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT format($f$
@@ -78,7 +78,7 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
                      JOIN jobs j ON j.shard = c.shard AND j.id = c.job_id
                     WHERE c.shard = $1 AND c.run_at <= $2
                       AND ($4::text[] IS NULL OR j.name = ANY ($4))
-                      AND ($5::int[] IS NULL OR j.team_id = ANY ($5))
+                      AND ($5::int[] IS NULL OR c.team_id = ANY ($5))
                     ORDER BY c.strict DESC, c.priority DESC, c.run_at
                     LIMIT $3
                       FOR UPDATE OF c SKIP LOCKED))
@@ -88,25 +88,100 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     $f$, mh_minute_part(p_slot))
 $$;
 
+-- The dispatcher's planned claim from one bucket: for each cell (strict,
+-- priority, team) up to its limit of due rows, oldest first, for EXECUTE
+-- with $1 shard, $2 stricts, $3 priorities, $4 team ids, $5 limits, $6 now.
+-- One index probe per cell (due_minutes_claim leads with exactly these).
+CREATE OR REPLACE FUNCTION mh_claim_cells_sql(p_slot int) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT format($f$
+        WITH picked AS (
+            DELETE FROM %1$I d
+             WHERE d.ctid = ANY (ARRAY(
+                   SELECT x.ctid
+                     FROM unnest($2::boolean[], $3::smallint[], $4::int[], $5::int[]) AS k(strict, priority, team_id, lim)
+                    CROSS JOIN LATERAL (
+                          SELECT c.ctid FROM %1$I c
+                           WHERE c.shard = $1 AND c.strict = k.strict AND c.priority = k.priority
+                             AND c.team_id = k.team_id AND c.run_at <= $6
+                           ORDER BY c.run_at
+                           LIMIT k.lim
+                             FOR UPDATE SKIP LOCKED) x))
+            RETURNING d.job_id
+        )
+        SELECT array_agg(job_id) FROM picked
+    $f$, mh_minute_part(p_slot))
+$$;
+
+-- The jobs whose due rows a claim took become claimed by p_claimer: one
+-- reminder row files the whole batch for expire_claims, and the team's
+-- running count rises, all in the claim's transaction. Due rows of
+-- cancelled jobs were removed too, and claim nothing here. Each job names
+-- its team and carries the result stored under its idempotency key within
+-- its TTL (`replay`: the worker reports it instead of running the job);
+-- payload and replay come as JSON text, handed on as they are. A time no
+-- client can read (before year 1 or after 9999: a row written around the
+-- procedures) comes as NULL, so that the dispatcher fails that job alone
+-- instead of failing to read every row of the claim.
+CREATE OR REPLACE FUNCTION mh_take_claimed(p_shard int, p_ids bigint[], p_claimer text, p_lease_s real,
+                                           p_now timestamptz)
+RETURNS TABLE (job_id bigint, team text, name text, payload text, attempt int, max_attempts int,
+               idempotency_key text, lease_token uuid, claim_expires_at timestamptz,
+               due_at timestamptz, run_at timestamptz, replay text, team_id int, strict boolean, priority smallint)
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_token   uuid := gen_random_uuid();
+    v_expires timestamptz := p_now + make_interval(secs => p_lease_s);
+BEGIN
+    RETURN QUERY
+    WITH claimed AS (
+        UPDATE jobs j
+           SET state = 'claimed', attempts = j.attempts + 1, claimed_by = p_claimer,
+               lease_token = v_token, claim_expires_at = v_expires, claimed_at = p_now, updated_at = p_now
+         WHERE j.shard = p_shard AND j.id = ANY (p_ids) AND j.state IN ('scheduled', 'retrying')
+        RETURNING j.id, j.team_id, j.name, j.payload, j.attempts, j.max_attempts, j.idempotency_key,
+                  j.lease_token, j.claim_expires_at, j.due_at, j.run_at, j.priority, j.strict
+    ), reminder AS (
+        INSERT INTO claim_checks (shard, check_at, job_ids)
+        SELECT p_shard, v_expires, array_agg(c.id) FROM claimed c HAVING count(*) > 0
+    ), counted AS (
+        INSERT INTO team_running AS r (shard, team_id, running)
+        SELECT p_shard, c.team_id, count(*) FROM claimed c GROUP BY c.team_id ORDER BY c.team_id
+        ON CONFLICT (shard, team_id) DO UPDATE SET running = r.running + excluded.running
+    )
+    SELECT c.id, t.name, c.name, c.payload::text, c.attempts, c.max_attempts, c.idempotency_key,
+           c.lease_token, c.claim_expires_at, mh_readable(c.due_at), mh_readable(c.run_at),
+           k.result::text, c.team_id, c.strict, c.priority
+      FROM claimed c
+      JOIN teams t ON t.id = c.team_id
+      LEFT JOIN idempotency_keys k
+        ON c.idempotency_key IS NOT NULL AND k.shard = p_shard AND k.team_id = c.team_id
+       AND k.key = c.idempotency_key AND k.completed_at IS NOT NULL AND k.expires_at > p_now
+     ORDER BY c.strict DESC, c.priority DESC, c.run_at;
+END $$;
+
+-- Where a shard's claims start reading: its hand (the oldest minute bucket
+-- that may still hold its due rows), never behind the sweep line (older
+-- buckets are carried forward by maintenance). A shard never claimed
+-- before starts at the sweep line, so rows that came due before its first
+-- claim are found at once rather than by the sweep.
+CREATE OR REPLACE FUNCTION mh_hand(p_shard int, p_cur timestamptz) RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT greatest(coalesce(max(s.hand), p_cur - mh_sweep_after()), p_cur - mh_sweep_after())
+      FROM shards s WHERE s.shard = p_shard
+$$;
+
 -- Claim up to p_limit due jobs of one shard for a worker, of the given
--- names and teams (NULL: any). One shard per call: a row-locking statement
--- must name one shard value to stay single-shard on Citus; the dispatcher
--- sends many shards' claims in one round trip, so nothing expected raises:
--- a stale lease is one row naming why (`refused`, every other column NULL),
--- checked in the claim's own transaction. Each job names its team and
--- carries the result stored under its idempotency key within its TTL
--- (`replay`: the worker reports it instead of running the job); payload and
--- replay come as JSON text, handed on as they are. A time no client can read
--- (before year 1 or after 9999: a row written around the procedures) comes
--- as NULL, so that the dispatcher fails that job alone instead of failing
--- to read every row of the claim.
---
--- The shard's hand is the oldest minute bucket that may still hold its due
--- rows. Buckets are read from the hand forward to the current one, so a
--- bucket left behind (a stopped dispatcher, the midnight spike) drains
--- before newer ones. In steady state the hand sits one minute behind: the
--- claim probes the previous minute's partition (one index probe) and claims
--- from the current one. Two partitions, whatever the size of the wheel.
+-- names and teams (NULL: any), in the shard's own order: bucket by bucket
+-- from the hand, strict before flexible, higher priority first, oldest
+-- first. One shard per call: a row-locking statement must name one shard
+-- value to stay single-shard on Citus; the dispatcher sends many shards'
+-- claims in one round trip, so nothing expected raises: a stale lease is
+-- one row naming why (`refused`, every other column NULL), checked in the
+-- claim's own transaction. (The dispatcher orders and shares out across
+-- its shards with claim_planned; this is the form for one shard on its own,
+-- and for workers that take only some job names.)
 CREATE OR REPLACE FUNCTION claim_due(p_shard int, p_limit int, p_owner text, p_epoch bigint, p_lease_s real,
                                      p_worker text DEFAULT NULL, p_names text[] DEFAULT NULL,
                                      p_teams text[] DEFAULT NULL)
@@ -119,15 +194,11 @@ DECLARE
     v_now      timestamptz := mh_now();
     v_cur      timestamptz := mh_minute(v_now);
     v_problem  text := mh_lease_problem(p_shard, p_owner, p_epoch, v_now);
-    v_hand     timestamptz;
     v_bucket   timestamptz;
     v_left     int := p_limit;
     v_got      int;
-    v_any      boolean;
     v_ids      bigint[];
     v_team_ids int[];
-    v_token    uuid := gen_random_uuid();
-    v_expires  timestamptz := v_now + make_interval(secs => p_lease_s);
 BEGIN
     IF v_problem IS NOT NULL THEN
         RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::int, NULL::int, NULL::text,
@@ -144,87 +215,118 @@ BEGIN
         -- Unknown names match no job (a worker may list a team before it exists).
         v_team_ids := ARRAY(SELECT t.id FROM teams t WHERE t.name = ANY (p_teams));
     END IF;
-    SELECT s.hand INTO v_hand FROM shards s WHERE s.shard = p_shard;
-    -- A shard's first claim sets its hand; buckets older than the sweep line
-    -- are carried forward by maintenance, so the hand never lags further.
-    IF v_hand IS NULL OR v_hand < v_cur - mh_sweep_after() THEN
-        v_hand := greatest(coalesce(v_hand, v_cur - interval '1 minute'), v_cur - mh_sweep_after());
-        PERFORM mh_move_hand(p_shard, v_hand);
-    END IF;
-    v_bucket := v_hand;
+    v_bucket := mh_hand(p_shard, v_cur);
     LOOP
         -- A bucket behind now is usually drained: a cheap probe first.
-        v_any := v_bucket >= v_cur OR mh_bucket_has_rows(v_bucket, p_shard);
-        IF v_any THEN
+        IF v_bucket >= v_cur OR mh_bucket_has_rows(v_bucket, p_shard) THEN
             IF p_names IS NULL AND p_teams IS NULL THEN
                 EXECUTE mh_claim_sql(mh_minute_slot(v_bucket)) INTO v_ids USING p_shard, v_now, v_left;
             ELSE
                 EXECUTE mh_claim_filtered_sql(mh_minute_slot(v_bucket)) INTO v_ids
                   USING p_shard, v_now, v_left, p_names, v_team_ids;
             END IF;
-            -- Due rows of cancelled jobs were removed too, and claim nothing here.
-            -- One reminder row files the whole batch for expire_claims.
             RETURN QUERY
-            WITH claimed AS (
-                UPDATE jobs j
-                   SET state = 'claimed', attempts = j.attempts + 1, claimed_by = coalesce(p_worker, p_owner),
-                       lease_token = v_token, claim_expires_at = v_expires, claimed_at = v_now, updated_at = v_now
-                 WHERE j.shard = p_shard AND j.id = ANY (v_ids) AND j.state IN ('scheduled', 'retrying')
-                RETURNING j.id, j.team_id, j.name, j.payload, j.attempts, j.max_attempts, j.idempotency_key,
-                          j.lease_token, j.claim_expires_at, j.due_at, j.run_at, j.priority, j.strict
-            ), reminder AS (
-                INSERT INTO claim_checks (shard, check_at, job_ids)
-                SELECT p_shard, v_expires, array_agg(c.id) FROM claimed c HAVING count(*) > 0
-            ), counted AS (
-                INSERT INTO team_running AS r (shard, team_id, running)
-                SELECT p_shard, c.team_id, count(*) FROM claimed c GROUP BY c.team_id ORDER BY c.team_id
-                ON CONFLICT (shard, team_id) DO UPDATE SET running = r.running + excluded.running
-            )
-            SELECT c.id, t.name, c.name, c.payload::text, c.attempts, c.max_attempts, c.idempotency_key,
-                   c.lease_token, c.claim_expires_at, mh_readable(c.due_at), mh_readable(c.run_at),
-                   k.result::text, NULL::text
-              FROM claimed c
-              JOIN teams t ON t.id = c.team_id
-              LEFT JOIN idempotency_keys k
-                ON c.idempotency_key IS NOT NULL AND k.shard = p_shard AND k.team_id = c.team_id
-               AND k.key = c.idempotency_key AND k.completed_at IS NOT NULL AND k.expires_at > v_now
-             ORDER BY c.strict DESC, c.priority DESC, c.run_at;
+            SELECT c.job_id, c.team, c.name, c.payload, c.attempt, c.max_attempts, c.idempotency_key, c.lease_token,
+                   c.claim_expires_at, c.due_at, c.run_at, c.replay, NULL::text
+              FROM mh_take_claimed(p_shard, v_ids, coalesce(p_worker, p_owner), p_lease_s, v_now) c;
             GET DIAGNOSTICS v_got = ROW_COUNT;
             v_left := v_left - v_got;
-            EXIT WHEN v_left <= 0 OR v_bucket >= v_cur;
-            v_any := mh_bucket_has_rows(v_bucket, p_shard);
+            EXIT WHEN v_left <= 0;
         END IF;
-        -- The hand moves past a bucket only when no row of this shard is left
-        -- in it, locked by another claimer or not: a claimer that dies
-        -- mid-transaction must not leave its rows stranded behind the hand.
-        -- It stays one minute behind now, for rows whose submitter read the
-        -- clock just before the minute turned and committed just after.
-        IF NOT v_any AND v_bucket = v_hand AND v_bucket < v_cur - interval '1 minute' THEN
+        EXIT WHEN v_bucket >= v_cur;
+        v_bucket := v_bucket + interval '1 minute';
+    END LOOP;
+END $$;
+
+-- The dispatcher's claim: from one bucket of one shard, for each cell
+-- (strict, priority, team) up to its limit, the cells it chose across all
+-- its shards by order, quota and rotation (app/dispatch/fairness.py). Rows
+-- as claim_due's, with the cell each job came from (team_id, strict,
+-- priority), so the dispatcher can count down what it knows is due. A
+-- stale lease: one row naming why, as claim_due.
+CREATE OR REPLACE FUNCTION claim_planned(p_shard int, p_owner text, p_epoch bigint, p_lease_s real, p_worker text,
+                                         p_bucket timestamptz, p_stricts boolean[], p_priorities smallint[],
+                                         p_teams int[], p_limits int[])
+RETURNS TABLE (job_id bigint, team text, name text, payload text, attempt int, max_attempts int,
+               idempotency_key text, lease_token uuid, claim_expires_at timestamptz,
+               due_at timestamptz, run_at timestamptz, replay text, team_id int, strict boolean, priority smallint,
+               refused text)
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_now     timestamptz := mh_now();
+    v_problem text := mh_lease_problem(p_shard, p_owner, p_epoch, v_now);
+    v_ids     bigint[];
+    v_n       int := cardinality(p_limits);
+BEGIN
+    IF v_problem IS NOT NULL THEN
+        RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::int, NULL::int, NULL::text,
+                            NULL::uuid, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::text,
+                            NULL::int, NULL::boolean, NULL::smallint, v_problem;
+        RETURN;
+    END IF;
+    IF p_bucket IS NULL OR v_n IS NULL OR cardinality(p_stricts) IS DISTINCT FROM v_n
+       OR cardinality(p_priorities) IS DISTINCT FROM v_n OR cardinality(p_teams) IS DISTINCT FROM v_n
+       OR (SELECT bool_or(l IS NULL OR l < 1) OR sum(l) > 10000 FROM unnest(p_limits) l) THEN
+        RAISE EXCEPTION USING ERRCODE = 'MH400',
+            MESSAGE = 'a planned claim needs a bucket and cells of equal length, each limit at least 1, 10000 in all';
+    END IF;
+    IF p_lease_s IS NULL OR NOT (p_lease_s BETWEEN 1 AND 86400) THEN
+        RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = 'claim lease must be between 1 and 86400 seconds';
+    END IF;
+    EXECUTE mh_claim_cells_sql(mh_minute_slot(p_bucket)) INTO v_ids
+      USING p_shard, p_stricts, p_priorities, p_teams, p_limits, v_now;
+    RETURN QUERY
+    SELECT c.*, NULL::text FROM mh_take_claimed(p_shard, v_ids, coalesce(p_worker, p_owner), p_lease_s, v_now) c;
+END $$;
+
+-- What a shard has due, as the dispatcher plans from it: per bucket (from
+-- the hand to the current one), class (strict, priority) and team, how
+-- many rows are due now and the oldest run time among them; then one row
+-- with team_id NULL whose next_at is the earliest run time not yet due in
+-- the current and next buckets (NULL: none), when the dispatcher looks
+-- again. Counting reads the claim index in its own order. The hand moves
+-- past buckets it finds empty, never closer than a minute behind now (rows
+-- whose submitter read the clock just before the minute turned and
+-- committed just after), and only over buckets with no row of this shard
+-- left, locked or not: a claimer that dies mid-transaction must not leave
+-- its rows stranded behind the hand.
+CREATE OR REPLACE FUNCTION due_edge(p_shard int)
+RETURNS TABLE (bucket timestamptz, strict boolean, priority smallint, team_id int, due int,
+               oldest timestamptz, next_at timestamptz)
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+DECLARE
+    v_now    timestamptz := mh_now();
+    v_cur    timestamptz := mh_minute(v_now);
+    v_hand   timestamptz := mh_hand(p_shard, v_cur);
+    v_bucket timestamptz := v_hand;
+    v_found  int;
+    v_next   timestamptz;
+BEGIN
+    WHILE v_bucket <= v_cur LOOP
+        IF v_bucket >= v_cur - interval '1 minute' OR mh_bucket_has_rows(v_bucket, p_shard) THEN
+            RETURN QUERY EXECUTE format(
+                $f$SELECT $2, d.strict, d.priority, d.team_id, count(*)::int, min(d.run_at), NULL::timestamptz
+                     FROM %I d WHERE d.shard = $1 AND d.run_at <= $3
+                    GROUP BY d.strict, d.priority, d.team_id$f$, mh_minute_part(mh_minute_slot(v_bucket)))
+              USING p_shard, v_bucket, v_now;
+            GET DIAGNOSTICS v_found = ROW_COUNT;
+        ELSE
+            v_found := 0;
+        END IF;
+        IF v_found = 0 AND v_bucket = v_hand AND v_bucket < v_cur - interval '1 minute' THEN
             v_hand := v_bucket + interval '1 minute';
             PERFORM mh_move_hand(p_shard, v_hand);
         END IF;
         v_bucket := v_bucket + interval '1 minute';
     END LOOP;
-END $$;
-
--- The earliest run time among this shard's rows in its current and next
--- buckets (and any behind the hand), or NULL when none is due before the
--- bucket after next begins. The dispatcher sleeps until then or a NOTIFY.
-CREATE OR REPLACE FUNCTION next_due(p_shard int) RETURNS timestamptz
-LANGUAGE plpgsql STABLE SET search_path = minutehand, pg_temp AS $$
-DECLARE
-    v_now    timestamptz := mh_now();
-    v_cur    timestamptz := mh_minute(v_now);
-    v_bucket timestamptz;
-    v_min    timestamptz;
-BEGIN
-    SELECT greatest(coalesce(s.hand, v_cur - interval '1 minute'), v_cur - mh_sweep_after())
-      INTO v_bucket FROM shards s WHERE s.shard = p_shard;
-    WHILE v_bucket <= v_cur + interval '1 minute' LOOP
-        EXECUTE format('SELECT min(run_at) FROM %I WHERE shard = $1', mh_minute_part(mh_minute_slot(v_bucket)))
-           INTO v_min USING p_shard;
-        EXIT WHEN v_min IS NOT NULL;
+    v_bucket := v_cur;
+    WHILE v_next IS NULL AND v_bucket <= v_cur + interval '1 minute' LOOP
+        EXECUTE format('SELECT min(run_at) FROM %I WHERE shard = $1 AND run_at > $2',
+                       mh_minute_part(mh_minute_slot(v_bucket)))
+           INTO v_next USING p_shard, v_now;
         v_bucket := v_bucket + interval '1 minute';
     END LOOP;
-    RETURN v_min;
+    RETURN QUERY SELECT NULL::timestamptz, NULL::boolean, NULL::smallint, NULL::int, NULL::int, NULL::timestamptz,
+                        v_next;
 END $$;
