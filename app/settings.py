@@ -9,6 +9,9 @@ from pathlib import Path
 
 from minutehand import envconfig
 
+# teams.quota and teams.weight are int columns: the bounds the API documents.
+TEAM_LIMIT_MIN, TEAM_LIMIT_MAX = 1, 2**31 - 1
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -61,10 +64,25 @@ class Settings:
     # 2 cores: 1 and 2 are fastest; 2 keeps one slow batch (a key waiting on
     # another transaction) from holding every submission up.
     api_submit_workers: int = 2
+    # A new team's quota (most of its jobs running at once while other teams
+    # have due work waiting) and weight (its share when teams compete), when
+    # its creation names none.
+    default_team_quota: int = 1000
+    default_team_weight: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("default_team_quota", "default_team_weight"):
+            value = getattr(self, name)
+            if type(value) is not int or not TEAM_LIMIT_MIN <= value <= TEAM_LIMIT_MAX:
+                raise ValueError(f"setting {name}: {value!r} is not a whole number from {TEAM_LIMIT_MIN} "
+                                 f"to {TEAM_LIMIT_MAX}")
 
     @classmethod
     def load(cls, argv: list[str] | None = None, env: dict[str, str] | None = None) -> Settings:
-        return envconfig.load(cls, argv, env)
+        try:
+            return envconfig.load(cls, argv, env)
+        except ValueError as exc:                 # __post_init__: said like envconfig's own refusals
+            raise SystemExit(str(exc)) from None
 
     @classmethod
     def parser(cls, parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:

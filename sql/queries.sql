@@ -92,6 +92,25 @@ INSERT INTO teams (name, quota, weight, token_hash) VALUES (%(name)s, %(quota)s,
 ON CONFLICT (name) DO NOTHING
 RETURNING id
 
+-- name: update_team
+-- Set a team's quota and/or weight (NULL keeps the value), one statement;
+-- no row if there is no such team. The dispatcher rereads teams periodically.
+UPDATE teams SET quota = coalesce(%(quota)s::int, quota), weight = coalesce(%(weight)s::int, weight)
+ WHERE name = %(name)s::text
+RETURNING name, quota, weight, created_at
+
+-- name: team
+-- A team's settings; no row if there is no such team.
+SELECT name, quota, weight, created_at FROM teams WHERE name = %(name)s::text
+
+-- name: list_teams
+-- One page of teams by name, after `after` (NULL: from the first): keyset on
+-- the name's unique index, never OFFSET.
+SELECT name, quota, weight, created_at FROM teams
+ WHERE %(after)s::text IS NULL OR name > %(after)s::text
+ ORDER BY name
+ LIMIT %(limit)s::int
+
 -- name: team_exists
 -- Whether a team of this name exists.
 SELECT EXISTS (SELECT 1 FROM teams WHERE name = %(name)s) AS exists

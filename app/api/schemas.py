@@ -164,13 +164,28 @@ class BatchIn(Struct, forbid_unknown_fields=True):
     jobs: list[BatchJobIn]
 
 
+TEAM_NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
+QUOTA_DOC = ("most jobs of the team running at once while other teams have due work waiting (it may borrow "
+             "idle capacity beyond it)")
+WEIGHT_DOC = "the team's share of the fleet when teams compete (weighted rotation)"
+# Omitted (UNSET) is not null: null is refused, as a value of the wrong type.
+Quota = Annotated[Integer | msgspec.UnsetType, _int_doc(QUOTA_DOC, minimum=1, maximum=INT32_MAX)]
+Weight = Annotated[Integer | msgspec.UnsetType, _int_doc(WEIGHT_DOC, minimum=1, maximum=INT32_MAX)]
+
+
 class TeamIn(Struct, forbid_unknown_fields=True):
-    name: Annotated[str, _doc("1 to 63 characters: lowercase letters, digits, _ . -",
-                              pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")]
-    quota: Annotated[Integer, _int_doc("most jobs of the team running at once", minimum=1,
-                                       maximum=INT32_MAX)] = 1000
-    weight: Annotated[Integer, _int_doc("share of the fleet when teams compete", minimum=1,
-                                        maximum=INT32_MAX)] = 1
+    """quota and weight omitted: the server's default_team_quota and
+    default_team_weight settings (1000 and 1 unless set)."""
+    name: Annotated[str, _doc("1 to 63 characters: lowercase letters, digits, _ . -", pattern=TEAM_NAME_PATTERN)]
+    quota: Quota = msgspec.UNSET
+    weight: Weight = msgspec.UNSET
+
+
+class TeamSettingsIn(Struct, forbid_unknown_fields=True):
+    """Either or both; a field omitted keeps its value. The dispatcher
+    applies a change within a few seconds."""
+    quota: Quota = msgspec.UNSET
+    weight: Weight = msgspec.UNSET
 
 
 # ---------------------------------------------------------------- responses
@@ -253,6 +268,18 @@ class CancelledOut(Struct):
 class TeamTokenOut(Struct):
     name: str
     token: str  # shown once; only its hash is stored
+
+
+class TeamOut(Struct):
+    name: str
+    quota: int
+    weight: int
+    created_at: dt.datetime
+
+
+class TeamPageOut(Struct):
+    teams: list[TeamOut]
+    next_cursor: str | None  # pass as ?cursor= for the next page (by name); None: no more teams
 
 
 class FailuresOut(Struct):

@@ -1,21 +1,32 @@
-"""Team routes: create a team and rotate its token (admin), and a team's
-recent statistics."""
+"""Team routes: create a team, set its quota and weight, list teams and
+rotate a team's token (admin); a team's settings and recent statistics."""
 from __future__ import annotations
 
-from litestar import get, post
+from typing import Annotated
+
+import msgspec
+from litestar import get, patch, post
 from litestar.di import NamedDependency
 from litestar.handlers import HTTPRouteHandler
-from litestar.params import FromPath, JSONBody
+from litestar.params import FromPath, JSONBody, QueryParameter
 
 from minutehand.api import problems
 from minutehand.api.auth import Principal
 from minutehand.api.context import Context
 from minutehand.api.problems import COMMON, CONFLICT, FORBIDDEN, INVALID, NOT_FOUND, ApiProblem
-from minutehand.api.schemas import FailuresOut, StatsOut, TeamIn, TeamTokenOut, text_problem
+from minutehand.api.schemas import (TEAM_NAME_PATTERN, FailuresOut, StatsOut, TeamIn, TeamOut, TeamPageOut,
+                                    TeamSettingsIn, TeamTokenOut, text_problem)
+from minutehand.store.records import TeamSettings
 
 SECURITY = [{"bearer": []}]
 STATS_WINDOW_S = 86400
 STATS_CAP = 50_000
+TEAMS_PAGE_MAX = 1000
+APPLIED = "The dispatcher applies a new quota or weight within a few seconds (it rereads teams periodically)."
+
+
+def team_out(team: TeamSettings) -> TeamOut:
+    return TeamOut(team.name, team.quota, team.weight, team.created_at)
 
 
 def routes(ctx: Context) -> list[HTTPRouteHandler]:
@@ -23,14 +34,18 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
 
     @post("/v1/teams", operation_id="createTeam", status_code=201, security=SECURITY, tags=["teams"], request_max_body_size=4096,
           opt={"admin_only": True},                  # a team's token is refused before its body is read
-          summary="Create a team (admin)", description="Returns the team's token, shown this once.",
+          summary="Create a team (admin)",
+          description="Returns the team's token, shown this once. quota and weight omitted: the server's "
+                      "default_team_quota and default_team_weight settings.",
           responses=problems.responses(*COMMON, FORBIDDEN, CONFLICT, INVALID))
     async def create_team(data: JSONBody[TeamIn], principal: NamedDependency[Principal]) -> TeamTokenOut:
         principal.require_admin()
         team = data
         if reason := text_problem("name", team.name):
             raise ApiProblem(INVALID, reason)
-        token = await ctx.db(store.create_team, team.name, quota=int(team.quota), weight=int(team.weight))
+        quota = ctx.settings.default_team_quota if team.quota is msgspec.UNSET else int(team.quota)
+        weight = ctx.settings.default_team_weight if team.weight is msgspec.UNSET else int(team.weight)
+        token = await ctx.db(store.create_team, team.name, quota=quota, weight=weight)
         return TeamTokenOut(team.name, token)
 
     @post("/v1/teams/{name:str}/token", operation_id="rotateToken", status_code=200, security=SECURITY, tags=["teams"],
@@ -58,4 +73,49 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
                         quota=stats.quota, lateness_p50_s=stats.lateness_p50_s, lateness_p99_s=stats.lateness_p99_s,
                         failures=[FailuresOut(f["name"], f["dead"], f["retrying"]) for f in stats.failures])
 
-    return [create_team, rotate_token, team_stats]
+    @patch("/v1/teams/{name:str}", operation_id="setTeam", status_code=200, security=SECURITY, tags=["teams"],
+           request_max_body_size=4096,
+           opt={"admin_only": True},                 # a team's token is refused before its body is read
+           summary="Set a team's quota and/or weight (admin)",
+           description="A field omitted keeps its value; at least one is required. Answers the team's "
+                       "settings. " + APPLIED,
+           responses=problems.responses(*COMMON, FORBIDDEN, NOT_FOUND, INVALID))
+    async def set_team(data: JSONBody[TeamSettingsIn], principal: NamedDependency[Principal],
+                       name: FromPath[str]) -> TeamOut:
+        principal.require_admin()
+        if data.quota is msgspec.UNSET and data.weight is msgspec.UNSET:
+            raise ApiProblem(INVALID, "request body: give quota, weight or both")
+        team = await ctx.db(store.update_team, name,
+                            quota=None if data.quota is msgspec.UNSET else int(data.quota),
+                            weight=None if data.weight is msgspec.UNSET else int(data.weight))
+        return team_out(team)
+
+    @get("/v1/teams/{name:str}", operation_id="getTeam", security=SECURITY, tags=["teams"],
+         summary="A team's quota and weight",
+         description="The admin names any team; a team's token only its own (by its name or `me`).",
+         responses=problems.responses(*COMMON, NOT_FOUND, INVALID))
+    async def get_team(principal: NamedDependency[Principal], name: FromPath[str]) -> TeamOut:
+        if principal.is_admin and name == "me":
+            raise ApiProblem(INVALID, "the admin token has no team of its own: name the team")
+        team_name = principal.own_team(None if name == "me" else name)
+        team = await ctx.db(store.team, team_name)
+        if team is None:
+            raise ApiProblem(NOT_FOUND, f"no such team {team_name!r}")
+        return team_out(team)
+
+    @get("/v1/teams", operation_id="listTeams", security=SECURITY, tags=["teams"], summary="Every team, by name (admin)",
+         description="Keyset-paginated by name: pass next_cursor as ?cursor= for the next page; next_cursor "
+                     "null: no more teams. " + APPLIED,
+         responses=problems.responses(*COMMON, FORBIDDEN),
+         exception_handlers=problems.parameters())
+    async def list_teams(
+        principal: NamedDependency[Principal],
+        cursor: Annotated[str | None, QueryParameter(required=False, pattern=TEAM_NAME_PATTERN,
+                                                     description="the next_cursor of the previous page")] = None,
+        limit: Annotated[int, QueryParameter(ge=1, le=TEAMS_PAGE_MAX)] = 100,
+    ) -> TeamPageOut:
+        principal.require_admin()
+        page = await ctx.db(store.list_teams, after=cursor, limit=limit)
+        return TeamPageOut([team_out(t) for t in page.teams], page.next_cursor)
+
+    return [create_team, rotate_token, team_stats, set_team, get_team, list_teams]

@@ -14,7 +14,7 @@ import argparse
 import logging
 import sys
 
-from minutehand.settings import Settings
+from minutehand.settings import TEAM_LIMIT_MAX, TEAM_LIMIT_MIN, Settings
 
 # The server's dependencies (the `server` extra): a subcommand that fails to
 # import one of them says how to install them rather than show a traceback.
@@ -47,12 +47,52 @@ def cmd_maintain(settings: Settings, args: argparse.Namespace) -> None:
 
 def cmd_team_create(settings: Settings, args: argparse.Namespace) -> None:
     from minutehand.store.errors import StoreError
+    quota = settings.default_team_quota if args.quota is None else args.quota
+    weight = settings.default_team_weight if args.weight is None else args.weight
     with _store(settings) as store:
         try:
-            token = store.create_team(args.name, quota=args.quota, weight=args.weight)
+            token = store.create_team(args.name, quota=quota, weight=weight)
         except StoreError as exc:
             raise SystemExit(f"team {args.name!r} not created: {exc.message}") from None
-    print(f"team {args.name} created; its token (shown once, only its hash is stored):\n{token}")
+    print(f"team {args.name} created (quota {quota}, weight {weight}); its token (shown once, only its hash "
+          f"is stored):\n{token}")
+
+
+def cmd_team_set(settings: Settings, args: argparse.Namespace) -> None:
+    from minutehand.store.errors import StoreError
+    if args.quota is None and args.weight is None:
+        raise SystemExit("team set: give --quota, --weight or both")
+    with _store(settings) as store:
+        try:
+            team = store.update_team(args.name, quota=args.quota, weight=args.weight)
+        except StoreError as exc:
+            raise SystemExit(f"team {args.name!r} not changed: {exc.message}") from None
+    print(f"team {team.name}: quota {team.quota}, weight {team.weight} (the dispatcher applies it within a "
+          "few seconds)")
+
+
+def cmd_team_list(settings: Settings, args: argparse.Namespace) -> None:
+    with _store(settings) as store:
+        page = store.list_teams(after=args.after, limit=args.limit)
+    width = max([4, *(len(t.name) for t in page.teams)])
+    print(f"{'name':<{width}}  {'quota':>10}  {'weight':>10}  created_at")
+    for t in page.teams:
+        print(f"{t.name:<{width}}  {t.quota:>10}  {t.weight:>10}  {t.created_at.isoformat()}")
+    if page.next_cursor is not None:
+        print(f"(more: minutehand team list --after {page.next_cursor})")
+
+
+def _bounded(low: int, high: int):
+    """An argparse type: a whole number within [low, high]."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not from {low} to {high}")
+        return value
+    return parse
 
 
 def cmd_worker_token(settings: Settings, args: argparse.Namespace) -> None:
@@ -107,17 +147,36 @@ def build_parser() -> argparse.ArgumentParser:
     def command(name: str, func, help_: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_, description=help_)
         settings_class(name).parser(p)
-        p.set_defaults(func=func)
+        if func is not None:                 # None: its own subcommands name theirs
+            p.set_defaults(func=func)
         return p
 
     p = command("migrate", cmd_migrate, "upgrade the schema to the latest revision (a no-op when current)")
     p.add_argument("--downgrade", action="store_true", help="undo the latest revision instead")
     command("maintain", cmd_maintain, "run every maintenance duty once over every shard")
-    p = command("team", cmd_team_create, "create a team and print its API token")
-    p.add_argument("action", choices=["create"])
+    team = command("team", None, "create a team, set its quota and weight, list teams").add_subparsers(
+        dest="action", required=True)
+
+    def team_command(name: str, func, help_: str) -> argparse.ArgumentParser:
+        p = team.add_parser(name, help=help_, description=help_)
+        Settings.parser(p)                   # settings flags given after the action are the command's too
+        p.set_defaults(func=func)
+        return p
+
+    limit = _bounded(TEAM_LIMIT_MIN, TEAM_LIMIT_MAX)
+    p = team_command("create", cmd_team_create, "create a team and print its API token")
     p.add_argument("name")
-    p.add_argument("--quota", type=int, default=1000, help="most jobs of the team running at once")
-    p.add_argument("--weight", type=int, default=1, help="share of the fleet when teams compete")
+    p.add_argument("--quota", type=limit, help="most jobs of the team running at once while other teams have "
+                                               "due work waiting (default: the default_team_quota setting)")
+    p.add_argument("--weight", type=limit, help="its share of the fleet when teams compete (default: the "
+                                                "default_team_weight setting)")
+    p = team_command("set", cmd_team_set, "set a team's quota and/or weight (applied within a few seconds)")
+    p.add_argument("name")
+    p.add_argument("--quota", type=limit, help="most jobs of the team running at once while others wait")
+    p.add_argument("--weight", type=limit, help="its share of the fleet when teams compete")
+    p = team_command("list", cmd_team_list, "list teams by name with their quota and weight")
+    p.add_argument("--after", help="start after this team name (a page's last)")
+    p.add_argument("--limit", type=_bounded(1, 1000), default=1000, help="most teams listed (at most 1000)")
     command("worker", cmd_worker, "run a worker: minutehand worker module.path:worker").add_argument("target")
     p = command("worker-token", cmd_worker_token, "create (or rotate) a worker credential and print its token")
     p.add_argument("action", choices=["create"])

@@ -269,7 +269,8 @@ def run(settings: Settings, args) -> None:
 
         store = Store(url)
         # A token is shown once: each run rotates them to show fresh ones.
-        token = store.rotate_token(TEAM) if store.team_exists(TEAM) else store.create_team(TEAM)
+        token = store.rotate_token(TEAM) if store.team_exists(TEAM) else store.create_team(
+            TEAM, quota=settings.default_team_quota, weight=settings.default_team_weight)
         demo_token = store.create_worker_token(DEMO_WORKER)
         user_token = store.create_worker_token(USER_WORKER)
         cancel_leftovers(store)

@@ -221,6 +221,21 @@ class JobPage:
 
 
 @dataclass(frozen=True)
+class TeamSettings:
+    """A team as an administrator sees it (never its token)."""
+    name: str
+    quota: int
+    weight: int
+    created_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class TeamPage:
+    teams: list[TeamSettings]
+    next_cursor: str | None  # the last name: pass as after= for the next page; None: no more
+
+
+@dataclass(frozen=True)
 class TeamStats:
     team: str
     quota: int

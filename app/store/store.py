@@ -24,7 +24,7 @@ from minutehand.store import errors, repeat, schema
 from minutehand.store.queries import q
 from minutehand.store.records import (BatchItem, ClaimRequest, Complete, EdgeCell, Fail, Heartbeat, JobPage, JobSpec,
                                      JobStatus, JobSummary, Maintenance, Outcome, PlannedClaim, Release, Report, Start,
-                                     Submitted, TeamStats, TeamTerms)
+                                     Submitted, TeamPage, TeamSettings, TeamStats, TeamTerms)
 
 
 log = logging.getLogger(__name__)
@@ -152,13 +152,36 @@ class Store:
         try:
             row = self._one("create_team", {"name": name, "quota": quota, "weight": weight,
                                             "token_hash": hash_token(token)})
-        except psycopg.errors.CheckViolation:
+        except (psycopg.errors.CheckViolation, psycopg.errors.NumericValueOutOfRange):
             raise errors.InvalidInput(
                 f"team name {name!r} must be 1 to 63 characters: lowercase letters, digits, _ . -, "
-                "starting with a letter or digit; quota and weight must be positive") from None
+                f"starting with a letter or digit; quota and weight must be positive (at most {2**31 - 1})") from None
         if row is None:
             raise errors.Conflict(f"team {name!r} already exists")
         return token
+
+    def update_team(self, name: str, *, quota: int | None = None, weight: int | None = None) -> TeamSettings:
+        """Set a team's quota and/or weight (None keeps it), in one statement;
+        raises NotFound, or InvalidInput for a value the columns refuse."""
+        if quota is None and weight is None:
+            raise errors.InvalidInput("give a quota, a weight or both")
+        try:
+            row = self._one("update_team", {"name": name, "quota": quota, "weight": weight})
+        except (psycopg.errors.CheckViolation, psycopg.errors.NumericValueOutOfRange):
+            raise errors.InvalidInput(f"quota and weight must be whole numbers from 1 to {2**31 - 1}") from None
+        if row is None:
+            raise errors.NotFound(f"no such team {name!r}")
+        return TeamSettings(**row)
+
+    def team(self, name: str) -> TeamSettings | None:
+        row = self._one("team", {"name": name})
+        return TeamSettings(**row) if row else None
+
+    def list_teams(self, *, after: str | None = None, limit: int = 100) -> TeamPage:
+        """Teams by name after `after`; one page of at most `limit`."""
+        rows = self._all("list_teams", {"after": after, "limit": limit + 1})
+        teams = [TeamSettings(**r) for r in rows[:limit]]
+        return TeamPage(teams, teams[-1].name if len(rows) > limit else None)
 
     def team_exists(self, name: str) -> bool:
         return self._one("team_exists", {"name": name})["exists"]
