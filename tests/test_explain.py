@@ -7,7 +7,9 @@ Then the plans are read, not guessed:
 
 * the claim (claim_due, with auto_explain logging every nested statement, and
   the claim statement of mh_claim_sql itself under EXPLAIN EXECUTE) names only
-  the two minute partitions of the hand's bucket and the current one;
+  the two minute partitions of the hand's bucket and the current one; the
+  dispatcher's planned claim (claim_planned) only its bucket's, and its
+  summary of a shard (due_edge) only the hand's, current and next;
 * the status read (named query job_status) is one Index Scan on jobs_pkey;
 * a submit touches exactly one partition of the wheel.
 
@@ -362,18 +364,50 @@ def test_claim_of_an_empty_shard_still_touches_only_two_partitions(conn, layout)
         assert ae.due_relations() == {layout["prev"], layout["cur"]}
 
 
-def test_next_due_reads_only_the_hand_current_and_next_buckets(conn, layout):
-    """The dispatcher's sleep query: the hand's bucket, the current one and the next, nothing else."""
+def test_due_edge_reads_only_the_hand_current_and_next_buckets(conn, layout):
+    """The dispatcher's summary of a shard: its due rows counted in the
+    hand's and the current bucket, the next run time from the current and
+    the next one; nothing else of the wheel."""
     nxt = minute_part(conn, CUR + MIN)
     with conn.transaction(force_rollback=True):
         shard = layout["shard"]
-        for part in (layout["prev"], layout["cur"], nxt):        # nothing due nearby: it looks at all three
-            conn.execute(f"DELETE FROM {part} WHERE shard = %s", (shard,))
         ae = AutoExplain(conn)
         with ae:
-            assert conn.execute("SELECT next_due(%s)", (shard,)).fetchone()[0] is None
-        assert ae.due_relations() == {layout["prev"], layout["cur"], nxt}
+            rows = conn.execute("SELECT * FROM due_edge(%s)", (shard,)).fetchall()
+        assert sum(r[4] for r in rows[:-1]) == layout["n_prev"] + layout["n_cur"]
+        assert ae.due_relations() <= {layout["prev"], layout["cur"], nxt}
+        counts = [p for p in ae.plans if "count(*)" in p["Query Text"] and "format(" not in p["Query Text"]]
+        assert counts
+        for p in counts:     # counted from the claim index, one shard's range of it
+            assert_no_scan_beyond(p["Plan"], *due_relations(p["Plan"]))
+            assert "Seq Scan" not in {n["Node Type"] for n in plan_nodes(p["Plan"])}
         assert locked_due_relations(conn) - {layout["prev"], layout["cur"], nxt} == set()
+
+
+def test_planned_claim_probes_its_cells_in_one_partition(conn, layout):
+    """claim_planned: one bucket's partition, an index probe per cell, the
+    job records by primary key."""
+    shard = layout["shard"]
+    with conn.transaction(force_rollback=True):
+        cells = conn.execute(f"""SELECT strict, priority, team_id, count(*)::int FROM {layout['cur']}
+                                  WHERE shard = %s GROUP BY 1, 2, 3""", (shard,)).fetchall()
+        epoch = _lease(conn, shard, "explain-p")
+        ae = AutoExplain(conn)
+        with ae:
+            rows = conn.execute(
+                "SELECT job_id FROM claim_planned(%s, 'explain-p', %s, 30, 'w', %s, %s, %s::smallint[], %s, %s)",
+                (shard, epoch, CUR, [c[0] for c in cells], [c[1] for c in cells], [c[2] for c in cells],
+                 [c[3] for c in cells])).fetchall()
+        assert len(rows) == layout["n_cur"]
+        claim_plans = [p for p in ae.plans
+                       if "WITH picked AS" in p["Query Text"] and "format(" not in p["Query Text"]]
+        assert [due_relations(p["Plan"]) for p in claim_plans] == [{layout["cur"]}]
+        assert "Seq Scan" not in {n["Node Type"] for n in nodes_on(claim_plans[0]["Plan"], layout["cur"])}
+        assert_no_scan_beyond(claim_plans[0]["Plan"], layout["cur"])
+        assert ae.due_relations() == {layout["cur"]}
+        reads = [n for n in ae.nodes_on("jobs") if n["Node Type"] != "ModifyTable"]
+        assert reads and {n.get("Index Name") for n in reads} == {"jobs_pkey"}
+        assert locked_due_relations(conn) == {layout["cur"]}
 
 
 # ---------------------------------------------------------------- (b) the status read

@@ -162,7 +162,7 @@ class StartedDispatcher:
 
 def started_dispatcher(store: Store, **settings) -> Dispatcher:
     dispatcher, parts = dispatcher_parts(
-        Settings(dispatcher_name=f"d-{secrets.token_hex(3)}", shard_lease_s=5, **settings), store)
+        Settings(**{"dispatcher_name": f"d-{secrets.token_hex(3)}", "shard_lease_s": 5, **settings}), store)
     parts.start()
     d = StartedDispatcher(dispatcher, parts)
     deadline = time.monotonic() + 20
@@ -242,11 +242,11 @@ def test_a_takeover_is_a_warning_not_a_failed_round(db_dsn, db, caplog):
     s.create_team("t")
     for _ in range(50):
         s.submit("t", JobSpec(name="x"))
-    d = started_dispatcher(s)
+    d = started_dispatcher(s, shard_lease_s=60)    # no renewal (which would learn the new epochs) meanwhile
     try:
         db.execute("UPDATE shards SET epoch = epoch + 1")          # another dispatcher's epochs now
         with caplog.at_level(logging.WARNING, logger="minutehand.dispatch.dispatcher"):
-            handed = asyncio.run(d.lease("w", 10, None, 1.0))
+            handed = asyncio.run(d.lease("w", 10, None, 5.0))
     finally:
         d.stop()
         s.close()

@@ -72,7 +72,7 @@ from minutehand.store.store import Store
 log = logging.getLogger(__name__)
 
 CHANNEL = "minutehand_due"
-MAX_SHARDS_PER_TEAM = 16        # a names-filtered waiter's claims per team in one round trip
+MAX_SHARDS_PER_TEAM = 64        # a names-filtered waiter's claims per team in one round trip
 MAX_WAITERS_PER_ROUND = 32
 FILTERED_RECHECK_S = 1.0        # a shard found empty for a filter is tried again for it after this
 RUNNING_READ_S = 0.25           # how often the jobs running per team are read (quota headroom)
@@ -409,52 +409,70 @@ class Dispatcher:
                                                  [team for _, team in keys], [wanted[k] for k in keys]))
                     goes_to.append(w)
                     planned.append(wanted)
+        queues: dict[tuple[Filter, int], deque] = {}      # names-filtered waiters of one filter share them
         with self._cond:
-            named = [(w, [s for s in edges if not self._empty_for(w.filter, s, now)]) for w in waiters if w.named]
-        for w, shards in named:
-            for team, shard, n in self._named_takes(w, shards, edges, budgets):
-                requests.append(ClaimRequest(shard, leases[shard], n, w.worker, list(w.filter[0]),
-                                             [self._terms[team].name]))
-                goes_to.append(w)
-                planned.append({})
-                asked[id(w)] += n
-                b = budgets[team]
-                budgets[team] = Budget(b.weight, b.headroom - n)
+            named = {id(w): self._named_plan(w, [s for s in edges if not self._empty_for(w.filter, s, now)],
+                                             edges, budgets, queues)
+                     for w in waiters if w.named}
+        for w in waiters:
+            if w.named:
+                asked[id(w)] = sum(n for n, _ in named[id(w)].values())
         got: dict[int, list[dict]] = {id(w): [] for w in waiters}
         failed: dict[int, Exception] = {}
+        recount, short = set(), defaultdict(set)
+        per_team = 1                              # names-filtered: shards tried per team, growing while short
         try:
-            results, refused = self.store.claim(requests, self.name, self.claim_s) if requests else ([], {})
-            if refused:
-                self._drop(refused)
-            recount, short = set(), defaultdict(set)
-            with self._cond:
-                for r, w, cells, rows in zip(requests, goes_to, planned, results):
-                    if isinstance(rows, errors.StaleLease):
+            while True:
+                for w in waiters:
+                    if not w.named or id(w) in failed:
                         continue
-                    if isinstance(rows, Exception):   # this worker's request alone
-                        log.warning("claim for worker %s failed: %s", w.worker, rows)
-                        failed.setdefault(id(w), rows)
-                        continue
-                    got[id(w)].extend(rows)
-                    for row in rows:
-                        self._mine[self._team_ids.get(row["team"], -1)] += 1
-                    if isinstance(r, ClaimRequest):  # names-filtered: the edge no longer says what is left
-                        recount.add(r.shard)
-                        if len(rows) < r.limit:
-                            short[w.filter].add(r.shard)
-                        continue
-                    came: dict[tuple[Class, int], int] = defaultdict(int)
-                    for row in rows:
-                        row["bucket"] = r.bucket.timestamp()
-                        came[_class(row), row["team_id"]] += 1
-                    edge = self._edges.get(r.shard)
-                    for key, n in cells.items():
-                        if edge is not None and key in edge.cells:
-                            edge.cells[key][0] -= came[key]
-                            if edge.cells[key][0] <= 0:
-                                del edge.cells[key]
-                        if came[key] < n:            # the edge promised more: read it again
+                    for team, (left, queue) in named[id(w)].items():
+                        picks = [queue.popleft() for _ in range(min(per_team, left, len(queue)))]
+                        each, extra = divmod(left, len(picks)) if picks else (0, 0)
+                        for k, shard in enumerate(picks):
+                            requests.append(ClaimRequest(shard, leases[shard], each + (1 if k < extra else 0),
+                                                         w.worker, list(w.filter[0]), [self._terms[team].name]))
+                            goes_to.append(w)
+                            planned.append({})
+                if not requests:
+                    break
+                per_team = min(per_team * 4, MAX_SHARDS_PER_TEAM)
+                results, refused = self.store.claim(requests, self.name, self.claim_s)
+                if refused:
+                    self._drop(refused)
+                with self._cond:
+                    for r, w, cells, rows in zip(requests, goes_to, planned, results):
+                        if isinstance(rows, errors.StaleLease):
+                            continue
+                        if isinstance(rows, Exception):   # this worker's request alone
+                            log.warning("claim for worker %s failed: %s", w.worker, rows)
+                            failed.setdefault(id(w), rows)
+                            continue
+                        got[id(w)].extend(rows)
+                        for row in rows:
+                            self._mine[self._team_ids.get(row["team"], -1)] += 1
+                        if isinstance(r, ClaimRequest):  # names-filtered: the edge no longer says what is left
                             recount.add(r.shard)
+                            team = self._team_ids[r.teams[0]]
+                            named[id(w)][team][0] -= len(rows)
+                            if len(rows) < r.limit:
+                                short[w.filter].add(r.shard)
+                            else:                    # may hold more, for the next pass
+                                named[id(w)][team][1].append(r.shard)
+                            continue
+                        came: dict[tuple[Class, int], int] = defaultdict(int)
+                        for row in rows:
+                            row["bucket"] = r.bucket.timestamp()
+                            came[_class(row), row["team_id"]] += 1
+                        edge = self._edges.get(r.shard)
+                        for key, n in cells.items():
+                            if edge is not None and key in edge.cells:
+                                edge.cells[key][0] -= came[key]
+                                if edge.cells[key][0] <= 0:
+                                    del edge.cells[key]
+                            if came[key] < n:            # the edge promised more: read it again
+                                recount.add(r.shard)
+                requests, goes_to, planned = [], [], []
             answers = [(w, self._deliverable(fairness.rotate(got[id(w)], _class, lambda row: row["team"])
                                              if not w.named else got[id(w)]))
                        for w in waiters]
@@ -487,12 +505,13 @@ class Dispatcher:
             self._taken = []
         settle(settled, on_gone=self._give_back)
 
-    def _named_takes(self, w: Waiter, shards: list[int], edges: dict[int, Edge],
-                     budgets: dict[int, Budget]) -> list[tuple[int, int, int]]:
-        """(team, shard, limit) claims for a names-filtered waiter: its
-        capacity shared among the teams it may take (by weight, within their
-        headroom), each team's share over the shards holding its due rows,
-        best class first."""
+    def _named_plan(self, w: Waiter, shards: list[int], edges: dict[int, Edge], budgets: dict[int, Budget],
+                    queues: dict[tuple[Filter, int], deque]) -> dict[int, list]:
+        """For a names-filtered waiter: {team: [jobs it may still take, the
+        shards holding the team's due rows, best class first]} (the queue of
+        shards shared by the waiters of its filter); its capacity shared
+        among the teams it may take by weight, within their headroom (these
+        workers do not borrow)."""
         allowed = None if w.filter[1] is None else {self._team_ids.get(n) for n in w.filter[1]}
         where: dict[int, list[tuple[tuple, int]]] = defaultdict(list)
         for s in shards:
@@ -501,13 +520,14 @@ class Dispatcher:
                     where[team].append((fairness.class_order(cls), s))
         caps = {t: budgets[t].headroom for t in where if budgets[t].headroom > 0}
         shares = fairness.share(w.capacity, caps, {t: budgets[t].weight for t in caps}, self._credit)
-        takes = []
+        plan = {}
         for team, n in shares.items():
-            picks = list(dict.fromkeys(s for _, s in sorted(where[team])))[:MAX_SHARDS_PER_TEAM]
-            each, extra = divmod(n, len(picks)) if picks else (0, 0)
-            takes += [(team, s, each + (1 if k < extra else 0)) for k, s in enumerate(picks)
-                      if each + (1 if k < extra else 0) > 0]
-        return takes
+            if n > 0:
+                queue = queues.setdefault((w.filter, team), deque(dict.fromkeys(s for _, s in sorted(where[team]))))
+                plan[team] = [n, queue]
+                b = budgets[team]
+                budgets[team] = Budget(b.weight, b.headroom - n)
+        return plan
 
     def _deliverable(self, rows: list[dict]) -> list[LeasedJob]:
         """The claimed rows as jobs for a worker. A row that cannot be sent

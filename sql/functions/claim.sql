@@ -316,10 +316,12 @@ BEGIN
         END IF;
         IF v_found = 0 AND v_bucket = v_hand AND v_bucket < v_cur - interval '1 minute' THEN
             v_hand := v_bucket + interval '1 minute';
-            PERFORM mh_move_hand(p_shard, v_hand);
         END IF;
         v_bucket := v_bucket + interval '1 minute';
     END LOOP;
+    IF v_hand IS DISTINCT FROM (SELECT s.hand FROM shards s WHERE s.shard = p_shard) THEN
+        PERFORM mh_move_hand(p_shard, v_hand);
+    END IF;
     v_bucket := v_cur;
     WHILE v_next IS NULL AND v_bucket <= v_cur + interval '1 minute' LOOP
         EXECUTE format('SELECT min(run_at) FROM %I WHERE shard = $1 AND run_at > $2',
