@@ -46,8 +46,9 @@ SELECT bucket, strict, priority, team_id, due,
 SELECT id, name, quota, weight FROM teams
 
 -- name: teams_running
--- Jobs claimed and not finished, per team, over all shards.
-SELECT team_id, sum(running)::int AS running FROM team_running GROUP BY team_id HAVING sum(running) > 0
+-- Jobs claimed and not finished, per team, on some shards.
+SELECT team_id, sum(running)::int AS running FROM team_running WHERE shard = ANY (%(shards)s::int[])
+ GROUP BY team_id HAVING sum(running) > 0
 
 -- name: start_many
 -- Mark claimed jobs as started (records lateness).

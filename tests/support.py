@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import secrets
+import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import psycopg
 from psycopg.types.json import Jsonb
 
+from minutehand.dispatch.dispatcher import Dispatcher
+from minutehand.lifecycle import Services
+from minutehand.serve import dispatcher_parts
+from minutehand.settings import Settings
 from minutehand.store import errors
 from minutehand.store.records import ClaimRequest, JobSpec
 from minutehand.store.store import Store
@@ -151,3 +157,41 @@ def minute_part(conn: psycopg.Connection, t: dt.datetime) -> str:
 def json_text(value) -> bytes:
     """A job result as a worker reports it: JSON text."""
     return json.dumps(value).encode()
+
+
+# ---------------------------------------------------------------- a dispatcher in this process
+class StartedDispatcher:
+    """A dispatcher with what runs with it in a process (its outcome writer
+    and maintenance), started; stop() stops them all."""
+
+    def __init__(self, dispatcher: Dispatcher, parts: Services):
+        self.dispatcher, self.parts = dispatcher, parts
+
+    def __getattr__(self, name: str):
+        return getattr(self.dispatcher, name)
+
+    def stop(self) -> None:
+        self.parts.stop()
+
+
+def started_dispatcher(store: Store, leases: int = 256, **settings) -> Dispatcher:
+    """Started, once it holds `leases` shard leases."""
+    dispatcher, parts = dispatcher_parts(
+        Settings(**{"dispatcher_name": f"d-{secrets.token_hex(3)}", "shard_lease_s": 5, **settings}), store)
+    parts.start()
+    d = StartedDispatcher(dispatcher, parts)
+    deadline = time.monotonic() + 20
+    while len(d._leases) < leases:
+        assert time.monotonic() < deadline, "the dispatcher took no shard leases"
+        time.sleep(0.05)
+    return d
+
+
+async def lease_until(d: Dispatcher, want: int, capacity: int = 100, names: list[str] | None = None,
+                      teams: list[str] | None = None) -> list:
+    """Lease until `want` jobs came (or 20 s passed)."""
+    got: list = []
+    deadline = time.monotonic() + 20
+    while len(got) < want and time.monotonic() < deadline:
+        got += await d.lease("w", capacity, names, 1.0, teams=teams)
+    return got

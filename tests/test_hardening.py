@@ -33,14 +33,12 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from minutehand.dispatch.dispatcher import Dispatcher
-from minutehand.lifecycle import Services
-from minutehand.serve import dispatcher_parts
 from minutehand.settings import Settings
 from minutehand.store import errors
 from minutehand.store.records import JobSpec, Repeat
 from minutehand.store.store import Store
-from tests.support import T0, claim_all, counts, lease_all, make_store, pin, submit_sql
+from tests.support import (T0, claim_all, counts, lease_all, lease_until, make_store, pin, started_dispatcher,
+                           submit_sql)
 
 UTC = dt.timezone.utc
 BC = "4713-01-01 00:00:00+00 BC"
@@ -146,42 +144,6 @@ def test_zone_names_are_looked_up_not_listed_from_disk(db):
 
 
 # ---------------------------------------------------------------- the dispatcher's waiters
-class StartedDispatcher:
-    """A dispatcher with what runs with it in a process (its outcome writer
-    and maintenance), started; stop() stops them all."""
-
-    def __init__(self, dispatcher: Dispatcher, parts: Services):
-        self.dispatcher, self.parts = dispatcher, parts
-
-    def __getattr__(self, name: str):
-        return getattr(self.dispatcher, name)
-
-    def stop(self) -> None:
-        self.parts.stop()
-
-
-def started_dispatcher(store: Store, **settings) -> Dispatcher:
-    dispatcher, parts = dispatcher_parts(
-        Settings(**{"dispatcher_name": f"d-{secrets.token_hex(3)}", "shard_lease_s": 5, **settings}), store)
-    parts.start()
-    d = StartedDispatcher(dispatcher, parts)
-    deadline = time.monotonic() + 20
-    while len(d._leases) < 256:
-        assert time.monotonic() < deadline, "the dispatcher took no shard leases"
-        time.sleep(0.05)
-    return d
-
-
-async def lease_until(d: Dispatcher, want: int, capacity: int = 100, names: list[str] | None = None,
-                      teams: list[str] | None = None) -> list:
-    """Lease until `want` jobs came (or 20 s passed)."""
-    got: list = []
-    deadline = time.monotonic() + 20
-    while len(got) < want and time.monotonic() < deadline:
-        got += await d.lease("w", capacity, names, 1.0, teams=teams)
-    return got
-
-
 def test_a_claim_that_fails_for_one_request_fails_it_alone(db_dsn):
     s = make_store(db_dsn, clock=None)
     s.create_team("t")

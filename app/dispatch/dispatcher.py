@@ -23,10 +23,11 @@ read again when:
 It sleeps until the earliest of these, never polling empty buckets.
 
 Quotas: a team's quota is shared between the dispatchers by the fraction of
-the shards each leases; each knows the jobs running over all shards (the
-team_running rows, read every RUNNING_READ_S) plus what it claimed since,
-so several dispatchers together exceed a quota by at most one job each
-(rounding) outside a handover (README: "Quotas").
+the shards each leases, rounded up; each counts the team's jobs running
+from its own shards (their team_running rows, read every RUNNING_READ_S and
+whenever its shards change) plus what it claimed since. So n dispatchers
+together exceed a quota by at most n - 1 (the rounding), except while
+shards change hands (README: "Quotas").
 
 Workers that take only some job names cannot be planned from the edges
 (they carry no names): for them, each team's headroom is claimed shard by
@@ -136,7 +137,8 @@ class Dispatcher:
         self._terms: dict[int, TeamTerms] = {}
         self._team_ids: dict[str, int] = {}
         self._terms_at = -math.inf
-        self._running: dict[int, int] = {}       # team -> running over all shards, as last read
+        self._running: dict[int, int] = {}       # team -> running on this one's shards, as last read
+        self._running_on: set[int] = set()       # the shards it was read for
         self._mine: dict[int, int] = defaultdict(int)    # team -> claimed by this dispatcher since that read
         self._running_at = -math.inf
         self._credit: dict[int, float] = {}      # the rotation's carried fractions, per team
@@ -340,19 +342,21 @@ class Dispatcher:
     # ------------------------------------------------------------ quotas
     def _budgets(self) -> dict[int, Budget]:
         """Each team's weight and headroom here: its quota's share by the
-        fraction of the shards this dispatcher leases, less the jobs it runs
-        over all shards (as last read, plus what this one claimed since)."""
+        fraction of the shards this dispatcher leases (rounded up), less the
+        team's jobs running from those shards (as last read, plus what this
+        one claimed since; jobs finished since count until the next read)."""
         now = time.monotonic()
         if now - self._terms_at >= TERMS_READ_S:
             self._terms = {t.id: t for t in self.store.team_budgets()}
             self._team_ids = {t.name: t.id for t in self._terms.values()}
             self._terms_at = now
-        if now - self._running_at >= RUNNING_READ_S:
-            self._running = self.store.teams_running()
+        if now - self._running_at >= RUNNING_READ_S or self._running_on != self._leases.keys():
+            self._running_on = set(self._leases)
+            self._running = self.store.teams_running(sorted(self._running_on))
             self._mine.clear()
             self._running_at = now
         fraction = len(self._leases) / max(1, len(self.keeper.shards))
-        return {t: Budget(terms.weight, math.ceil(max(0, terms.quota - self._running.get(t, 0)) * fraction)
+        return {t: Budget(terms.weight, math.ceil(terms.quota * fraction) - self._running.get(t, 0)
                           - self._mine.get(t, 0))
                 for t, terms in self._terms.items()}
 
@@ -468,7 +472,7 @@ class Dispatcher:
                         for key, n in cells.items():
                             if edge is not None and key in edge.cells:
                                 edge.cells[key][0] -= came[key]
-                                if edge.cells[key][0] <= 0:
+                                if edge.cells[key][0] <= 0 or came[key] < n:   # (short: none left there)
                                     del edge.cells[key]
                             if came[key] < n:            # the edge promised more: read it again
                                 recount.add(r.shard)
@@ -481,10 +485,9 @@ class Dispatcher:
             self.writer.later([Release(r["job_id"], r["lease_token"]) for rows in got.values() for r in rows])
             raise
         with self._cond:
-            for s in recount:
+            for s in recount:                     # the rest of its edge stands until it is read again
                 if self._marked.get(s, -1) <= generation and s in self._leases:
                     self._due[s] = 0.0
-                    self._edges.get(s, Edge()).cells.clear()
             for f, found_empty in short.items():
                 marks = self._empty.setdefault(f, {})
                 for s in found_empty:

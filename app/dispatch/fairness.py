@@ -69,8 +69,11 @@ def share(n: int, caps: dict[int, int], weights: dict[int, int], credit: dict[in
     while n > 0 and active:
         total = sum(weights[t] for t in active)
         entitled = {t: credit.get(t, 0.0) + n * weights[t] / total for t in active}
-        give = {t: max(0, min(caps[t] - alloc[t], math.floor(entitled[t]))) for t in active}
-        if not any(give.values()):             # fewer slots than whole shares: the largest entitlements
+        give, room = {}, n
+        for t in sorted(active, key=lambda t: (-entitled[t], t)):     # carried credit can ask for more than n
+            give[t] = max(0, min(caps[t] - alloc[t], math.floor(entitled[t]), room))
+            room -= give[t]
+        if room == n:                          # fewer slots than whole shares: the largest entitlements
             for t in sorted(active, key=lambda t: (-entitled[t], t))[:n]:
                 give[t] = 1
         for t in active:

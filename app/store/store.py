@@ -430,10 +430,11 @@ class Store:
         with self.connection() as conn:
             return [TeamTerms(**r) for r in conn.execute(q("team_budgets")).fetchall()]
 
-    def teams_running(self) -> dict[int, int]:
-        """Jobs claimed and not finished, per team id, over all shards."""
+    def teams_running(self, shards: Sequence[int]) -> dict[int, int]:
+        """Jobs claimed and not finished, per team id, on these shards."""
         with self.connection() as conn:
-            return {r["team_id"]: r["running"] for r in conn.execute(q("teams_running")).fetchall()}
+            return {r["team_id"]: r["running"]
+                    for r in conn.execute(q("teams_running"), {"shards": list(shards)}).fetchall()}
 
     def claim(self, requests: Sequence[ClaimRequest | PlannedClaim], owner: str, lease_s: float
               ) -> tuple[list[list[dict[str, Any]] | Exception], dict[int, str]]:

@@ -1,0 +1,246 @@
+"""Who goes first under contention: order across shards, quotas with
+lending, weighted rotation, and no job waiting for the sweep.
+
+The plan itself (app/dispatch/fairness.py) is checked directly; the
+promises through the real dispatcher (in this process, with its keeper,
+listener and outcome writer, against the real database), leasing as a
+worker does."""
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import statistics
+import time
+from collections import Counter
+
+
+from minutehand.dispatch import fairness
+from minutehand.dispatch.fairness import Budget, Edge
+from minutehand.store.records import Complete, JobSpec
+from tests.support import T0, lease_all, lease_until, make_store, pin, started_dispatcher
+
+UTC = dt.timezone.utc
+BIG = 10**9
+
+
+# ---------------------------------------------------------------- the plan
+def edges(*cells: tuple[int, tuple, int, int]) -> dict[int, Edge]:
+    """(shard, class, team, due) cells."""
+    out: dict[int, Edge] = {}
+    for shard, cls, team, due in cells:
+        out.setdefault(shard, Edge()).cells[cls, team] = [due, cls[0]]
+    return out
+
+
+def taken(takes: list[fairness.Take]) -> Counter:
+    c: Counter = Counter()
+    for t in takes:
+        c[t.cls, t.team] += t.n
+    return c
+
+
+STRICT, P100, P0, LATER = (0.0, True, 0), (0.0, False, 100), (0.0, False, 0), (60.0, True, 100)
+
+
+def test_a_class_goes_out_before_any_row_of_a_later_one_across_shards():
+    e = edges((1, P0, 1, 500), (2, P100, 1, 7), (3, STRICT, 1, 4), (4, LATER, 1, 50), (5, P0, 1, 500))
+    got = taken(fairness.plan(20, e, {1: Budget(1, BIG)}, {}))
+    assert got == {(STRICT, 1): 4, (P100, 1): 7, (P0, 1): 9}
+    got = taken(fairness.plan(2000, e, {1: Budget(1, BIG)}, {}))
+    assert got[LATER, 1] == 50 and got[P0, 1] == 1000          # a later minute only after this one
+
+
+def test_quota_first_then_capacity_is_lent():
+    e = edges((1, P0, 1, 1000), (2, P0, 2, 1000))
+    budgets = {1: Budget(1, 80), 2: Budget(1, 20)}
+    assert taken(fairness.plan(100, e, budgets, {})) == {(P0, 1): 80, (P0, 2): 20}
+    # team 2 has nothing due: team 1 borrows what would sit idle
+    e = edges((1, P0, 1, 1000))
+    assert taken(fairness.plan(100, e, budgets, {})) == {(P0, 1): 100}
+    # a team past its quota gets nothing while another with headroom waits
+    e = edges((1, STRICT, 1, 1000), (2, P0, 2, 1000))
+    assert taken(fairness.plan(10, e, {1: Budget(1, -5), 2: Budget(1, 20)}, {})) == {(P0, 2): 10}
+
+
+def test_weights_share_capacity_over_rounds_however_small_each_round():
+    credit: dict[int, float] = {}
+    total: Counter = Counter()
+    for _ in range(100):
+        e = edges((1, P0, 1, 10_000), (2, P0, 2, 10_000), (3, P0, 3, 10_000))
+        for t in fairness.plan(5, e, {1: Budget(3, BIG), 2: Budget(1, BIG), 3: Budget(1, BIG)}, credit):
+            total[t.team] += t.n
+    assert total == {1: 300, 2: 100, 3: 100}
+
+
+def test_rotation_puts_each_team_in_turn():
+    rows = [{"c": P0, "t": t, "i": i} for t, n in ((1, 5), (2, 2), (3, 1)) for i in range(n)]
+    order = [r["t"] for r in fairness.rotate(rows, lambda r: r["c"], lambda r: r["t"])]
+    assert order == [1, 2, 3, 1, 2, 1, 1, 1]
+
+
+# ---------------------------------------------------------------- through the dispatcher
+def submit(store, team: str, n: int, **spec) -> list[int]:
+    ids = []
+    for start in range(0, n, 5000):
+        items = store.submit_many(team, [JobSpec(name="j", **spec)] * min(5000, n - start))
+        assert all(i.error is None for i in items)
+        ids += [i.job_id for i in items]
+    return ids
+
+
+def just_due() -> dt.datetime:
+    return dt.datetime.now(UTC) - dt.timedelta(seconds=1)
+
+
+def test_strict_then_priority_across_every_shard(db_dsn):
+    """3,000 priority-0 jobs, 20 priority-100 and 10 strict, all due in this
+    minute: every strict one goes out before any flexible one, every
+    priority-100 before any priority-0, whichever shards they landed on."""
+    s = make_store(db_dsn, clock=None)
+    s.create_team("t")
+    due = just_due()
+    submit(s, "t", 3000, due_at=due)
+    p100 = set(submit(s, "t", 20, due_at=due, priority=100))
+    strict = set(submit(s, "t", 10, due_at=due, strict=True))
+    d = started_dispatcher(s)
+    try:
+        order = [int(j.job_id) for j in asyncio.run(lease_until(d, 3030, capacity=100))]
+    finally:
+        d.stop()
+        s.close()
+    assert len(order) == 3030
+    assert set(order[:10]) == strict
+    assert set(order[10:30]) == p100
+
+
+def test_a_small_team_is_not_behind_a_big_teams_batch_and_weights_share(db_dsn):
+    s = make_store(db_dsn, clock=None)
+    for team, weight in (("big", 1), ("mid", 1), ("small", 1), ("three", 3), ("one", 1)):
+        s.create_team(team, weight=weight)
+    due = just_due()
+    for team, n in (("big", 10_000), ("mid", 100), ("small", 10)):
+        submit(s, team, n, due_at=due)
+    d = started_dispatcher(s)
+    try:
+        first = asyncio.run(lease_until(d, 30, capacity=30))
+        # every team in turn from the first three jobs on
+        assert {j.team for j in first[:3]} == {"big", "mid", "small"}
+        assert Counter(j.team for j in first) == {"big": 10, "mid": 10, "small": 10}
+        rest = asyncio.run(lease_until(d, 10_080, capacity=1000))
+        assert len(rest) == 10_080
+        # weights 3:1 under contention, asked for a few at a time
+        submit(s, "three", 2000, due_at=just_due())
+        submit(s, "one", 2000, due_at=just_due())
+        got: Counter = Counter()
+        while sum(got.values()) < 1000:
+            got.update(j.team for j in asyncio.run(lease_until(d, 1, capacity=7)))
+    finally:
+        d.stop()
+        s.close()
+    assert 2.7 <= got["three"] / got["one"] <= 3.3, got
+
+
+def test_quota_holds_while_others_wait_and_idle_capacity_is_lent(db_dsn):
+    """Team a: 50,000 due jobs, quota 80; team b: 200, quota 20; workers
+    with room for 100 at once, finishing 10 a round. b runs its quota from
+    the first round; a never holds more than 80 while b has due work; once
+    b is done, a uses all 100."""
+    s = make_store(db_dsn, clock=None)
+    s.create_team("a", quota=80)
+    s.create_team("b", quota=20)
+    due = just_due()
+    submit(s, "a", 50_000, due_at=due)
+    submit(s, "b", 200, due_at=due)
+    d = started_dispatcher(s)
+    running: list = []
+    peak_a_while_b_waits, rounds, b_first = 0, 0, None
+    try:
+        with s.connection() as conn:
+            def now_running() -> Counter:
+                return Counter({r["name"]: r["n"] for r in conn.execute(
+                    """SELECT t.name, count(*) AS n FROM jobs j JOIN teams t ON t.id = j.team_id
+                        WHERE j.state IN ('claimed', 'running') GROUP BY t.name""")})
+
+            def b_waiting() -> int:
+                return conn.execute("""SELECT count(*) AS n FROM jobs j JOIN teams t ON t.id = j.team_id
+                                        WHERE t.name = 'b' AND j.state = 'scheduled'""").fetchone()["n"]
+            while rounds < 60:
+                room = 100 - len(running)
+                running += asyncio.run(d.lease("w", room, None, 10.0 if not rounds else 2.0)) if room else []
+                rounds += 1
+                counts = now_running()
+                b_first = b_first if b_first is not None else counts["b"]
+                waiting = b_waiting()
+                if waiting:
+                    peak_a_while_b_waits = max(peak_a_while_b_waits, counts["a"])
+                elif counts["b"] == 0 and counts["a"] == 100:
+                    break
+                done, running = running[:10], running[10:]
+                s.complete([Complete(j.job_id, j.lease_token) for j in done])
+                time.sleep(RUNNING_READ)        # the dispatcher sees them finish
+    finally:
+        d.stop()
+        s.close()
+    assert b_first == 20
+    assert peak_a_while_b_waits <= 80
+    assert (counts["a"], counts["b"]) == (100, 0), (rounds, counts)
+
+
+RUNNING_READ = 0.3
+
+
+def test_quota_with_two_dispatchers_overshoots_by_at_most_one_each(db_dsn):
+    """Two dispatchers share the shards and each a share of the quota: the
+    team holds at most quota + 1 (one per dispatcher beyond the first: its
+    share is rounded up) while another team has due work."""
+    s = make_store(db_dsn, clock=None)
+    s.create_team("a", quota=30)
+    s.create_team("b", quota=1000)
+    due = just_due()
+    submit(s, "a", 3000, due_at=due)
+    submit(s, "b", 3000, due_at=due)
+    d1 = started_dispatcher(s, leases=1, dispatcher_name="d1")
+    d2 = started_dispatcher(s, leases=1, dispatcher_name="d2")
+    try:
+        deadline = time.monotonic() + 30
+        while len(d1._leases) + len(d2._leases) != 256 or not d1._leases or not d2._leases:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        peak = 0
+        with s.connection() as conn:
+            for _ in range(10):
+                for d in (d1, d2):
+                    asyncio.run(d.lease("w", 50, None, 1.0))
+                peak = max(peak, conn.execute(
+                    """SELECT count(*) AS n FROM jobs j JOIN teams t ON t.id = j.team_id
+                        WHERE t.name = 'a' AND j.state IN ('claimed', 'running')""").fetchone()["n"])
+    finally:
+        d1.stop()
+        d2.stop()
+        s.close()
+    assert 15 <= peak <= 31, peak
+
+
+# ---------------------------------------------------------------- no job waits for the sweep
+def test_a_shards_first_claim_finds_jobs_due_long_before(db_dsn, db):
+    """Jobs put on the wheel 30 minutes ago, due 2 to 29 minutes ago, on
+    shards never claimed (no hand): the first look finds them all, and the
+    first claim takes them."""
+    s = make_store(db_dsn, clock=T0 - dt.timedelta(minutes=30))
+    try:
+        s.create_team("t")
+        ids = [s.submit("t", JobSpec(name="x", due_at=T0 - dt.timedelta(minutes=m))).job_id for m in range(2, 30)]
+        assert db.execute("SELECT count(*) FROM shards WHERE hand IS NOT NULL").fetchone()[0] == 0
+        s.clock = T0
+        leases = lease_all(s)
+        edges = s.due_edges(sorted(leases))
+        assert sum(c.due for cells, _ in edges.values() for c in cells) == len(ids)
+        pin(db, T0)
+        runs = []
+        for shard in sorted({db.execute("SELECT mh_shard_of(%s)", (j,)).fetchone()[0] for j in ids}):
+            runs += [r[1] for r in db.execute("SELECT job_id, run_at FROM claim_due(%s, 100, 'd1', %s, 30)",
+                                              (shard, leases[shard]))]
+    finally:
+        s.close()
+    assert len(runs) == len(ids)
+    assert statistics.median(T0 - r for r in runs) > dt.timedelta(minutes=10)
