@@ -73,8 +73,14 @@ SELECT job_id, ok, state, reason FROM cancel(%(job_id)s::bigint, %(team)s::text)
 -- name: job_status
 -- The status record of one job: one primary-key lookup (shard from the id),
 -- and for a run of a repeating job one more, of its series (same shard).
-SELECT j.id AS job_id, t.name AS team, j.name, j.state, j.priority, j.due_at, j.run_at, j.strict, j.flex_s,
-       j.attempts, j.max_attempts, j.claimed_by, j.claim_expires_at, j.lateness, j.last_error, j.result,
+-- Lateness: first start - agreed run time once started (final); before the
+-- first start, once the agreed time has passed, the lateness so far.
+SELECT j.id AS job_id, t.name AS team, j.name, j.state, j.priority, j.due_at, j.agreed_at, j.run_at, j.strict,
+       j.flex_s, j.attempts, j.max_attempts, j.claimed_by, j.claim_expires_at,
+       CASE WHEN j.lateness IS NOT NULL THEN j.lateness
+            WHEN j.state IN ('scheduled', 'retrying', 'claimed') AND mh_now() > j.agreed_at
+            THEN mh_now() - j.agreed_at END AS lateness,
+       j.lateness IS NOT NULL AS lateness_final, j.last_error, j.result,
        j.idempotency_key, j.created_at, j.started_at, j.finished_at,
        j.series_id, s.every_s, s.cron, s.timezone
   FROM jobs j JOIN teams t ON t.id = j.team_id
@@ -170,36 +176,75 @@ SELECT s.scanned, s.scanned_to, m.id AS job_id, %(team)s::text AS team, m.name, 
  ORDER BY m.id DESC
 
 -- name: team_stats
--- A team's recent activity, bounded: its jobs created in the last window_s
--- seconds, found by id (ids are ordered by creation time: mh_id_at), at
--- most the newest `cap` of them, read
--- through (team_id, id DESC). Lateness over the starts of the last hour.
--- No row: no such team.
+-- A team's counters since mh_stats_since(now, window_s), by job name: the
+-- `names` names of most volume one by one, the rest added up in one row
+-- (name NULL, other_names: how many). Reads team_stats rows of the team
+-- only, through its primary key; running now from team_running, one probe
+-- per shard. No row: no such team; one row with name NULL and other_names
+-- 0: nothing counted in the window.
 WITH team AS (SELECT t.id, t.name, t.quota FROM teams t WHERE t.name = %(team)s::text),
-since AS (SELECT mh_now() - make_interval(secs => %(window_s)s::int) AS t),
-recent AS MATERIALIZED (
-    SELECT j.state, j.name, j.lateness, j.started_at
-      FROM jobs j
-     WHERE j.team_id = (SELECT id FROM team)
-       AND j.id >= mh_id_at((SELECT t FROM since))
-     ORDER BY j.id DESC
-     LIMIT %(cap)s::int)
+since AS (SELECT mh_stats_since(mh_now(), %(window_s)s::int) AS t),
+by_name AS (
+    SELECT s.name, sum(s.submitted) AS submitted, sum(s.started) AS started, sum(s.succeeded) AS succeeded,
+           sum(s.failed) AS failed, sum(s.dead) AS dead, sum(s.cancelled) AS cancelled,
+           mh_hist_sum(array_agg(s.lateness_hist)) AS lateness_hist,
+           mh_hist_sum(array_agg(s.runtime_hist)) AS runtime_hist
+      FROM team_stats s
+     WHERE s.team_id = (SELECT id FROM team) AND s.minute >= (SELECT t FROM since)
+     GROUP BY s.name),
+ranked AS (
+    SELECT b.*, row_number() OVER (ORDER BY b.submitted + b.started + b.succeeded + b.failed + b.dead + b.cancelled
+                                            DESC, b.name) <= %(names)s::int AS shown
+      FROM by_name b),
+folded AS (
+    SELECT CASE WHEN r.shown THEN r.name END AS name, count(*) FILTER (WHERE NOT r.shown) AS other_names,
+           sum(r.submitted)::bigint AS submitted, sum(r.started)::bigint AS started,
+           sum(r.succeeded)::bigint AS succeeded, sum(r.failed)::bigint AS failed, sum(r.dead)::bigint AS dead,
+           sum(r.cancelled)::bigint AS cancelled,
+           mh_hist_sum(array_agg(r.lateness_hist)) AS lateness_hist, mh_hist_sum(array_agg(r.runtime_hist)) AS runtime_hist
+      FROM ranked r
+     GROUP BY 1)
 SELECT team.name AS team, team.quota, (SELECT t FROM since) AS window_start,
-       (SELECT count(*) FROM recent)::int AS examined,
-       (SELECT count(*) FROM recent) >= %(cap)s::int AS truncated,
-       (SELECT coalesce(jsonb_object_agg(g.state, g.n), '{}')
-          FROM (SELECT r.state, count(*) AS n FROM recent r GROUP BY r.state) g) AS by_state,
-       (SELECT count(*) FROM recent r WHERE r.state IN ('claimed', 'running'))::int AS running,
-       l.p[1] AS lateness_p50_s, l.p[2] AS lateness_p99_s,
-       (SELECT coalesce(jsonb_agg(f ORDER BY f.dead + f.retrying DESC, f.name), '[]')
-          FROM (SELECT r.name, count(*) FILTER (WHERE r.state = 'dead') AS dead,
-                       count(*) FILTER (WHERE r.state = 'retrying') AS retrying
-                  FROM recent r WHERE r.state IN ('dead', 'retrying')
-                 GROUP BY r.name ORDER BY count(*) DESC, r.name LIMIT 50) f) AS failures
+       (SELECT coalesce(sum(r.running), 0) FROM generate_series(0, mh_shard_count() - 1) g(shard)
+          JOIN team_running r ON r.shard = g.shard AND r.team_id = team.id)::bigint AS running,
+       f.name, coalesce(f.other_names, 0) AS other_names, f.submitted, f.started, f.succeeded, f.failed, f.dead,
+       f.cancelled, f.lateness_hist, f.runtime_hist
   FROM team
- CROSS JOIN LATERAL (
-      SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM r.lateness)::float8) AS p
-        FROM recent r WHERE r.started_at >= mh_now() - interval '1 hour') l
+  LEFT JOIN folded f ON true
+
+-- name: fleet_stats
+-- Every team's counters since mh_stats_since(now, window_s) (admin): the
+-- rows of the window through team_stats_minute, added up per team; running
+-- now per team from team_running (read whole: a row per shard and team).
+WITH since AS (SELECT mh_stats_since(mh_now(), %(window_s)s::int) AS t),
+counted AS (
+    SELECT s.team_id, sum(s.submitted)::bigint AS submitted, sum(s.started)::bigint AS started,
+           sum(s.succeeded)::bigint AS succeeded, sum(s.failed)::bigint AS failed, sum(s.dead)::bigint AS dead,
+           sum(s.cancelled)::bigint AS cancelled,
+           mh_hist_sum(array_agg(s.lateness_hist)) AS lateness_hist,
+           mh_hist_sum(array_agg(s.runtime_hist)) AS runtime_hist
+      FROM team_stats s
+     WHERE s.minute >= (SELECT t FROM since)
+     GROUP BY s.team_id),
+running AS (SELECT r.team_id, sum(r.running)::bigint AS running FROM team_running r GROUP BY r.team_id)
+SELECT t.name AS team, t.quota, (SELECT t FROM since) AS window_start, coalesce(r.running, 0) AS running,
+       c.submitted, c.started, c.succeeded, c.failed, c.dead, c.cancelled, c.lateness_hist, c.runtime_hist
+  FROM teams t
+  LEFT JOIN counted c ON c.team_id = t.id
+  LEFT JOIN running r ON r.team_id = t.id
+ ORDER BY t.name
+
+-- name: fleet_window
+-- Where a stats window of window_s seconds starts (a fleet with no team).
+SELECT mh_stats_since(mh_now(), %(window_s)s::int) AS t
+
+-- name: roll_up_stats
+-- Fold minute rows of team_stats older than the hour before this one into hour rows.
+SELECT roll_up_stats() AS rolled
+
+-- name: purge_stats
+-- Drop team_stats rows past their retention.
+SELECT purge_stats() AS purged
 
 -- name: schema_revision
 -- The Alembic revision the database is at (readiness).

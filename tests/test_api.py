@@ -266,7 +266,10 @@ def test_status_of_a_job(client):
     s = r.json()
     assert (s["job_id"], s["team"], s["name"], s["state"], s["attempts"], s["max_attempts"]) == \
         (job_id, "t", "st", "scheduled", 0, 3)
-    assert s["claimed_by"] is None and s["lateness_s"] is None and s["result"] is None
+    assert s["claimed_by"] is None and s["result"] is None
+    # due now: agreed to run at its submission; waiting, its lateness so far (not final)
+    assert s["agreed_at"] == s["due_at"] and s["lateness_final"] is False
+    assert s["lateness_s"] is None or s["lateness_s"] >= 0
     assert s["series_id"] is None and s["repeat"] is None
 
 
@@ -277,6 +280,7 @@ def test_status_of_a_running_job_shows_its_claim_and_lateness(client, api_store)
     api_store.start([Start(job_id, claimed[0].lease_token)])
     s = client.get(f"/v1/jobs/{job_id}", headers=T).json()
     assert s["state"] == "running" and s["claimed_by"] and s["claim_expires_at"] and s["lateness_s"] >= 0
+    assert s["lateness_final"] is True
     api_store.complete([Complete(job_id, claimed[0].lease_token, json.dumps({"ok": True}).encode())])
     s = client.get(f"/v1/jobs/{job_id}", headers=T).json()
     assert s["state"] == "succeeded" and s["result"] == {"ok": True} and s["finished_at"]
@@ -422,13 +426,41 @@ def test_team_stats(client, api_store):
     r = client.get("/v1/teams/me/stats", headers=T)
     assert r.status_code == 200, r.text
     s = r.json()
-    assert s["team"] == "t" and s["quota"] == 1000 and s["examined"] == 3 and s["truncated"] is False
-    assert s["by_state"] == {"running": 2, "dead": 1} and s["running"] == 2
-    assert s["lateness_p50_s"] is not None and s["lateness_p99_s"] >= s["lateness_p50_s"] >= 0
-    assert s["failures"] == [{"name": "a", "dead": 1, "retrying": 0}]
-    assert client.get("/v1/teams/t/stats", headers=A).json()["examined"] == 3
+    assert s["team"] == "t" and s["quota"] == 1000 and s["running"] == 2 and s["window_s"] == 86400
+    total = s["total"]
+    assert (total["submitted"], total["started"], total["succeeded"], total["failed"], total["dead"],
+            total["cancelled"]) == (3, 3, 0, 0, 1, 0)
+    assert total["lateness"]["count"] == 3 and total["run_time"]["count"] == 1
+    assert total["lateness"]["p99_s"] >= total["lateness"]["p50_s"] >= 0
+    assert [b["le_s"] for b in total["lateness"]["buckets"]][-2:] == [3600, None]
+    names = {n["name"]: n["counts"] for n in s["names"]}
+    assert set(names) == {"a", "b"} and s["other"] is None         # team u's job is not seen
+    assert (names["a"]["submitted"], names["a"]["dead"], names["b"]["started"]) == (2, 1, 1)
+    assert client.get("/v1/teams/t/stats", headers=A).json()["total"]["submitted"] == 3
+    assert client.get("/v1/teams/u/stats", headers=A).json()["total"]["submitted"] == 1
+    assert_problem(client.get("/v1/teams/u/stats", headers=T), 404, "not-found")     # another team: not seen
     assert_problem(client.get("/v1/teams/me/stats", headers=A), 422, "invalid-input", "admin")
     assert_problem(client.get("/v1/teams/nobody/stats", headers=A), 404, "not-found")
+
+
+def test_fleet_stats_are_for_the_admin(client):
+    client.post("/v1/jobs", headers=T, json={"name": "a"})
+    client.post("/v1/jobs/batch", headers=U, json={"jobs": [{"name": "x"}, {"name": "y"}]})
+    r = client.get("/v1/stats?window_s=3600", headers=A)
+    assert r.status_code == 200, r.text
+    s = r.json()
+    assert s["window_s"] == 3600 and s["total"]["submitted"] == 3 and s["running"] == 0
+    assert {t["team"]: t["counts"]["submitted"] for t in s["teams"]} == {"t": 1, "u": 2}
+    assert_problem(client.get("/v1/stats", headers=T), 403, "forbidden", "admin token")
+
+
+@pytest.mark.parametrize("path", ["/v1/teams/me/stats", "/v1/stats"])
+@pytest.mark.parametrize("query", ["window_s=-5", "window_s=0", "window_s=2592001", "window_s=soon",
+                                   "window_s=1.5", "window_s="])
+def test_stats_refuse_bad_windows(client, path, query):
+    headers = A if path == "/v1/stats" else T
+    body = assert_problem(client.get(f"{path}?{query}", headers=headers), 400, "malformed-request")
+    assert "window_s" in json.dumps(body)
 
 
 # ---------------------------------------------------------------- auth, teams
@@ -440,7 +472,7 @@ def test_team_stats(client, api_store):
 ])
 @pytest.mark.parametrize("method, path", [("POST", "/v1/jobs"), ("POST", "/v1/jobs/batch"), ("GET", "/v1/jobs/1"),
                                           ("DELETE", "/v1/jobs/1"), ("GET", "/v1/jobs"),
-                                          ("GET", "/v1/teams/me/stats"), ("POST", "/v1/teams"),
+                                          ("GET", "/v1/teams/me/stats"), ("GET", "/v1/stats"), ("POST", "/v1/teams"),
                                           ("POST", "/v1/teams/t/token")])
 def test_no_or_bad_token_is_401(client, conn, headers, detail, method, path):
     before = counts(conn)
@@ -498,7 +530,9 @@ def test_health_readiness_schema_and_unknown_routes(client):
     assert ready.status_code == 200 and ready.json() == {"status": "ready", "revision": HEAD, "head": HEAD}
     schema = client.get("/schema/openapi.json").json()
     assert {"/v1/jobs", "/v1/jobs/batch", "/v1/jobs/{job_id}", "/v1/teams", "/v1/teams/{name}/token",
-            "/v1/teams/{name}/stats", "/healthz", "/readyz"} <= set(schema["paths"])
+            "/v1/teams/{name}/stats", "/v1/stats", "/healthz", "/readyz"} <= set(schema["paths"])
+    stats = schema["components"]["schemas"]["StatsOut"]["properties"]
+    assert "truncated" not in stats and "examined" not in stats and {"total", "names", "other"} <= set(stats)
     body = schema["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert body == {"$ref": "#/components/schemas/JobIn"} and "JobIn" in schema["components"]["schemas"]
     assert "409" in schema["paths"]["/v1/jobs"]["post"]["responses"]

@@ -155,9 +155,10 @@ def _insert_far_jobs(dsn: str) -> None:
           FROM generate_series(1, %(n)s) g"""
     statements = [
         f"""INSERT INTO jobs (shard, id, team_id, name, payload, priority, due_at, flex_s, strict, run_at,
-                              state, max_attempts, backoff_base_s, backoff_cap_s, created_at, updated_at)
+                              state, max_attempts, backoff_base_s, backoff_cap_s, created_at, updated_at,
+                              agreed_at)
             SELECT f.shard, f.id, t.id, 'far', '{{}}', 0, f.run_at, 0, false, f.run_at,
-                   'scheduled', 3, 1, 3600, %(t0)s, %(t0)s
+                   'scheduled', 3, 1, 3600, %(t0)s, %(t0)s, f.run_at
               FROM ({far_rows}) f CROSS JOIN (SELECT id FROM teams WHERE name = %(team)s) t""",
         f"""INSERT INTO due_far (shard, strict, priority, run_at, job_id, team_id)
             SELECT f.shard, false, 0, f.run_at, f.id, t.id
@@ -548,7 +549,10 @@ def _claimed(conn: psycopg.Connection, layout: dict, owner: str) -> list[tuple]:
     conn.execute("""INSERT INTO claim_checks (shard, check_at, job_ids)
                     SELECT g %% 256, %(t)s + g * interval '1 second', ARRAY[g::bigint]
                       FROM generate_series(1, 50000) g""", {"t": T0})
-    conn.execute("ANALYZE idempotency_keys, claim_checks")
+    # a counter row per shard and team, as a fleet that has run every team's jobs has
+    conn.execute("""INSERT INTO team_running (shard, team_id, running)
+                    SELECT s, t.id, 0 FROM teams t, generate_series(0, 255) s ON CONFLICT DO NOTHING""")
+    conn.execute("ANALYZE idempotency_keys, claim_checks, team_running")
     epoch = _lease(conn, layout["shard"], owner)
     return conn.execute("SELECT job_id, lease_token FROM claim_due(%s, 100, %s, %s, 30)",
                         (layout["shard"], owner, epoch)).fetchall()
@@ -582,7 +586,10 @@ def test_outcome_batches_reach_jobs_and_keys_only_by_primary_key(conn, layout, c
                         and "FROM input i" in p["Query Text"]:
                     loop = node["Plans"][0]
                     assert loop["Node Type"] == "Nested Loop", loop
-                    assert (loop["Plans"][0].get("Alias") or "").startswith("i"), loop   # the input, outermost
+                    outer = loop
+                    while outer["Node Type"] == "Nested Loop":
+                        outer = outer["Plans"][0]
+                    assert (outer.get("Alias") or "").startswith("i"), loop   # the input, outermost
         # a retry is placed by mh_enqueue: the wheel is only written
         assert {n["Node Type"] for p in ae.plans for n in plan_nodes(p["Plan"])
                 if (n.get("Relation Name") or "").startswith("due_")} <= {"ModifyTable"}
@@ -613,3 +620,77 @@ def test_expire_claims_reads_reminders_not_jobs(conn, layout):
         assert locked_due_relations(conn) - {"due_minutes", "due_hours", "due_far"} == {
             layout["prev"], layout["cur"], minute_part(conn, T0 + dt.timedelta(minutes=5))}
     pin(conn, T0)
+
+
+# ---------------------------------------------------------------- (e) statistics
+def _fill_stats(conn: psycopg.Connection) -> None:
+    """A day of counters for 300 teams (minute rows for the last two hours,
+    hour rows before), analysed: the size the reads and upserts meet."""
+    conn.execute("""INSERT INTO team_stats (minute, stripe, team_id, name, submitted, started, succeeded, failed, dead,
+                                            cancelled, lateness_hist, runtime_hist)
+                    SELECT %(t)s::timestamptz - m * interval '1 minute', s, t.id, 'job-' || n, 1, 1, 1, 0, 0, 0,
+                           array_fill(0::bigint, ARRAY[16]), array_fill(0::bigint, ARRAY[16])
+                      FROM teams t, generate_series(1, 120, 7) m, generate_series(0, 31, 5) s, generate_series(1, 3) n""",
+                 {"t": T0})
+    conn.execute("""INSERT INTO team_stats (minute, stripe, team_id, name, submitted, started, succeeded, failed, dead,
+                                            cancelled, lateness_hist, runtime_hist)
+                    SELECT mh_hour(%(t)s::timestamptz) - h * interval '1 hour', -1, t.id, 'job-' || n, 1, 1, 1, 0, 0, 0,
+                           array_fill(0::bigint, ARRAY[16]), array_fill(0::bigint, ARRAY[16])
+                      FROM teams t, generate_series(3, 24) h, generate_series(1, 3) n""", {"t": T0})
+    conn.execute("""INSERT INTO team_running (shard, team_id, running)
+                    SELECT s, t.id, 0 FROM teams t, generate_series(0, 255) s ON CONFLICT DO NOTHING""")
+    conn.execute("ANALYZE team_stats, team_running")
+
+
+@pytest.mark.parametrize("call", [
+    "SELECT count(*) FROM start_many(%s::bigint[], %s::uuid[])",
+    "SELECT count(*) FROM complete_many(%s::bigint[], %s::uuid[], NULL)",
+    "SELECT count(*) FROM fail_many(%s::bigint[], %s::uuid[], NULL, ARRAY[false])",
+])
+def test_counter_upserts_reach_their_rows_by_primary_key(conn, layout, call):
+    """The counters of an outcome batch: one upsert into team_stats and one
+    into team_running, each reaching its rows through the primary key (a
+    conflict is found by the unique index; team_running is probed, not read)."""
+    with conn.transaction(force_rollback=True):
+        _fill_stats(conn)
+        claimed = _claimed(conn, layout, "explain-s")
+        ids, tokens = [c[0] for c in claimed], [c[1] for c in claimed]
+        if "complete_many" in call or "fail_many" in call:
+            conn.execute("SELECT count(*) FROM start_many(%s::bigint[], %s::uuid[])", (ids, tokens))
+        ae = AutoExplain(conn)
+        with ae:
+            conn.execute(call, (ids, tokens))
+        stats = [p for p in ae.plans if "INSERT INTO team_stats" in p["Query Text"]]
+        assert len(stats) == 1, [p["Query Text"][:80] for p in ae.plans]
+        for p in ae.plans:
+            assert_no_scan_beyond(p["Plan"])
+            assert "jobs" not in relations(p["Plan"]) or "team_stats" not in relations(p["Plan"])
+        running = [p for p in ae.plans if "INSERT INTO team_running" in p["Query Text"]]
+        assert len(running) == (0 if "start_many" in call else 1)
+        for p in running:
+            assert {n.get("Index Name") for n in nodes_on(p["Plan"], "team_running")
+                    if n["Node Type"] != "ModifyTable"} == {"team_running_pkey"}
+
+
+def test_team_stats_read_uses_its_keys_and_never_jobs(conn):
+    with conn.transaction(force_rollback=True):
+        _fill_stats(conn)
+        team = conn.execute("SELECT name FROM teams ORDER BY id DESC LIMIT 1").fetchone()[0]
+        for window_s in (600, 86400):
+            plan = explain_json(conn, "EXPLAIN (ANALYZE, FORMAT JSON) " + q("team_stats"),
+                                {"team": team, "window_s": window_s, "names": 50})
+            assert relations(plan) == {"teams", "team_stats", "team_running"}, relations(plan)
+            # the team's rows of the window through the primary key (an index scan or a bitmap over it)
+            assert {n["Node Type"] for n in nodes_on(plan, "team_stats")} <= {"Index Scan", "Bitmap Heap Scan"}
+            assert {n.get("Index Name") for n in plan_nodes(plan)} >= {"team_stats_pkey", "team_running_pkey"}
+            assert {n["Node Type"] for n in nodes_on(plan, "team_running")} == {"Index Scan"}
+            # one team's rows of the window, not the table
+            read = sum(n["Actual Rows"] * n.get("Actual Loops", 1) for n in nodes_on(plan, "team_stats"))
+            own = conn.execute("SELECT count(*) FROM team_stats WHERE team_id = (SELECT id FROM teams WHERE name = %s)"
+                               " AND minute >= mh_stats_since(%s, %s)", (team, T0, window_s)).fetchone()[0]
+            assert 0 < read == own < 500, (read, own)
+        plan = explain_json(conn, "EXPLAIN (ANALYZE, FORMAT JSON) " + q("fleet_stats"), {"window_s": 600})
+        assert "jobs" not in relations(plan)
+        # the window's rows through the time index (an index scan, or a bitmap over that index)
+        assert {n["Node Type"] for n in nodes_on(plan, "team_stats")} <= {"Index Scan", "Bitmap Heap Scan"}
+        assert "team_stats_minute" in {n.get("Index Name") for n in plan_nodes(plan)}

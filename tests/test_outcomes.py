@@ -120,11 +120,13 @@ def test_start_then_complete_closes_the_job(pinned_conn, pinned_store, job, do):
     assert ts(r["finished_at"]) == T0 + 20 * S
     assert ts(r["started_at"]) == T0 + 5 * S
     assert r["lateness"] is not None
-    assert pinned_conn.execute("SELECT lateness FROM jobs WHERE id = %s", (job_id,)).fetchone()[0] == 15 * S
+    # submitted at T0 past its due time: agreed to run at T0, started 5 s later
+    assert pinned_conn.execute("SELECT lateness FROM jobs WHERE id = %s", (job_id,)).fetchone()[0] == 5 * S
     assert r["attempts"] == 1
     assert due_count(pinned_conn, job_id) == 0
     st = pinned_store.status(job_id)
-    assert (st.state, st.result, st.lateness, st.attempts) == ("succeeded", {"answer": 42}, 15 * S, 1)
+    assert (st.state, st.result, st.lateness, st.attempts) == ("succeeded", {"answer": 42}, 5 * S, 1)
+    assert st.due_at == T0 - 10 * S and st.agreed_at == T0 and st.lateness_final
 
 
 def test_complete_without_start_records_lateness_from_the_claim(pinned_conn, pinned_store, job, do):
@@ -133,7 +135,7 @@ def test_complete_without_start_records_lateness_from_the_claim(pinned_conn, pin
     assert do("complete", job_id, token).ok
     st = pinned_store.status(job_id)
     assert st.state == "succeeded"
-    assert st.lateness == 10 * S                 # claimed at T0, due at T0 - 10 s
+    assert st.lateness == 0 * S                  # claimed at T0, the time agreed at submission
     assert st.started_at == T0 and st.finished_at == T0 + 7 * S
 
 

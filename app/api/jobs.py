@@ -227,9 +227,11 @@ def series_id_out(series_id: int | None) -> str | None:
 
 def job_out(s: JobStatus) -> JobOut:
     return JobOut(job_id=JobId(s.job_id), team=s.team, name=s.name, state=s.state, priority=s.priority,
-                  due_at=s.due_at, run_at=s.run_at, strict=s.strict, flex_s=s.flex_s, attempts=s.attempts,
-                  max_attempts=s.max_attempts, claimed_by=s.claimed_by, claim_expires_at=s.claim_expires_at,
+                  due_at=s.due_at, agreed_at=s.agreed_at, run_at=s.run_at, strict=s.strict, flex_s=s.flex_s,
+                  attempts=s.attempts, max_attempts=s.max_attempts, claimed_by=s.claimed_by,
+                  claim_expires_at=s.claim_expires_at,
                   lateness_s=s.lateness.total_seconds() if s.lateness is not None else None,
+                  lateness_final=s.lateness_final,
                   last_error=s.last_error, result=s.result, idempotency_key=s.idempotency_key,
                   created_at=s.created_at, started_at=s.started_at, finished_at=s.finished_at,
                   series_id=series_id_out(s.series_id),

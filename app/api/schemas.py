@@ -224,14 +224,21 @@ class JobOut(Struct):
     state: State
     priority: int
     due_at: dt.datetime
-    run_at: dt.datetime
+    agreed_at: Annotated[dt.datetime, Meta(description="the run time agreed at submission: the due time plus the "
+                                                        "spread chosen inside the flex window (never before the "
+                                                        "submission)")]
+    run_at: Annotated[dt.datetime, Meta(description="the current attempt's run time (after a failure: the retry's)")]
     strict: bool
     flex_s: int
     attempts: int
     max_attempts: int
     claimed_by: str | None
     claim_expires_at: dt.datetime | None
-    lateness_s: float | None
+    lateness_s: Annotated[float | None, Meta(
+        description="first start - agreed_at once started (lateness_final true; a retry does not change it); "
+                    "before the first start, once agreed_at has passed, the lateness so far: now - agreed_at "
+                    "(lateness_final false); null before then")]
+    lateness_final: bool
     last_error: str | None
     result: Any
     idempotency_key: str | None
@@ -282,23 +289,66 @@ class TeamPageOut(Struct):
     next_cursor: str | None  # pass as ?cursor= for the next page (by name); None: no more teams
 
 
-class FailuresOut(Struct):
+class BucketOut(Struct):
+    le_s: float | None             # upper bound of the bucket in seconds (inclusive); null: no bound
+    count: int
+
+
+class DistributionOut(Struct):
+    """A histogram over fixed buckets; quantiles are read from it and given
+    as the upper bound of the bucket they fall in (null: no values, or the
+    last bucket, over an hour)."""
+    count: int
+    p50_s: float | None
+    p99_s: float | None
+    buckets: list[BucketOut]
+
+
+class CountsOut(Struct):
+    submitted: int                 # jobs created
+    started: int                   # jobs started for the first time
+    succeeded: int
+    failed: int                    # failures that were retried
+    dead: int                      # failed or claim expired on the last attempt
+    cancelled: int
+    lateness: DistributionOut      # of first starts: start - agreed run time
+    run_time: DistributionOut      # of finished jobs: finish - first start
+
+
+class NameStatsOut(Struct):
     name: str
-    dead: int
-    retrying: int
+    counts: CountsOut
+
+
+class OtherStatsOut(Struct):
+    names: int                     # how many job names are added up here
+    counts: CountsOut
 
 
 class StatsOut(Struct):
     team: str
-    window_start: dt.datetime  # the jobs created since then were examined (by id)...
-    examined: int              # ...this many, newest first
-    truncated: bool            # the cap was reached: older jobs of the window are not counted
-    by_state: dict[str, int]
+    window_start: dt.datetime      # the counts cover [window_start, now]
+    window_s: int                  # the window asked for (window_start is it rounded down to a minute or an hour)
+    running: int                   # claimed or running now
+    quota: int
+    total: CountsOut
+    names: list[NameStatsOut]      # the job names of most volume, most first
+    other: OtherStatsOut | None    # the names beyond those, added up
+
+
+class FleetTeamOut(Struct):
+    team: str
     running: int
     quota: int
-    lateness_p50_s: float | None  # start - due, over starts in the last hour
-    lateness_p99_s: float | None
-    failures: list[FailuresOut]
+    counts: CountsOut
+
+
+class FleetStatsOut(Struct):
+    window_start: dt.datetime
+    window_s: int
+    running: int
+    total: CountsOut
+    teams: list[FleetTeamOut]      # every team, by name
 
 
 class HealthOut(Struct):

@@ -1,5 +1,6 @@
 """Team routes: create a team, set its quota and weight, list teams and
-rotate a team's token (admin); a team's settings and recent statistics."""
+rotate a team's token (admin); a team's settings and statistics, and the
+fleet's (admin)."""
 from __future__ import annotations
 
 from typing import Annotated
@@ -14,15 +15,37 @@ from minutehand.api import problems
 from minutehand.api.auth import Principal
 from minutehand.api.context import Context
 from minutehand.api.problems import COMMON, CONFLICT, FORBIDDEN, INVALID, NOT_FOUND, ApiProblem
-from minutehand.api.schemas import (TEAM_NAME_PATTERN, FailuresOut, StatsOut, TeamIn, TeamOut, TeamPageOut,
+from minutehand.api.schemas import (TEAM_NAME_PATTERN, BucketOut, CountsOut, DistributionOut, FleetStatsOut,
+                                    FleetTeamOut, NameStatsOut, OtherStatsOut, StatsOut, TeamIn, TeamOut, TeamPageOut,
                                     TeamSettingsIn, TeamTokenOut, text_problem)
-from minutehand.store.records import TeamSettings
+from minutehand.store.records import STATS_BOUNDS_S, Tally, TeamSettings, quantile_bound
+from minutehand.store.store import Store
 
 SECURITY = [{"bearer": []}]
-STATS_WINDOW_S = 86400
-STATS_CAP = 50_000
 TEAMS_PAGE_MAX = 1000
 APPLIED = "The dispatcher applies a new quota or weight within a few seconds (it rereads teams periodically)."
+STATS_WINDOW_S = 86400
+WindowParam = Annotated[int, QueryParameter(
+    ge=60, le=Store.STATS_MAX_WINDOW_S,
+    description="seconds back from now (60 to 30 days); the window starts at the minute (within the last hour "
+                "or two) or the hour (further back) at or before now - window_s")]
+STATS_DESCRIPTION = (
+    "Counted as the events happen (never a scan of jobs), per minute, folded into hours after an hour or "
+    "two, kept 35 days. submitted: jobs created; started: jobs started for the first time; succeeded, "
+    "dead, cancelled: jobs that ended so; failed: failures that were retried. lateness: of first starts, "
+    "start - agreed run time; run_time: of finished jobs, finish - first start; as histograms over fixed "
+    "buckets, p50/p99 given as the upper bound of their bucket. running: claimed or running now.")
+
+
+def _histogram(hist: tuple[int, ...]) -> DistributionOut:
+    bounds = [*STATS_BOUNDS_S, None]
+    return DistributionOut(sum(hist), quantile_bound(hist, 0.5), quantile_bound(hist, 0.99),
+                           [BucketOut(b, n) for b, n in zip(bounds, hist)])
+
+
+def counts_out(t: Tally) -> CountsOut:
+    return CountsOut(t.submitted, t.started, t.succeeded, t.failed, t.dead, t.cancelled,
+                     _histogram(t.lateness_hist), _histogram(t.runtime_hist))
 
 
 def team_out(team: TeamSettings) -> TeamOut:
@@ -58,20 +81,22 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
         ctx.tokens.forget_team(name)
         return TeamTokenOut(name, token)
 
-    @get("/v1/teams/{name:str}/stats", operation_id="teamStats", security=SECURITY, tags=["teams"], summary="A team's recent statistics",
-         description="`me` names the caller's own team. Counts by state, running vs quota and failures by job "
-                     "name cover the team's jobs created in the last 24 h (at most the newest "
-                     f"{STATS_CAP:,}: truncated says so); lateness p50/p99 the starts of the last hour.",
-         responses=problems.responses(*COMMON, NOT_FOUND, INVALID))
-    async def team_stats(principal: NamedDependency[Principal], name: FromPath[str]) -> StatsOut:
+    @get("/v1/teams/{name:str}/stats", operation_id="teamStats", security=SECURITY, tags=["teams"],
+         summary="A team's statistics, by job name",
+         description="`me` names the caller's own team. " + STATS_DESCRIPTION + " The "
+                     f"{Store.STATS_NAMES} job names of most volume are listed one by one, the rest added up "
+                     "in `other`.",
+         responses=problems.responses(*COMMON, NOT_FOUND, INVALID), exception_handlers=problems.parameters())
+    async def team_stats(principal: NamedDependency[Principal], name: FromPath[str],
+                         window_s: WindowParam = STATS_WINDOW_S) -> StatsOut:
         team = principal.own_team(None if name == "me" else name)
-        stats = await ctx.db(store.team_stats, team, window_s=STATS_WINDOW_S, cap=STATS_CAP)
+        stats = await ctx.db(store.team_stats, team, window_s=window_s)
         if stats is None:
             raise ApiProblem(NOT_FOUND, f"no such team {team!r}")
-        return StatsOut(team=stats.team, window_start=stats.window_start, examined=stats.examined,
-                        truncated=stats.truncated, by_state=stats.by_state, running=stats.running,
-                        quota=stats.quota, lateness_p50_s=stats.lateness_p50_s, lateness_p99_s=stats.lateness_p99_s,
-                        failures=[FailuresOut(f["name"], f["dead"], f["retrying"]) for f in stats.failures])
+        return StatsOut(team=stats.team, window_start=stats.window_start, window_s=window_s, running=stats.running,
+                        quota=stats.quota, total=counts_out(stats.total),
+                        names=[NameStatsOut(n, counts_out(t)) for n, t in stats.names.items()],
+                        other=OtherStatsOut(stats.other_names, counts_out(stats.other)) if stats.other else None)
 
     @patch("/v1/teams/{name:str}", operation_id="setTeam", status_code=200, security=SECURITY, tags=["teams"],
            request_max_body_size=4096,
@@ -118,4 +143,16 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
         page = await ctx.db(store.list_teams, after=cursor, limit=limit)
         return TeamPageOut([team_out(t) for t in page.teams], page.next_cursor)
 
-    return [create_team, rotate_token, team_stats, set_team, get_team, list_teams]
+    @get("/v1/stats", operation_id="fleetStats", security=SECURITY, tags=["teams"],
+         summary="Every team's statistics (admin)", opt={"admin_only": True},
+         description=STATS_DESCRIPTION + " One row per team, and the sums.",
+         responses=problems.responses(*COMMON, FORBIDDEN), exception_handlers=problems.parameters())
+    async def fleet_stats(principal: NamedDependency[Principal], window_s: WindowParam = STATS_WINDOW_S
+                          ) -> FleetStatsOut:
+        principal.require_admin()
+        stats = await ctx.db(store.fleet_stats, window_s=window_s)
+        return FleetStatsOut(window_start=stats.window_start, window_s=window_s, running=stats.running,
+                             total=counts_out(stats.total),
+                             teams=[FleetTeamOut(t.team, t.running, t.quota, counts_out(t.tally)) for t in stats.teams])
+
+    return [create_team, rotate_token, team_stats, fleet_stats, set_team, get_team, list_teams]

@@ -46,7 +46,7 @@ from minutehand.dev.demo_worker import NAMES as DEMO_NAMES
 from minutehand.dev.localpg import LocalCluster
 from minutehand.settings import Settings
 from minutehand.store import migrate
-from minutehand.store.records import JobSpec
+from minutehand.store.records import JobSpec, quantile_bound
 from minutehand.store.store import Store
 
 DB_NAME = "minutehand"
@@ -217,6 +217,11 @@ def backlog(store: Store, cap: int) -> int:
 
 
 # ---------------------------------------------------------------- the demo
+def _bound(s: float | None) -> str:
+    """A histogram bucket's upper bound as the status line shows it."""
+    return "over 1 h" if s is None else f"{s:g}s"
+
+
 def demo_jobs(n: int) -> list[JobSpec]:
     """Mostly due now; some soon with a flex window; a few far ahead (they wait in the far levels)."""
     now = dt.datetime.now(UTC)
@@ -329,9 +334,12 @@ def demo_loop(store: Store, children: list[subprocess.Popen], args) -> None:
             submitted += sum(item.created for item in store.submit_many(TEAM, demo_jobs(args.rate)))
         if tick >= next_report:
             s = store.team_stats(TEAM, window_s=3600)
-            by_state = ", ".join(f"{k} {v:,}" for k, v in sorted(s.by_state.items()))
-            late = (f"start - due p50 {s.lateness_p50_s:.3f}s p99 {s.lateness_p99_s:.3f}s"
-                    if s.lateness_p50_s is not None else "no starts yet")
+            t = s.total
+            by_state = (f"started {t.started:,}, succeeded {t.succeeded:,}, failed {t.failed:,}, dead {t.dead:,}, "
+                        f"running {s.running:,}")
+            p50, p99 = quantile_bound(t.lateness_hist, 0.5), quantile_bound(t.lateness_hist, 0.99)
+            late = ("no starts yet" if not t.started else
+                    f"start - agreed run time p50 <= {_bound(p50)} p99 <= {_bound(p99)}")
             due = (f"{'over ' if waiting > limit else ''}{min(waiting, limit):,} due not started"
                    + (" (paused)" if paused else ""))
             print(f"{dt.datetime.now():%H:%M:%S} submitted {submitted:,}; {due}; last hour: {by_state}; {late}",

@@ -7,6 +7,10 @@ For the whole wheel, by one dispatcher at a time (the holder of the
 `wheel` duty lease, a row with an expiry: sql/functions/dispatch.sql):
 - cascade_wheel and sweep_passed every 30 s: far-future jobs move down as
   the horizon reaches them, passed buckets are carried forward and emptied.
+By the holder of the `stats` duty lease:
+- roll_up_stats and purge_stats every 5 minutes: per-minute counters older
+  than the previous hour are folded into hour rows (reads of long windows
+  stay small), counters past their retention (35 days) are dropped.
 Each job runs at most once at a time and a late run is not repeated
 (coalesce), so a slow database does not pile runs up.
 """
@@ -29,18 +33,20 @@ class MaintenanceSchedule:
     """A Service (minutehand.lifecycle): the duties run from start() to stop()."""
 
     def __init__(self, store: Store, owner: str, shards: Callable[[], list[int]], *,
-                 expire_every_s: float = 1.0, purge_every_s: float = 60.0, wheel_every_s: float = 30.0):
+                 expire_every_s: float = 1.0, purge_every_s: float = 60.0, wheel_every_s: float = 30.0,
+                 stats_every_s: float = 300.0):
         self.store = store
         self.owner = owner
         self.shards = shards
         self.wheel_every_s = wheel_every_s
+        self.stats_every_s = stats_every_s
         self.scheduler = BackgroundScheduler(
             daemon=True, timezone="UTC",
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None})
         for duty, every in ((self.expire_claims, expire_every_s), (self.purge_keys, purge_every_s),
-                            (self.turn_wheel, wheel_every_s)):
+                            (self.turn_wheel, wheel_every_s), (self.fold_stats, stats_every_s)):
             self.scheduler.add_job(_logged(duty), "interval", seconds=every, id=duty.__name__,
-                                   next_run_time=None if duty is self.purge_keys else _now())
+                                   next_run_time=None if duty in (self.purge_keys, self.fold_stats) else _now())
 
     def start(self) -> None:
         self.scheduler.start()
@@ -67,6 +73,15 @@ class MaintenanceSchedule:
         if from_far or from_hours or carried:
             log.info("wheel: %d far + %d hour rows moved down, %d buckets swept, %d rows carried forward",
                      from_far, from_hours, buckets, carried)
+
+
+    def fold_stats(self) -> None:
+        if not self.store.take_duty("stats", self.owner, 3 * self.stats_every_s):
+            return
+        rolled = self.store.roll_up_stats()
+        purged = self.store.purge_stats()
+        if rolled or purged:
+            log.info("stats: %d minute rows folded into hours, %d rows past retention dropped", rolled, purged)
 
 
 def _now() -> dt.datetime:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -162,14 +163,18 @@ class JobStatus:
     state: str
     priority: int
     due_at: dt.datetime
-    run_at: dt.datetime
+    agreed_at: dt.datetime       # the run time agreed at submission (due + the spread chosen then)
+    run_at: dt.datetime          # the current attempt's run time (a retry's, after a failure)
     strict: bool
     flex_s: int
     attempts: int
     max_attempts: int
     claimed_by: str | None
     claim_expires_at: dt.datetime | None
+    # first start - agreed_at once started (final); before the first start,
+    # past the agreed time: now - agreed_at, the lateness so far (not final)
     lateness: dt.timedelta | None
+    lateness_final: bool
     last_error: str | None
     result: Any
     idempotency_key: str | None
@@ -197,6 +202,8 @@ class Maintenance:
     claims_returned: int
     claims_dead: int
     keys_purged: int
+    stats_rolled: int
+    stats_purged: int
 
 
 @dataclass(frozen=True)
@@ -220,6 +227,51 @@ class JobPage:
     next_cursor: int | None  # pass as before_id for the next page; None: nothing older
 
 
+# Histogram bucket bounds of the statistics, in seconds (mh_stats_bounds()):
+# bucket i counts values in (BOUNDS[i-1], BOUNDS[i]]; the first counts
+# values <= 0, the last (no upper bound) those over an hour.
+STATS_BOUNDS_S = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+
+
+def quantile_bound(hist: Sequence[int], q: float) -> float | None:
+    """The upper bound (s) of the bucket holding the q-quantile of a
+    histogram; None when it is empty or the quantile lies in the last bucket
+    (beyond the last bound)."""
+    total = sum(hist)
+    if total == 0:
+        return None
+    rank, seen = q * total, 0
+    for i, n in enumerate(hist):
+        seen += n
+        if seen >= rank and n:
+            return STATS_BOUNDS_S[i] if i < len(STATS_BOUNDS_S) else None
+    return None
+
+
+@dataclass(frozen=True)
+class Tally:
+    """Counts of events in a window (team_stats rows added up)."""
+    submitted: int = 0        # jobs created (an idempotency replay creates none)
+    started: int = 0          # jobs started for the first time (a retry's start is not counted again)
+    succeeded: int = 0
+    failed: int = 0           # failures that were retried
+    dead: int = 0             # jobs set aside: failed or claim expired on the last attempt
+    cancelled: int = 0
+    lateness_hist: tuple[int, ...] = (0,) * (len(STATS_BOUNDS_S) + 1)   # first start - agreed_at
+    runtime_hist: tuple[int, ...] = (0,) * (len(STATS_BOUNDS_S) + 1)    # finished_at - started_at
+
+    def __add__(self, other: Tally) -> Tally:
+        return Tally(self.submitted + other.submitted, self.started + other.started,
+                     self.succeeded + other.succeeded, self.failed + other.failed, self.dead + other.dead,
+                     self.cancelled + other.cancelled,
+                     tuple(a + b for a, b in zip(self.lateness_hist, other.lateness_hist)),
+                     tuple(a + b for a, b in zip(self.runtime_hist, other.runtime_hist)))
+
+    @property
+    def volume(self) -> int:
+        return self.submitted + self.started + self.succeeded + self.failed + self.dead + self.cancelled
+
+
 @dataclass(frozen=True)
 class TeamSettings:
     """A team as an administrator sees it (never its token)."""
@@ -237,13 +289,29 @@ class TeamPage:
 
 @dataclass(frozen=True)
 class TeamStats:
+    """A team's counters over a window, by job name: the names of most
+    volume one by one, the rest added up in `other`."""
     team: str
     quota: int
-    window_start: dt.datetime  # jobs created since then were examined...
-    examined: int              # ...this many of them, newest first
-    truncated: bool            # True: the cap was reached before window_start
-    by_state: dict[str, int]
-    running: int               # claimed or running, among the examined jobs
-    lateness_p50_s: float | None   # start - due, of the jobs started in the last hour
-    lateness_p99_s: float | None
-    failures: list[dict[str, Any]]  # [{name, dead, retrying}], most first
+    running: int                   # claimed or running now (team_running)
+    window_start: dt.datetime      # the counters cover [window_start, now]
+    total: Tally
+    names: dict[str, Tally]        # most volume first
+    other: Tally | None            # the names beyond the first STATS_NAMES, added up
+    other_names: int               # how many names `other` holds
+
+
+@dataclass(frozen=True)
+class FleetTeam:
+    team: str
+    quota: int
+    running: int
+    tally: Tally
+
+
+@dataclass(frozen=True)
+class FleetStats:
+    window_start: dt.datetime
+    teams: list[FleetTeam]         # every team, by name
+    total: Tally
+    running: int

@@ -22,9 +22,10 @@ from psycopg_pool import ConnectionPool
 
 from minutehand.store import errors, repeat, schema
 from minutehand.store.queries import q
-from minutehand.store.records import (BatchItem, ClaimRequest, Complete, EdgeCell, Fail, Heartbeat, JobPage, JobSpec,
-                                     JobStatus, JobSummary, Maintenance, Outcome, PlannedClaim, Release, Report, Start,
-                                     Submitted, TeamPage, TeamSettings, TeamStats, TeamTerms)
+from minutehand.store.records import (BatchItem, ClaimRequest, Complete, EdgeCell, Fail, FleetStats, FleetTeam,
+                                     Heartbeat, JobPage, JobSpec, JobStatus, JobSummary, Maintenance, Outcome,
+                                     PlannedClaim, Release, Report, Start, Submitted, Tally, TeamPage, TeamSettings,
+                                     TeamStats, TeamTerms)
 
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,14 @@ def _as_is(value: bytes) -> bytes:
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _tally(row: dict[str, Any]) -> Tally:
+    """A Tally from a row of the stats queries (NULL counts: none)."""
+    if row.get("submitted") is None:
+        return Tally()
+    return Tally(row["submitted"], row["started"], row["succeeded"], row["failed"], row["dead"], row["cancelled"],
+                 tuple(row["lateness_hist"]), tuple(row["runtime_hist"]))
 
 
 def _batch_params(team: str, jobs: Sequence[JobSpec]) -> dict[str, Any]:
@@ -223,13 +232,32 @@ class Store:
             cursor = None
         return JobPage(jobs, cursor)
 
-    def team_stats(self, team: str, *, window_s: int = 86400, cap: int = 50_000) -> TeamStats | None:
-        """Counts by state, running vs quota, lateness p50/p99 of starts in the
-        last hour, failures by job name: over the team's jobs created in the
-        last window_s (found by id, which embeds its creation time), at most
-        the newest `cap` of them. None if there is no such team."""
-        row = self._one("team_stats", {"team": team, "window_s": window_s, "cap": cap})
-        return TeamStats(**row) if row else None
+    # The longest window the counters answer for, and how many job names a
+    # team's answer lists one by one (the rest are added up as "other").
+    STATS_MAX_WINDOW_S = 30 * 86400
+    STATS_NAMES = 50
+
+    def team_stats(self, team: str, *, window_s: int = 86400, names: int = STATS_NAMES) -> TeamStats | None:
+        """A team's counters over the last window_s seconds (from team_stats,
+        never the jobs): totals, the `names` job names of most volume, the
+        rest added up; running now vs quota. None if there is no such team."""
+        rows = self._all("team_stats", {"team": team, "window_s": window_s, "names": names})
+        if not rows:
+            return None
+        first = rows[0]
+        by_name = {r["name"]: _tally(r) for r in rows if r["name"] is not None}
+        other = next((r for r in rows if r["name"] is None and r["other_names"]), None)
+        total = sum(by_name.values(), _tally(other) if other else Tally())
+        names_sorted = dict(sorted(by_name.items(), key=lambda kv: (-kv[1].volume, kv[0])))
+        return TeamStats(first["team"], first["quota"], first["running"], first["window_start"], total,
+                         names_sorted, _tally(other) if other else None, other["other_names"] if other else 0)
+
+    def fleet_stats(self, *, window_s: int = 86400) -> FleetStats:
+        """Every team's counters over the last window_s seconds, and the sums."""
+        rows = self._all("fleet_stats", {"window_s": window_s})
+        teams = [FleetTeam(r["team"], r["quota"], r["running"], _tally(r)) for r in rows]
+        start = rows[0]["window_start"] if rows else self._one("fleet_window", {"window_s": window_s})["t"]
+        return FleetStats(start, teams, sum((t.tally for t in teams), Tally()), sum(t.running for t in teams))
 
     def schema_revision(self) -> str | None:
         """The Alembic revision the database is at (None: not migrated)."""
@@ -517,6 +545,13 @@ class Store:
 
     def purge_keys(self, shards: Sequence[int]) -> int:
         return sum(r["purged"] for r in self._pipelined("purge_idempotency_keys", [{"shard": s} for s in shards]))
+
+    def roll_up_stats(self) -> int:
+        """Fold old minute rows of the counters into hour rows; how many were folded."""
+        return self._one("roll_up_stats", {})["rolled"]
+
+    def purge_stats(self) -> int:
+        return self._one("purge_stats", {})["purged"]
 
     # ------------------------------------------------------------ dispatchers
     def dispatcher_members(self, name: str, ttl_s: float) -> list[str]:

@@ -179,9 +179,9 @@ def add_far_future(url: str, count: int) -> None:
                      r AS (SELECT shard, mh_new_id(shard) AS id, run_at FROM g),
                      j AS (INSERT INTO jobs (shard, id, team_id, name, payload, priority, due_at, flex_s, strict,
                                              run_at, state, max_attempts, backoff_base_s, backoff_cap_s,
-                                             created_at, updated_at)
+                                             created_at, updated_at, agreed_at)
                            SELECT shard, id, (SELECT id FROM teams WHERE name = %(team)s), 'bench.far', '{}', 0,
-                                  run_at, 0, false, run_at, 'scheduled', 3, 1, 3600, now(), now() FROM r)
+                                  run_at, 0, false, run_at, 'scheduled', 3, 1, 3600, now(), now(), run_at FROM r)
                 INSERT INTO due_far (shard, strict, priority, run_at, job_id, team_id)
                 SELECT shard, false, 0, run_at, id, (SELECT id FROM teams WHERE name = %(team)s) FROM r""", {"n": n, "team": TEAM})
         conn.execute("VACUUM ANALYZE")

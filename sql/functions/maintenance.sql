@@ -12,9 +12,11 @@
 CREATE OR REPLACE FUNCTION expire_claims(p_shard int, p_limit int DEFAULT 1000, OUT returned bigint, OUT dead bigint)
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
-    v_now  timestamptz := mh_now();
-    v_ids  bigint[];
-    v_rows due_row[];
+    v_now    timestamptz := mh_now();
+    v_ids    bigint[];
+    v_rows   due_row[];
+    v_teams  int[];
+    v_stats  stats_delta[];
 BEGIN
     returned := 0; dead := 0;
     WITH due AS (
@@ -46,13 +48,20 @@ BEGIN
           FROM unnest(v_ids) AS i(id)
          WHERE j.shard = p_shard AND j.id = i.id
            AND j.state IN ('claimed', 'running') AND j.claim_expires_at < v_now
-        RETURNING j.id, j.state, j.strict, j.priority, j.team_id
+        RETURNING j.id, j.state, j.strict, j.priority, j.team_id, j.name, j.started_at
     )
     SELECT array_agg(ROW(p_shard, e.strict, e.priority, v_now, e.id, e.team_id)::due_row) FILTER (WHERE e.state = 'scheduled'),
            count(*) FILTER (WHERE e.state = 'scheduled'),
-           count(*) FILTER (WHERE e.state = 'dead')
-      INTO v_rows, returned, dead
+           count(*) FILTER (WHERE e.state = 'dead'),
+           array_agg(e.team_id),
+           array_agg(ROW(16 + p_shard % 16, e.team_id, e.name, 0, 0, 0, 0, 1, 0, NULL,
+                         mh_seconds(v_now - e.started_at))::stats_delta) FILTER (WHERE e.state = 'dead')
+      INTO v_rows, returned, dead, v_teams, v_stats
       FROM expired e;
+    -- Every expired claim leaves claimed/running; a dead one is counted (its
+    -- run time too if it had started).
+    PERFORM mh_not_running(array_fill(p_shard::smallint, ARRAY[coalesce(cardinality(v_teams), 0)]), v_teams);
+    PERFORM mh_add_stats(v_now, v_stats);
     PERFORM mh_enqueue_many(v_rows, v_now);
 
     INSERT INTO claim_checks (shard, check_at, job_ids)
@@ -193,7 +202,8 @@ END $$;
 
 -- Every duty once, over every shard: for operators, the demo and tests.
 CREATE OR REPLACE FUNCTION maintain(OUT from_far bigint, OUT from_hours bigint, OUT swept_buckets int, OUT carried bigint,
-                         OUT claims_returned bigint, OUT claims_dead bigint, OUT keys_purged bigint)
+                         OUT claims_returned bigint, OUT claims_dead bigint, OUT keys_purged bigint,
+                         OUT stats_rolled bigint, OUT stats_purged bigint)
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
     s int;
@@ -210,4 +220,6 @@ BEGIN
         claims_dead := claims_dead + r.dead;
         keys_purged := keys_purged + purge_idempotency_keys(s);
     END LOOP;
+    stats_rolled := roll_up_stats();
+    stats_purged := purge_stats();
 END $$;

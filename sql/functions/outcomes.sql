@@ -10,6 +10,12 @@
 -- batches over the same rows (a worker retrying an outcomes request through
 -- another dispatcher) wait for each other instead of deadlocking. Answers
 -- still come in input order.
+--
+-- Every way out of claimed/running subtracts the job from team_running, and
+-- every counted event is added to team_stats (sql/functions/stats.sql), in
+-- the same transaction, one statement per batch each: after the job rows,
+-- team_running rows in (shard, team) order, then team_stats rows in key
+-- order. Outcome rows of team_stats use stripes 16 + shard % 16.
 
 -- Why an outcome for a job was refused, from whether it exists and its state.
 CREATE OR REPLACE FUNCTION mh_refusal(p_found boolean, p_state job_state) RETURNS text
@@ -20,17 +26,35 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
         ELSE 'lease token does not match the current claim (it expired and the job was claimed again)'
     END
 $$;
--- A job's state, looked up only when p_needed (an item that was refused):
--- the lookup is skipped for the items that went through.
+-- A job's state and lease token, looked up only when p_needed (an item that
+-- was refused): the lookup is skipped for the items that went through.
 -- (A set-returning SQL function, so that the planner inlines it.)
-CREATE OR REPLACE FUNCTION mh_job_state(p_job bigint, p_needed boolean) RETURNS TABLE (found boolean, state job_state)
+CREATE OR REPLACE FUNCTION mh_job_state(p_job bigint, p_needed boolean)
+RETURNS TABLE (found boolean, state job_state, lease_token uuid)
 LANGUAGE sql STABLE AS $$
-    SELECT true, j.state FROM jobs j
+    SELECT true, j.state, j.lease_token FROM jobs j
      WHERE p_needed AND j.shard = mh_shard_of(p_job) AND j.id = p_job
     UNION ALL
-    SELECT false, NULL::job_state
+    SELECT false, NULL::job_state, NULL::uuid
     LIMIT 1
 $$;
+-- Jobs that left claimed/running, subtracted from team_running: one row per
+-- (shard, team), taken in that order, never below zero. An upsert, so that
+-- the rows are taken in the order of its SELECT; only existing rows are
+-- named (a claim made them), so it always updates and never inserts.
+CREATE OR REPLACE FUNCTION mh_not_running(p_shards smallint[], p_teams int[]) RETURNS void
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+BEGIN
+    IF coalesce(cardinality(p_shards), 0) = 0 THEN
+        RETURN;
+    END IF;
+    INSERT INTO team_running AS r (shard, team_id, running)
+    SELECT u.shard, u.team_id, -count(*) FROM unnest(p_shards, p_teams) u(shard, team_id)
+     WHERE EXISTS (SELECT 1 FROM team_running x WHERE x.shard = u.shard AND x.team_id = u.team_id)
+     GROUP BY u.shard, u.team_id
+     ORDER BY u.shard, u.team_id
+    ON CONFLICT (shard, team_id) DO UPDATE SET running = greatest(r.running + excluded.running, 0);
+END $$;
 -- Exponential backoff with jitter: attempt n waits a random time in
 -- [d/2, d] with d = min(cap, base * 2^(n-1)): it grows, spreads, and never
 -- exceeds the cap.
@@ -49,18 +73,29 @@ BEGIN
         SELECT u.id, u.token, u.ord FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS u(id, token, ord)
          ORDER BY mh_shard_of(u.id), u.id
     ), started AS (
+        -- Only a claimed job starts (once per attempt); a repeated start of
+        -- the running job changes nothing and is answered ok below. o is the
+        -- row as this statement found it: the job's first start is the one
+        -- that finds started_at NULL (while a job stays claimed under one
+        -- token nothing else sets started_at, so o holds even after waiting
+        -- for a concurrent writer).
         UPDATE jobs j
            SET state = 'running', started_at = coalesce(j.started_at, v_now),
-               lateness = coalesce(j.lateness, v_now - j.due_at), updated_at = v_now
-          FROM input i
-         WHERE j.shard = mh_shard_of(i.id) AND j.id = i.id AND j.lease_token = i.token
-           AND j.state IN ('claimed', 'running')
-        RETURNING j.id, i.ord
+               lateness = coalesce(j.lateness, v_now - j.agreed_at), updated_at = v_now
+          FROM input i JOIN jobs o ON o.shard = mh_shard_of(i.id) AND o.id = i.id
+         WHERE j.shard = o.shard AND j.id = o.id AND j.lease_token = i.token AND j.state = 'claimed'
+        RETURNING j.id, i.ord, j.shard, j.team_id, j.name, j.lateness, o.started_at IS NULL AS first
+    ), counted AS (
+        SELECT mh_add_stats(v_now, array_agg(ROW(16 + s.shard % 16, s.team_id, s.name, 0, 1, 0, 0, 0, 0,
+                                                 mh_seconds(s.lateness), NULL)::stats_delta)) AS done
+          FROM started s WHERE s.first
     )
-    SELECT i.id, s.id IS NOT NULL,
+    SELECT i.id, s.id IS NOT NULL OR (j.state = 'running' AND j.lease_token IS NOT DISTINCT FROM i.token),
            CASE WHEN s.id IS NOT NULL THEN 'running'::job_state ELSE j.state END,
-           CASE WHEN s.id IS NULL THEN mh_refusal(j.found, j.state) END
+           CASE WHEN s.id IS NULL AND (j.state IS DISTINCT FROM 'running' OR j.lease_token IS DISTINCT FROM i.token)
+                THEN mh_refusal(j.found, j.state) END
       FROM input i
+      CROSS JOIN counted                 -- (referenced, so that it runs)
       LEFT JOIN started s ON s.ord = i.ord
       LEFT JOIN LATERAL mh_job_state(i.id, s.id IS NULL) j ON true
      ORDER BY i.ord;
@@ -109,25 +144,39 @@ BEGIN
           FROM unnest(p_ids, p_tokens, p_results) WITH ORDINALITY AS u(id, token, result, ord)
          ORDER BY mh_shard_of(u.id), u.id
     ), done AS (
+        -- A job completed without a reported start started at its claim. o
+        -- is the row as found: that is the job's first start if it had none
+        -- and no start of this claim came in between (then started_at would
+        -- not be the claim time).
         UPDATE jobs j
            SET state = 'succeeded', result = i.result, finished_at = v_now, updated_at = v_now,
                started_at = coalesce(j.started_at, j.claimed_at),
-               lateness = coalesce(j.lateness, j.claimed_at - j.due_at),
+               lateness = coalesce(j.lateness, j.claimed_at - j.agreed_at),
                claim_expires_at = NULL, lease_token = NULL
-          FROM input i
-         WHERE j.shard = mh_shard_of(i.id) AND j.id = i.id AND j.lease_token = i.token
+          FROM input i JOIN jobs o ON o.shard = mh_shard_of(i.id) AND o.id = i.id
+         WHERE j.shard = o.shard AND j.id = o.id AND j.lease_token = i.token
            AND j.state IN ('claimed', 'running')
-        RETURNING j.id, j.shard, j.team_id, j.idempotency_key, i.result, i.ord
+        RETURNING j.id, j.shard, j.team_id, j.name, j.idempotency_key, i.result, i.ord, j.lateness,
+                  o.started_at IS NULL AND j.started_at = j.claimed_at AS first, j.finished_at - j.started_at AS run
     ), stored AS (
         UPDATE idempotency_keys k SET result = d.result, completed_at = v_now
           FROM (SELECT * FROM done d WHERE d.idempotency_key IS NOT NULL
                  ORDER BY d.shard, d.team_id, d.idempotency_key) d
          WHERE k.shard = d.shard AND k.team_id = d.team_id AND k.key = d.idempotency_key AND k.job_id = d.id
+        RETURNING 1
+    ), counted AS (
+        -- After the keys and team_running (the subqueries of its FROM run first).
+        SELECT mh_add_stats(v_now, (SELECT array_agg(ROW(16 + d.shard % 16, d.team_id, d.name, 0, d.first::int, 1, 0,
+                                                           0, 0, CASE WHEN d.first THEN mh_seconds(d.lateness) END,
+                                                           mh_seconds(d.run))::stats_delta) FROM done d)) AS done
+          FROM (SELECT count(*) FROM stored) k,
+               (SELECT mh_not_running(array_agg(d.shard), array_agg(d.team_id)) FROM done d) r
     )
     SELECT i.id, d.id IS NOT NULL,
            CASE WHEN d.id IS NOT NULL THEN 'succeeded'::job_state ELSE j.state END,
            CASE WHEN d.id IS NULL THEN mh_refusal(j.found, j.state) END
       FROM input i
+      CROSS JOIN counted                 -- (referenced, so that it runs)
       LEFT JOIN done d ON d.ord = i.ord
       LEFT JOIN LATERAL mh_job_state(i.id, d.id IS NULL) j ON true
      ORDER BY i.ord;
@@ -145,6 +194,9 @@ DECLARE
     v_run_at  timestamptz;
     v_error   text;
     v_answers outcome[] := array_fill(NULL::outcome, ARRAY[coalesce(cardinality(p_ids), 0)]);
+    v_shards  smallint[] := '{}';
+    v_teams   int[] := '{}';
+    v_stats   stats_delta[] := '{}';
     i         int;
 BEGIN
     FOR i IN SELECT u.ord FROM unnest(p_ids) WITH ORDINALITY AS u(id, ord) ORDER BY mh_shard_of(u.id), u.id, u.ord
@@ -156,6 +208,8 @@ BEGIN
             CONTINUE;
         END IF;
         v_error := left(coalesce(p_errors[i], 'failed'), 10000);
+        v_shards := v_shards || v_job.shard;
+        v_teams := v_teams || v_job.team_id;
         IF coalesce(p_retryable[i], true) AND v_job.attempts < v_job.max_attempts THEN
             v_run_at := v_now + mh_backoff(v_job.attempts, v_job.backoff_base_s, v_job.backoff_cap_s);
             UPDATE jobs j
@@ -163,17 +217,27 @@ BEGIN
                    claimed_by = NULL, claim_expires_at = NULL, lease_token = NULL
              WHERE j.shard = v_job.shard AND j.id = v_job.id;
             PERFORM mh_enqueue(v_job.shard, v_job.id, v_run_at, (v_job).strict, v_job.priority, v_job.team_id, v_now);
+            v_stats := v_stats || ROW(16 + v_job.shard % 16, v_job.team_id, v_job.name, 0, 0, 0, 1, 0, 0,
+                                      NULL, NULL)::stats_delta;
             v_answers[i] := ROW(v_job.id, true, 'retrying'::job_state, NULL::text)::outcome;
         ELSE
             UPDATE jobs j
                SET state = 'dead', last_error = v_error, finished_at = v_now, updated_at = v_now,
                    started_at = coalesce(j.started_at, j.claimed_at),
-                   lateness = coalesce(j.lateness, j.claimed_at - j.due_at),
+                   lateness = coalesce(j.lateness, j.claimed_at - j.agreed_at),
                    claim_expires_at = NULL, lease_token = NULL
              WHERE j.shard = v_job.shard AND j.id = v_job.id;
+            -- (v_job, read FOR UPDATE, is the row as it was: its first start is this one if it had none)
+            v_stats := v_stats || ROW(16 + v_job.shard % 16, v_job.team_id, v_job.name, 0,
+                                      (v_job.started_at IS NULL)::int, 0, 0, 1, 0,
+                                      CASE WHEN v_job.started_at IS NULL
+                                           THEN mh_seconds(v_job.claimed_at - v_job.agreed_at) END,
+                                      mh_seconds(v_now - coalesce(v_job.started_at, v_job.claimed_at)))::stats_delta;
             v_answers[i] := ROW(v_job.id, true, 'dead'::job_state, NULL::text)::outcome;
         END IF;
     END LOOP;
+    PERFORM mh_not_running(v_shards, v_teams);
+    PERFORM mh_add_stats(v_now, v_stats);
     RETURN QUERY SELECT * FROM unnest(v_answers);
 END $$;
 
@@ -206,6 +270,8 @@ BEGIN
            array_agg(ROW(r.shard, r.strict, r.priority, r.run_at, r.id, r.team_id)::due_row)
       INTO v_ords, v_states, v_rows FROM released r;
     IF v_rows IS NOT NULL THEN
+        PERFORM mh_not_running(ARRAY(SELECT (r).shard FROM unnest(v_rows) r),
+                               ARRAY(SELECT (r).team_id FROM unnest(v_rows) r));
         PERFORM mh_enqueue_many(v_rows, v_now);
     END IF;
     RETURN QUERY
@@ -238,24 +304,32 @@ DECLARE
     v_now   timestamptz := mh_now();
     v_team  int;
     v_state job_state;
+    v_name  text;
 BEGIN
     IF p_team IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = 'cancel needs the team the job belongs to';
     END IF;
     v_team := mh_team_id(p_team);
-    -- A claimed job has not started until its worker says so (start): its
-    -- claim is voided, so the worker's start, heartbeat and outcome are refused.
-    UPDATE jobs j SET state = 'cancelled', finished_at = v_now, updated_at = v_now,
-                      lease_token = NULL, claim_expires_at = NULL
+    -- Locked first: whether it was claimed (and counted in team_running) is
+    -- read from the row as it is now.
+    SELECT j.state, j.name INTO v_state, v_name FROM jobs j
      WHERE j.shard = mh_shard_of(p_job) AND j.id = p_job AND j.team_id = v_team
-       AND j.state IN ('scheduled', 'retrying', 'claimed');
-    IF FOUND THEN
-        RETURN ROW(p_job, true, 'cancelled'::job_state, NULL::text)::outcome;
-    END IF;
-    SELECT j.state INTO v_state FROM jobs j
-     WHERE j.shard = mh_shard_of(p_job) AND j.id = p_job AND j.team_id = v_team;
+       FOR UPDATE;
     IF NOT FOUND THEN
         RETURN ROW(p_job, false, NULL::job_state, 'no such job')::outcome;
+    END IF;
+    IF v_state IN ('scheduled', 'retrying', 'claimed') THEN
+        -- A claimed job has not started until its worker says so (start): its
+        -- claim is voided, so the worker's start, heartbeat and outcome are refused.
+        UPDATE jobs j SET state = 'cancelled', finished_at = v_now, updated_at = v_now,
+                          lease_token = NULL, claim_expires_at = NULL
+         WHERE j.shard = mh_shard_of(p_job) AND j.id = p_job;
+        IF v_state = 'claimed' THEN
+            PERFORM mh_not_running(ARRAY[mh_shard_of(p_job)], ARRAY[v_team]);
+        END IF;
+        PERFORM mh_add_stats(v_now, ARRAY[ROW(16 + mh_shard_of(p_job) % 16, v_team, v_name, 0, 0, 0, 0, 0, 1,
+                                              NULL, NULL)::stats_delta]);
+        RETURN ROW(p_job, true, 'cancelled'::job_state, NULL::text)::outcome;
     END IF;
     RETURN ROW(p_job, false, v_state, format('job is %s: only a job that has not started can be cancelled', v_state))::outcome;
 END $$;

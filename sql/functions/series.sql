@@ -142,8 +142,10 @@ BEGIN
             p_backoff_cap_s, p_flex_s, p_strict, p_every_s, p_cron, v_zone, p_idempotency_key, v_first, job_id,
             v_first, v_now, v_now);
     INSERT INTO jobs (shard, id, team_id, name, payload, priority, due_at, flex_s, strict, run_at, state,
-                      max_attempts, backoff_base_s, backoff_cap_s, idempotency_key, series_id, created_at, updated_at)
+                      max_attempts, backoff_base_s, backoff_cap_s, idempotency_key, series_id, created_at, updated_at,
+                      agreed_at)
     VALUES (v_shard, job_id, v_team, p_name, v_payload, p_priority, v_first, p_flex_s, p_strict, run_at, 'scheduled',
-            p_max_attempts, p_backoff_base_s, p_backoff_cap_s, p_idempotency_key, series_id, v_now, v_now);
+            p_max_attempts, p_backoff_base_s, p_backoff_cap_s, p_idempotency_key, series_id, v_now, v_now, run_at);
     PERFORM mh_enqueue(v_shard, job_id, run_at, p_strict, p_priority::smallint, v_team, v_now);
+    PERFORM mh_add_stats(v_now, ARRAY[mh_submitted(v_shard, v_team, p_name)]);
 END $$;

@@ -109,12 +109,18 @@ RETURNS timestamptz LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE v_run_at timestamptz := mh_run_at(p_due_at, p_flex_s, p_strict, p_now);
 BEGIN
     INSERT INTO jobs (shard, id, team_id, name, payload, priority, due_at, flex_s, strict, run_at, state,
-                      max_attempts, backoff_base_s, backoff_cap_s, idempotency_key, created_at, updated_at)
+                      max_attempts, backoff_base_s, backoff_cap_s, idempotency_key, created_at, updated_at, agreed_at)
     VALUES (p_shard, p_id, p_team, p_name, p_payload, p_priority, coalesce(p_due_at, p_now), p_flex_s, p_strict,
-            v_run_at, 'scheduled', p_max_attempts, p_base, p_cap, p_key, p_now, p_now);
+            v_run_at, 'scheduled', p_max_attempts, p_base, p_cap, p_key, p_now, p_now, v_run_at);
     PERFORM mh_enqueue(p_shard, p_id, v_run_at, p_strict, p_priority::smallint, p_team, p_now);
     RETURN v_run_at;
 END $$;
+
+-- A submission row of team_stats for one created job (stripe: shard % 16).
+CREATE OR REPLACE FUNCTION mh_submitted(p_shard smallint, p_team int, p_name text) RETURNS stats_delta
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT ROW(p_shard % 16, p_team, p_name, 1, 0, 0, 0, 0, 0, NULL, NULL)::stats_delta
+$$;
 
 -- Take an idempotency key for a new job (p_job_id), for jobs and series
 -- alike: both NULL, the key is now this job's; existing, the same request
@@ -218,6 +224,7 @@ BEGIN
         created := true;
         run_at := mh_write_job(v_shard, job_id, v_team, p_name, p_due_at, v_payload, p_priority, p_max_attempts,
                                p_flex_s, p_strict, NULL, p_backoff_base_s, p_backoff_cap_s, v_now);
+        PERFORM mh_add_stats(v_now, ARRAY[mh_submitted(v_shard, v_team, p_name)]);
         RETURN;
     END IF;
     SELECT * INTO v_keyed FROM mh_submit_keyed(v_team, p_name, p_due_at, v_payload, p_priority, p_max_attempts,
@@ -227,6 +234,9 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'MH409', MESSAGE = v_keyed.conflict;
     END IF;
     job_id := v_keyed.job_id; run_at := v_keyed.run_at; created := v_keyed.created;
+    IF created THEN
+        PERFORM mh_add_stats(v_now, ARRAY[mh_submitted(mh_shard_of(job_id), v_team, p_name)]);
+    END IF;
 END $$;
 
 -- The SQL-level interface: enqueue inside your own transaction, get the id.
@@ -283,6 +293,7 @@ DECLARE
     v_n       int := coalesce(cardinality(p_names), 0);
     v_due     due_row[];
     v_results submit_result[];
+    v_stats   stats_delta[];
     v_keyed   record;
     v_label   text;
     r         record;
@@ -310,16 +321,17 @@ BEGIN
           FROM sharded s
     ), new_jobs AS (
         INSERT INTO jobs (shard, id, team_id, name, payload, priority, due_at, flex_s, strict, run_at, state,
-                          max_attempts, backoff_base_s, backoff_cap_s, created_at, updated_at)
+                          max_attempts, backoff_base_s, backoff_cap_s, created_at, updated_at, agreed_at)
         SELECT f.shard, f.id, v_team, f.name, f.payload, f.priority, coalesce(f.due_at, v_now), f.flex_s, f.is_strict,
-               f.run_at, 'scheduled', f.max_attempts, f.base, f.cap, v_now, v_now
+               f.run_at, 'scheduled', f.max_attempts, f.base, f.cap, v_now, v_now, f.run_at
           FROM fresh f
     )
     SELECT (SELECT array_agg(ROW(f.shard, f.is_strict, f.priority, f.run_at, f.id, v_team)::due_row) FROM fresh f),
            (SELECT array_agg(ROW(c.idx, f.id, f.run_at, f.id IS NOT NULL, c.problem)::submit_result)
               FROM checked c LEFT JOIN fresh f ON f.idx = c.idx
-             WHERE c.key IS NULL OR c.problem IS NOT NULL)
-      INTO v_due, v_results;
+             WHERE c.key IS NULL OR c.problem IS NOT NULL),
+           (SELECT array_agg(mh_submitted(f.shard, v_team, f.name)) FROM fresh f)
+      INTO v_due, v_results, v_stats;
     PERFORM mh_enqueue_many(v_due, v_now);
     RETURN QUERY SELECT * FROM unnest(v_results);
 
@@ -330,6 +342,11 @@ BEGIN
     LOOP
         SELECT * INTO v_keyed FROM mh_submit_keyed(v_team, r.name, r.due_at, r.payload, r.priority, r.max_attempts,
                                                    r.flex_s, r.is_strict, r.key, r.base, r.cap, v_now);
+        IF v_keyed.created THEN
+            v_stats := v_stats || mh_submitted(mh_shard_of(v_keyed.job_id), v_team, r.name);
+        END IF;
         RETURN NEXT ROW(r.idx, v_keyed.job_id, v_keyed.run_at, v_keyed.created, v_keyed.conflict)::submit_result;
     END LOOP;
+    -- Every job created, in one upsert.
+    PERFORM mh_add_stats(v_now, v_stats);
 END $$;

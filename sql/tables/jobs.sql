@@ -47,7 +47,7 @@ CREATE TABLE jobs (
     lease_token      uuid,
     idempotency_key  text,
     series_id        bigint,                 -- repeating jobs: a chain of ordinary jobs
-    lateness         interval,               -- start - due, once started
+    lateness         interval,               -- first start - agreed_at, once started
     result           jsonb,
     last_error       text,
     created_at       timestamptz NOT NULL,
@@ -55,6 +55,9 @@ CREATE TABLE jobs (
     started_at       timestamptz,
     finished_at      timestamptz,
     updated_at       timestamptz NOT NULL,
+    -- the run time agreed at submission (due + the spread chosen then, never
+    -- before the submission): run_at moves with retries, this does not
+    agreed_at        timestamptz NOT NULL,
     PRIMARY KEY (shard, id)
 ) WITH (fillfactor = 30);
 -- No index covers a column that claim, start, heartbeat, complete or fail

@@ -1,0 +1,141 @@
+-- Counters per team and job name (sql/tables/stats.sql): added to by the
+-- procedures of the events they count, in the same transaction, one upsert
+-- per batch; folded into hour rows and purged by maintenance.
+
+-- Histogram bucket bounds, in seconds: bucket i (1-based) counts values in
+-- (bound[i-1], bound[i]]; the first everything <= 0 (on time), the last
+-- everything over an hour.
+CREATE OR REPLACE FUNCTION mh_stats_bounds() RETURNS float8[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT '{0,0.01,0.05,0.1,0.25,0.5,1,2.5,5,10,30,60,300,900,3600}'::float8[]
+$$;
+CREATE OR REPLACE FUNCTION mh_stats_buckets() RETURNS int
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 16 $$;
+-- How long counters are kept.
+CREATE OR REPLACE FUNCTION mh_stats_keep() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT interval '35 days' $$;
+
+-- The bucket of a value in seconds (NULL: none). width_bucket counts the
+-- bounds <= its operand; over the negated bounds it counts those >= p_s,
+-- which makes the buckets closed at the top.
+CREATE OR REPLACE FUNCTION mh_stats_bucket(p_s float8) RETURNS int
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT mh_stats_buckets()
+           - width_bucket(-p_s, '{-3600,-900,-300,-60,-30,-10,-5,-2.5,-1,-0.5,-0.25,-0.1,-0.05,-0.01,0}'::float8[])
+$$;
+
+-- A histogram from the buckets of a batch's events (NULLs left out).
+CREATE OR REPLACE FUNCTION mh_hist(p_buckets int[]) RETURNS bigint[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT array_agg(coalesce(c.n, 0) ORDER BY i.i)
+      FROM generate_series(1, mh_stats_buckets()) i(i)
+      LEFT JOIN (SELECT b, count(*) AS n FROM unnest(p_buckets) b GROUP BY b) c ON c.b = i.i
+$$;
+-- Two histograms added bucket by bucket.
+CREATE OR REPLACE FUNCTION mh_hist_add(p_a bigint[], p_b bigint[]) RETURNS bigint[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT array_agg(coalesce(x, 0) + coalesce(y, 0) ORDER BY o) FROM unnest(p_a, p_b) WITH ORDINALITY u(x, y, o)
+$$;
+-- Many histograms (array_agg of them: a 2-D array) added bucket by bucket.
+CREATE OR REPLACE FUNCTION mh_hist_sum(p_hists bigint[]) RETURNS bigint[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT coalesce(array_agg(t.n ORDER BY t.b), array_fill(0::bigint, ARRAY[mh_stats_buckets()]))
+      FROM (SELECT (k - 1) % mh_stats_buckets() + 1 AS b, sum(x)::bigint AS n
+              FROM unnest(p_hists) WITH ORDINALITY u(x, k) GROUP BY 1) t
+$$;
+
+-- Add a batch's events to the counters of the minute of p_now: grouped per
+-- row, rows taken in key order (team, stripe, name: the minute is one), so
+-- concurrent batches wait for each other instead of deadlocking.
+CREATE OR REPLACE FUNCTION mh_add_stats(p_now timestamptz, p_rows stats_delta[]) RETURNS void
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+BEGIN
+    IF coalesce(cardinality(p_rows), 0) = 0 THEN
+        RETURN;
+    END IF;
+    INSERT INTO team_stats AS s (minute, stripe, team_id, name, submitted, started, succeeded, failed, dead, cancelled,
+                                 lateness_hist, runtime_hist)
+    SELECT mh_minute(p_now), d.stripe, d.team_id, d.name, sum(d.submitted), sum(d.started), sum(d.succeeded),
+           sum(d.failed), sum(d.dead), sum(d.cancelled),
+           mh_hist(array_agg(mh_stats_bucket(d.lateness_s))), mh_hist(array_agg(mh_stats_bucket(d.runtime_s)))
+      FROM unnest(p_rows) d
+     GROUP BY d.team_id, d.stripe, d.name
+     ORDER BY d.team_id, d.stripe, d.name
+    ON CONFLICT (team_id, minute, stripe, name) DO UPDATE
+       SET submitted = s.submitted + excluded.submitted, started = s.started + excluded.started,
+           succeeded = s.succeeded + excluded.succeeded, failed = s.failed + excluded.failed,
+           dead = s.dead + excluded.dead, cancelled = s.cancelled + excluded.cancelled,
+           lateness_hist = mh_hist_add(s.lateness_hist, excluded.lateness_hist),
+           runtime_hist = mh_hist_add(s.runtime_hist, excluded.runtime_hist);
+END $$;
+
+-- Seconds of an interval (NULL stays NULL).
+CREATE OR REPLACE FUNCTION mh_seconds(p interval) RETURNS float8
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT extract(epoch FROM p)::float8 $$;
+
+-- Where a window of p_window_s seconds back from p_now starts: at a minute
+-- while it lies within the minute rows (the last one to two hours), else at
+-- an hour, the grain of the older rows. Either way the rows from there on
+-- cover exactly [start, now].
+CREATE OR REPLACE FUNCTION mh_stats_since(p_now timestamptz, p_window_s int) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN p_now - make_interval(secs => p_window_s) >= mh_hour(p_now) - interval '1 hour'
+                THEN mh_minute(p_now - make_interval(secs => p_window_s))
+                ELSE mh_hour(p_now - make_interval(secs => p_window_s)) END
+$$;
+
+-- Fold minute rows older than the hour before the current one into one row
+-- per hour, team and name (stripe -1), at most p_hours hours per call,
+-- oldest first. Rows written late for a folded hour are folded by a later
+-- call. Concurrent callers fold each row once (DELETE ... RETURNING).
+-- Returns how many minute rows were folded.
+CREATE OR REPLACE FUNCTION roll_up_stats(p_hours int DEFAULT 6) RETURNS bigint
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+DECLARE
+    v_line timestamptz := mh_hour(mh_now()) - interval '1 hour';
+    v_from timestamptz;
+    v_to   timestamptz;
+    v_n    bigint;
+BEGIN
+    SELECT min(s.minute) INTO v_from FROM team_stats s WHERE s.stripe >= 0;
+    IF v_from IS NULL OR v_from >= v_line THEN
+        RETURN 0;
+    END IF;
+    v_to := least(v_line, mh_hour(v_from) + p_hours * interval '1 hour');
+    WITH gone AS (
+        DELETE FROM team_stats s WHERE s.stripe >= 0 AND s.minute >= v_from AND s.minute < v_to
+        RETURNING s.*
+    ), hours AS (
+        INSERT INTO team_stats AS s (minute, stripe, team_id, name, submitted, started, succeeded, failed, dead,
+                                     cancelled, lateness_hist, runtime_hist)
+        SELECT mh_hour(g.minute), -1, g.team_id, g.name, sum(g.submitted), sum(g.started), sum(g.succeeded),
+               sum(g.failed), sum(g.dead), sum(g.cancelled),
+               mh_hist_sum(array_agg(g.lateness_hist)), mh_hist_sum(array_agg(g.runtime_hist))
+          FROM gone g
+         GROUP BY g.team_id, mh_hour(g.minute), g.name
+         ORDER BY g.team_id, mh_hour(g.minute), g.name
+        ON CONFLICT (team_id, minute, stripe, name) DO UPDATE
+           SET submitted = s.submitted + excluded.submitted, started = s.started + excluded.started,
+               succeeded = s.succeeded + excluded.succeeded, failed = s.failed + excluded.failed,
+               dead = s.dead + excluded.dead, cancelled = s.cancelled + excluded.cancelled,
+               lateness_hist = mh_hist_add(s.lateness_hist, excluded.lateness_hist),
+               runtime_hist = mh_hist_add(s.runtime_hist, excluded.runtime_hist)
+    )
+    SELECT count(*) INTO v_n FROM gone;
+    RETURN v_n;
+END $$;
+
+-- Drop counters older than mh_stats_keep(), at most p_limit rows per call,
+-- by primary key.
+CREATE OR REPLACE FUNCTION purge_stats(p_limit int DEFAULT 100000) RETURNS bigint
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+DECLARE v_n bigint;
+BEGIN
+    DELETE FROM team_stats s
+     WHERE (s.team_id, s.minute, s.stripe, s.name) IN (
+           SELECT o.team_id, o.minute, o.stripe, o.name FROM team_stats o
+            WHERE o.minute < mh_now() - mh_stats_keep()
+            ORDER BY o.minute LIMIT p_limit);
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END $$;

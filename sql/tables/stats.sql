@@ -1,0 +1,37 @@
+-- Counters per team and job name, kept in the transactions of the events
+-- they count (submission, start, outcome, expiry, cancel), so they are exact
+-- at any volume without reading jobs. One row per (minute, stripe, team,
+-- name): a batch adds to its rows with one upsert. Stripes keep concurrent
+-- writers of one team and name apart:
+--     0..15   submissions (shard % 16): a submit inside a caller's long
+--             transaction holds only a submission row
+--     16..31  starts and outcomes (16 + shard % 16)
+--     -1      an hour row: maintenance (roll_up_stats) folds minute rows
+--             older than an hour into one row per hour (minute = hour start)
+-- Histograms count events per bucket of mh_stats_bounds(): lateness of
+-- first starts (start - agreed_at), run time of finished jobs (finished_at -
+-- started_at). Kept mh_stats_keep() (35 days).
+CREATE TABLE team_stats (
+    minute         timestamptz NOT NULL,
+    stripe         smallint    NOT NULL,
+    team_id        int         NOT NULL,
+    name           text        NOT NULL,
+    submitted      bigint      NOT NULL,
+    started        bigint      NOT NULL,
+    succeeded      bigint      NOT NULL,
+    failed         bigint      NOT NULL,    -- failures that were retried
+    dead           bigint      NOT NULL,
+    cancelled      bigint      NOT NULL,
+    lateness_hist  bigint[]    NOT NULL,
+    runtime_hist   bigint[]    NOT NULL,
+    PRIMARY KEY (team_id, minute, stripe, name)
+);
+-- The fleet view and retention read by time.
+CREATE INDEX team_stats_minute ON team_stats (minute);
+-- Minute rows only: what the roll-up has left to fold, found without
+-- reading the hour rows.
+CREATE INDEX team_stats_unrolled ON team_stats (minute) WHERE stripe >= 0;
+
+-- One event of a batch, as the procedures hand it to mh_add_stats.
+CREATE TYPE stats_delta AS (stripe smallint, team_id int, name text, submitted int, started int, succeeded int,
+                            failed int, dead int, cancelled int, lateness_s float8, runtime_s float8);
