@@ -230,8 +230,9 @@ def test_a_hand_left_behind_drains_its_oldest_bucket_first(db_dsn, db, pinned_st
     assert first == old[:3]                      # the old bucket first, despite lower priority
     rest = [j.job_id for j in claim(pinned_store, {shard: epoch}, 100, "d1", 30).jobs]
     assert rest == old[3:] + new                 # then the rest of it, then the current bucket
-    # the hand has caught up: one minute behind now
+    # the dispatcher's next look at the shard moves the hand: one minute behind now
     pin(db, T0)
+    db.execute("SELECT * FROM due_edge(%s)", (shard,))
     assert db.execute("SELECT hand FROM shards WHERE shard = %s", (shard,)).fetchone()[0] == \
         T0.replace(second=0) - MIN
     assert claim(pinned_store, {shard: epoch}, 100, "d1", 30).jobs == []
