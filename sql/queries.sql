@@ -262,11 +262,11 @@ SELECT * FROM claim_due(%(shard)s::int, %(limit)s::int, %(owner)s::text, %(epoch
 
 -- name: claim_planned
 -- The dispatcher's planned claim from one bucket of one shard: per cell
--- (strict, priority, team id) up to its limit; rows as claim_due's, with
--- the cell each came from.
+-- (strict, priority, team id) up to its limit, of these job names (NULL:
+-- any); rows as claim_due's, with the cell each came from.
 SELECT * FROM claim_planned(%(shard)s::int, %(owner)s::text, %(epoch)s::bigint, %(lease_s)s::real,
                             %(worker)s::text, %(bucket)s::timestamptz, %(stricts)s::boolean[],
-                            %(priorities)s::smallint[], %(teams)s::int[], %(limits)s::int[])
+                            %(priorities)s::smallint[], %(teams)s::int[], %(limits)s::int[], %(names)s::text[])
 
 -- name: release_many
 -- Give back claimed jobs that were not started (due again at once, the attempt not counted).

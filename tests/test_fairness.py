@@ -142,7 +142,7 @@ def test_a_small_team_is_not_behind_a_big_teams_batch_and_weights_share(db_dsn):
 
 def test_quota_holds_while_others_wait_and_idle_capacity_is_lent(db_dsn):
     """Team a: 50,000 due jobs, quota 80; team b: 200, quota 20; workers
-    with room for 100 at once, finishing 10 a round. b runs its quota from
+    with room for 100 at once, finishing 20 a round. b runs its quota from
     the first round; a never holds more than 80 while b has due work; once
     b is done, a uses all 100."""
     s = make_store(db_dsn, clock=None)
@@ -164,7 +164,7 @@ def test_quota_holds_while_others_wait_and_idle_capacity_is_lent(db_dsn):
             def b_waiting() -> int:
                 return conn.execute("""SELECT count(*) AS n FROM jobs j JOIN teams t ON t.id = j.team_id
                                         WHERE t.name = 'b' AND j.state = 'scheduled'""").fetchone()["n"]
-            while rounds < 60:
+            while rounds < 150:
                 room = 100 - len(running)
                 running += asyncio.run(d.lease("w", room, None, 10.0 if not rounds else 2.0)) if room else []
                 rounds += 1
@@ -175,7 +175,7 @@ def test_quota_holds_while_others_wait_and_idle_capacity_is_lent(db_dsn):
                     peak_a_while_b_waits = max(peak_a_while_b_waits, counts["a"])
                 elif counts["b"] == 0 and counts["a"] == 100:
                     break
-                done, running = running[:10], running[10:]
+                done, running = running[:20], running[20:]
                 s.complete([Complete(j.job_id, j.lease_token) for j in done])
                 time.sleep(RUNNING_READ)        # the dispatcher sees them finish
     finally:

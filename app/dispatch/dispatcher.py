@@ -29,13 +29,16 @@ whenever its shards change) plus what it claimed since. So n dispatchers
 together exceed a quota by at most n - 1 (the rounding), except while
 shards change hands (README: "Quotas").
 
-Workers that take only some job names cannot be planned from the edges
-(they carry no names): for them, each team's headroom is claimed shard by
-shard in the shard's own order (claim_due). A claim of theirs that comes
-back short says only that nothing of that filter is due there: the shard
-is skipped for that filter until a wake-up names it, the minute turns, or
-FILTERED_RECHECK_S passes. So a worker whose job names have nothing due
-neither spins nor stands in the way of the others.
+Workers that take only some job names (the worker library names its
+handlers) are planned the same way, their claims limited to those names;
+the edges do not know names, so a planned cell may hold only other names.
+Then, in the same round, their teams' headroom is claimed shard by shard
+in each shard's own order (claim_due) over growing sets of the other due
+shards, so a sparse name is found without a round per shard. A claim of
+theirs that comes back short says only that nothing of that filter is due
+there: the shard is skipped for that filter until a wake-up names it, the
+minute turns, or FILTERED_RECHECK_S passes. So a worker whose job names
+have nothing due neither spins nor stands in the way of the others.
 
 What a round claimed is never lost: a job that cannot be handed out (its
 worker went away, the round failed) is given back at once, the attempt not
@@ -54,7 +57,7 @@ import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Awaitable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 import psycopg
@@ -105,6 +108,32 @@ def _key(values: list[str] | None) -> tuple[str, ...] | None:
 
 def _class(row: dict) -> Class:
     return (row["bucket"], row["strict"], row["priority"])
+
+
+def _in_turn(rows: list[dict]) -> list[dict]:
+    """A waiter's rows in the order they go out: the planned ones in
+    rotation (fairness.rotate), then those claimed shard by shard."""
+    planned = [r for r in rows if "bucket" in r]
+    return fairness.rotate(planned, _class, lambda r: r["team"]) + [r for r in rows if "bucket" not in r]
+
+
+@dataclass
+class _Round:
+    """What one dispatch round has asked for and got."""
+    got: dict[int, list[dict]]                       # per waiter: rows claimed for it
+    requests: list[ClaimRequest | PlannedClaim] = field(default_factory=list)    # not yet sent
+    goes_to: list[Waiter] = field(default_factory=list)
+    planned: list[dict[tuple[Class, int], int]] = field(default_factory=list)   # rows expected per cell
+    asked: dict[int, int] = field(default_factory=lambda: defaultdict(int))      # per waiter: rows asked for
+    failed: dict[int, Exception] = field(default_factory=dict)
+    recount: set[int] = field(default_factory=set)   # shards whose edge must be read again
+    short: dict[Filter, set[int]] = field(default_factory=lambda: defaultdict(set))   # empty for a filter
+
+    def add(self, request: ClaimRequest | PlannedClaim, waiter: Waiter, cells: dict) -> None:
+        self.requests.append(request)
+        self.goes_to.append(waiter)
+        self.planned.append(cells)
+        self.asked[id(waiter)] += request.limit if isinstance(request, ClaimRequest) else sum(request.limits)
 
 
 class Dispatcher:
@@ -362,10 +391,11 @@ class Dispatcher:
 
     # ------------------------------------------------------------ a round
     def _serve(self, waiters: list[Waiter]) -> None:
-        """Claim for the waiters in one round trip: the planned ones pooled
-        by their teams filter (fairness.plan over every due shard), the
-        names-filtered ones shard by shard within each team's headroom.
-        What comes back goes out in rotation order."""
+        """Claim for the waiters: pooled by filter, each pool's capacity
+        planned over every due shard (fairness.plan) and claimed in one
+        round trip; then, for workers of some job names still short where
+        planned cells held other names, shard by shard (claim_due) within
+        each team's headroom. What comes back goes out in rotation order."""
         budgets = self._budgets()
         with self._cond:
             now = time.time()
@@ -373,148 +403,155 @@ class Dispatcher:
             generation = self._generation
             edges = {s: Edge({k: list(v) for k, v in e.cells.items()}) for s, e in self._edges.items()
                      if e.cells and s in leases}
+            open_for = {w.filter: {s for s in edges if not self._empty_for(w.filter, s, now)} for w in waiters}
         if any(cls_team[1] not in budgets for e in edges.values() for cls_team in e.cells):
             self._terms_at = -math.inf            # a team created since the last read
             budgets = self._budgets()
-        requests: list[ClaimRequest | PlannedClaim] = []
-        goes_to: list[Waiter] = []                           # per request: the waiter its rows serve
-        planned: list[dict[tuple[Class, int], int]] = []     # per request: rows expected per (class, team)
-        asked: dict[int, int] = defaultdict(int)             # per waiter: rows claimed for it
+        round_ = _Round({id(w): [] for w in waiters})
         pools: dict[Filter, list[Waiter]] = defaultdict(list)
         for w in waiters:
-            if not w.named:
-                pools[w.filter].append(w)
+            pools[w.filter].append(w)
         for filter_, pool in pools.items():
-            teams = None if filter_[1] is None else {self._team_ids[n] for n in filter_[1] if n in self._team_ids}
-            takes = fairness.plan(sum(w.capacity for w in pool), edges, budgets, self._credit, teams)
-            for t in takes:
-                edges[t.shard].cells[t.cls, t.team][0] -= t.n
-                b = budgets[t.team]
-                budgets[t.team] = Budget(b.weight, b.headroom - t.n)
-            # Each waiter a run of the takes in rotation order, so every
-            # answer mixes the teams, and a take is split only between two.
-            queue = deque(fairness.rotate(takes, lambda t: t.cls, lambda t: t.team))
-            for w in pool:
-                cells: dict[tuple[int, float], dict[tuple[Class, int], int]] = defaultdict(lambda: defaultdict(int))
-                room = w.capacity
-                while room and queue:
-                    t = queue.popleft()
-                    k = min(room, t.n)
-                    cells[t.shard, t.cls[0]][t.cls, t.team] += k
-                    room -= k
-                    if k < t.n:
-                        queue.appendleft(fairness.Take(t.shard, t.cls, t.team, t.n - k))
-                asked[id(w)] = w.capacity - room
-                for (shard, bucket), wanted in cells.items():
-                    keys = list(wanted)
-                    requests.append(PlannedClaim(shard, leases[shard], w.worker,
-                                                 dt.datetime.fromtimestamp(bucket, dt.timezone.utc),
-                                                 [c[1] for c, _ in keys], [c[2] for c, _ in keys],
-                                                 [team for _, team in keys], [wanted[k] for k in keys]))
-                    goes_to.append(w)
-                    planned.append(wanted)
-        queues: dict[tuple[Filter, int], deque] = {}      # names-filtered waiters of one filter share them
-        with self._cond:
-            named = {id(w): self._named_plan(w, [s for s in edges if not self._empty_for(w.filter, s, now)],
-                                             edges, budgets, queues)
-                     for w in waiters if w.named}
-        for w in waiters:
-            if w.named:
-                asked[id(w)] = sum(n for n, _ in named[id(w)].values())
-        got: dict[int, list[dict]] = {id(w): [] for w in waiters}
-        failed: dict[int, Exception] = {}
-        recount, short = set(), defaultdict(set)
-        per_team = 1                              # names-filtered: shards tried per team, growing while short
+            self._plan_pool(filter_, pool, {s: edges[s] for s in open_for[filter_]}, budgets, leases, round_)
         try:
-            while True:
+            self._claim(round_, generation)
+            # Workers of some names: planned cells that held other names leave them short.
+            queues: dict[tuple[Filter, int], deque] = {}
+            named = {id(w): self._named_plan(w, round_.got[id(w)],
+                                             sorted(open_for[w.filter] - round_.short[w.filter]), edges, budgets,
+                                             queues)
+                     for w in waiters if w.named and round_.short[w.filter]
+                     and len(round_.got[id(w)]) < w.capacity and id(w) not in round_.failed}
+            per_team = 1                          # shards tried per team, growing while they come up short
+            while named:
                 for w in waiters:
-                    if not w.named or id(w) in failed:
+                    if id(w) not in named or id(w) in round_.failed:
                         continue
                     for team, (left, queue) in named[id(w)].items():
                         picks = [queue.popleft() for _ in range(min(per_team, left, len(queue)))]
                         each, extra = divmod(left, len(picks)) if picks else (0, 0)
                         for k, shard in enumerate(picks):
-                            requests.append(ClaimRequest(shard, leases[shard], each + (1 if k < extra else 0),
-                                                         w.worker, list(w.filter[0]), [self._terms[team].name]))
-                            goes_to.append(w)
-                            planned.append({})
-                if not requests:
+                            round_.add(ClaimRequest(shard, leases[shard], each + (1 if k < extra else 0), w.worker,
+                                                    list(w.filter[0]), [self._terms[team].name]), w, {})
+                if not round_.requests:
                     break
                 per_team = min(per_team * 4, MAX_SHARDS_PER_TEAM)
-                results, refused = self.store.claim(requests, self.name, self.claim_s)
-                if refused:
-                    self._drop(refused)
-                with self._cond:
-                    for r, w, cells, rows in zip(requests, goes_to, planned, results):
-                        if isinstance(rows, errors.StaleLease):
-                            continue
-                        if isinstance(rows, Exception):   # this worker's request alone
-                            log.warning("claim for worker %s failed: %s", w.worker, rows)
-                            failed.setdefault(id(w), rows)
-                            continue
-                        got[id(w)].extend(rows)
-                        for row in rows:
-                            self._mine[self._team_ids.get(row["team"], -1)] += 1
-                        if isinstance(r, ClaimRequest):  # names-filtered: the edge no longer says what is left
-                            recount.add(r.shard)
-                            team = self._team_ids[r.teams[0]]
-                            named[id(w)][team][0] -= len(rows)
-                            if len(rows) < r.limit:
-                                short[w.filter].add(r.shard)
-                            else:                    # may hold more, for the next pass
-                                named[id(w)][team][1].append(r.shard)
-                            continue
-                        came: dict[tuple[Class, int], int] = defaultdict(int)
-                        for row in rows:
-                            row["bucket"] = r.bucket.timestamp()
-                            came[_class(row), row["team_id"]] += 1
-                        edge = self._edges.get(r.shard)
-                        for key, n in cells.items():
-                            if edge is not None and key in edge.cells:
-                                edge.cells[key][0] -= came[key]
-                                if edge.cells[key][0] <= 0 or came[key] < n:   # (short: none left there)
-                                    del edge.cells[key]
-                            if came[key] < n:            # the edge promised more: read it again
-                                recount.add(r.shard)
-                requests, goes_to, planned = [], [], []
-            answers = [(w, self._deliverable(fairness.rotate(got[id(w)], _class, lambda row: row["team"])
-                                             if not w.named else got[id(w)]))
-                       for w in waiters]
+                for r, w, rows in self._claim(round_, generation):
+                    team = named[id(w)][self._team_ids[r.teams[0]]]
+                    team[0] -= len(rows)
+                    if len(rows) == r.limit:      # may hold more, for the next pass
+                        team[1].append(r.shard)
+            answers = [(w, self._deliverable(_in_turn(round_.got[id(w)]))) for w in waiters]
         except BaseException:
             # Claimed, committed, and not handed out: back at once, attempts not counted.
-            self.writer.later([Release(r["job_id"], r["lease_token"]) for rows in got.values() for r in rows])
+            self.writer.later([Release(r["job_id"], r["lease_token"]) for rows in round_.got.values() for r in rows])
             raise
         with self._cond:
-            for s in recount:                     # the rest of its edge stands until it is read again
+            for s in round_.recount:              # the rest of its edge stands until it is read again
                 if self._marked.get(s, -1) <= generation and s in self._leases:
                     self._due[s] = 0.0
-            for f, found_empty in short.items():
+            for f, found_empty in round_.short.items():
                 marks = self._empty.setdefault(f, {})
                 for s in found_empty:
                     if self._marked.get(s, -1) <= generation:
                         marks[s] = now
             settled = []
             for w, jobs in answers:
-                if jobs or w.expired or id(w) in failed:
+                if jobs or w.expired or id(w) in round_.failed:
                     w.state = "done"
-                    settled.append((w.future, w.loop, jobs, None if jobs else failed.get(id(w))))
+                    settled.append((w.future, w.loop, jobs, None if jobs else round_.failed.get(id(w))))
                     continue
                 w.state = "waiting"               # waits on, behind the others; tried again after the next event
                 self._waiters.append(w)
-                if not asked[id(w)]:              # nothing its filter may take now: not before an event
+                if not round_.asked[id(w)]:       # nothing its filter may take now: not before an event
                     marks = self._empty.setdefault(w.filter, {})
-                    for s in edges:
+                    for s in open_for[w.filter]:
                         marks[s] = now
             self._taken = []
         settle(settled, on_gone=self._give_back)
 
-    def _named_plan(self, w: Waiter, shards: list[int], edges: dict[int, Edge], budgets: dict[int, Budget],
-                    queues: dict[tuple[Filter, int], deque]) -> dict[int, list]:
-        """For a names-filtered waiter: {team: [jobs it may still take, the
-        shards holding the team's due rows, best class first]} (the queue of
-        shards shared by the waiters of its filter); its capacity shared
-        among the teams it may take by weight, within their headroom (these
-        workers do not borrow)."""
+    def _plan_pool(self, filter_: Filter, pool: list[Waiter], edges: dict[int, Edge], budgets: dict[int, Budget],
+                   leases: dict[int, int], round_: _Round) -> None:
+        """The pool's capacity planned over the edges (counted down by it, as
+        are the budgets); each waiter a run of the takes in rotation order,
+        so every answer mixes the teams, and a take is split only between two."""
+        names, team_names = filter_
+        teams = None if team_names is None else {self._team_ids[n] for n in team_names if n in self._team_ids}
+        takes = fairness.plan(sum(w.capacity for w in pool), edges, budgets, self._credit, teams)
+        for t in takes:
+            edges[t.shard].cells[t.cls, t.team][0] -= t.n
+            b = budgets[t.team]
+            budgets[t.team] = Budget(b.weight, b.headroom - t.n)
+        queue = deque(fairness.rotate(takes, lambda t: t.cls, lambda t: t.team))
+        for w in pool:
+            cells: dict[tuple[int, float], dict[tuple[Class, int], int]] = defaultdict(lambda: defaultdict(int))
+            room = w.capacity
+            while room and queue:
+                t = queue.popleft()
+                k = min(room, t.n)
+                cells[t.shard, t.cls[0]][t.cls, t.team] += k
+                room -= k
+                if k < t.n:
+                    queue.appendleft(fairness.Take(t.shard, t.cls, t.team, t.n - k))
+            for (shard, bucket), wanted in cells.items():
+                keys = list(wanted)
+                round_.add(PlannedClaim(shard, leases[shard], w.worker, dt.datetime.fromtimestamp(bucket, dt.timezone.utc),
+                                        [c[1] for c, _ in keys], [c[2] for c, _ in keys], [team for _, team in keys],
+                                        [wanted[k] for k in keys], list(names) if names is not None else None),
+                           w, dict(wanted))
+
+    def _claim(self, round_: _Round, generation: int) -> list[tuple[ClaimRequest, Waiter, list[dict]]]:
+        """The round's pending requests in one round trip; what came back is
+        the waiters', the edges are counted down by it. Returns the
+        shard-by-shard (claim_due) requests with their rows."""
+        requests, goes_to, planned = round_.requests, round_.goes_to, round_.planned
+        round_.requests, round_.goes_to, round_.planned = [], [], []
+        if not requests:
+            return []
+        results, refused = self.store.claim(requests, self.name, self.claim_s)
+        if refused:
+            self._drop(refused)
+        walked = []
+        with self._cond:
+            for r, w, cells, rows in zip(requests, goes_to, planned, results):
+                if isinstance(rows, errors.StaleLease):
+                    continue
+                if isinstance(rows, Exception):   # this worker's request alone
+                    log.warning("claim for worker %s failed: %s", w.worker, rows)
+                    round_.failed.setdefault(id(w), rows)
+                    continue
+                round_.got[id(w)].extend(rows)
+                for row in rows:
+                    self._mine[self._team_ids.get(row["team"], -1)] += 1
+                if isinstance(r, ClaimRequest):   # the edge no longer says what is left there
+                    round_.recount.add(r.shard)
+                    if len(rows) < r.limit:
+                        round_.short[w.filter].add(r.shard)
+                    walked.append((r, w, rows))
+                    continue
+                came: dict[tuple[Class, int], int] = defaultdict(int)
+                for row in rows:
+                    row["bucket"] = r.bucket.timestamp()
+                    came[_class(row), row["team_id"]] += 1
+                edge = self._edges.get(r.shard)
+                for key, n in cells.items():
+                    if edge is not None and key in edge.cells:
+                        edge.cells[key][0] -= came[key]
+                        if edge.cells[key][0] <= 0 or (came[key] < n and r.names is None):
+                            del edge.cells[key]   # short without a names filter: none left there
+                    if came[key] < n:             # read it again; for these names, nothing here
+                        round_.recount.add(r.shard)
+                        if r.names is not None:
+                            round_.short[w.filter].add(r.shard)
+        return walked
+
+    def _named_plan(self, w: Waiter, got: list[dict], shards: list[int], edges: dict[int, Edge],
+                    budgets: dict[int, Budget], queues: dict[tuple[Filter, int], deque]) -> dict[int, list]:
+        """For a names-filtered waiter still short after the planned claims:
+        {team: [jobs it may still take, the shards holding the team's due
+        rows, best class first]} (the queue of shards shared by the waiters
+        of its filter); what it still has room for shared among the teams it
+        may take by weight, within their headroom (this fallback does not lend)."""
         allowed = None if w.filter[1] is None else {self._team_ids.get(n) for n in w.filter[1]}
         where: dict[int, list[tuple[tuple, int]]] = defaultdict(list)
         for s in shards:
@@ -522,7 +559,7 @@ class Dispatcher:
                 if due > 0 and team in budgets and (allowed is None or team in allowed):
                     where[team].append((fairness.class_order(cls), s))
         caps = {t: budgets[t].headroom for t in where if budgets[t].headroom > 0}
-        shares = fairness.share(w.capacity, caps, {t: budgets[t].weight for t in caps}, self._credit)
+        shares = fairness.share(w.capacity - len(got), caps, {t: budgets[t].weight for t in caps}, self._credit)
         plan = {}
         for team, n in shares.items():
             if n > 0:

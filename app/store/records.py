@@ -70,7 +70,7 @@ class ClaimRequest:
 class PlannedClaim:
     """A claim the dispatcher planned across its shards (claim_planned): from
     one minute bucket of a shard, per cell (strict, priority, team id) up to
-    its limit of due rows."""
+    its limit of due rows, of these job names (None: any)."""
     shard: int
     epoch: int
     worker: str
@@ -79,6 +79,7 @@ class PlannedClaim:
     priorities: list[int]
     teams: list[int]
     limits: list[int]
+    names: list[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

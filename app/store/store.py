@@ -478,7 +478,8 @@ class Store:
                 statements.append(q("claim_planned"))
                 params.append({"shard": r.shard, "owner": owner, "epoch": r.epoch, "lease_s": lease_s,
                                "worker": r.worker, "bucket": r.bucket, "stricts": r.stricts,
-                               "priorities": r.priorities, "teams": r.teams, "limits": r.limits})
+                               "priorities": r.priorities, "teams": r.teams, "limits": r.limits,
+                               "names": r.names})
             else:
                 statements.append(q("claim_due"))
                 params.append({"shard": r.shard, "limit": r.limit, "owner": owner, "epoch": r.epoch,

@@ -90,9 +90,11 @@ $$;
 
 -- The dispatcher's planned claim from one bucket: for each cell (strict,
 -- priority, team) up to its limit of due rows, oldest first, for EXECUTE
--- with $1 shard, $2 stricts, $3 priorities, $4 team ids, $5 limits, $6 now.
--- One index probe per cell (due_minutes_claim leads with exactly these).
-CREATE OR REPLACE FUNCTION mh_claim_cells_sql(p_slot int) RETURNS text
+-- with $1 shard, $2 stricts, $3 priorities, $4 team ids, $5 limits, $6 now,
+-- and with p_named, $7 job names (each candidate joined to its job by
+-- primary key, as mh_claim_filtered_sql). One index probe per cell
+-- (due_minutes_claim leads with exactly these).
+CREATE OR REPLACE FUNCTION mh_claim_cells_sql(p_slot int, p_named boolean) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT format($f$
         WITH picked AS (
@@ -101,16 +103,18 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
                    SELECT x.ctid
                      FROM unnest($2::boolean[], $3::smallint[], $4::int[], $5::int[]) AS k(strict, priority, team_id, lim)
                     CROSS JOIN LATERAL (
-                          SELECT c.ctid FROM %1$I c
+                          SELECT c.ctid FROM %1$I c %2$s
                            WHERE c.shard = $1 AND c.strict = k.strict AND c.priority = k.priority
-                             AND c.team_id = k.team_id AND c.run_at <= $6
+                             AND c.team_id = k.team_id AND c.run_at <= $6 %3$s
                            ORDER BY c.run_at
                            LIMIT k.lim
-                             FOR UPDATE SKIP LOCKED) x))
+                             FOR UPDATE OF c SKIP LOCKED) x))
             RETURNING d.job_id
         )
         SELECT array_agg(job_id) FROM picked
-    $f$, mh_minute_part(p_slot))
+    $f$, mh_minute_part(p_slot),
+       CASE WHEN p_named THEN 'JOIN jobs j ON j.shard = c.shard AND j.id = c.job_id' ELSE '' END,
+       CASE WHEN p_named THEN 'AND j.name = ANY ($7)' ELSE '' END)
 $$;
 
 -- The jobs whose due rows a claim took become claimed by p_claimer: one
@@ -240,13 +244,14 @@ END $$;
 
 -- The dispatcher's claim: from one bucket of one shard, for each cell
 -- (strict, priority, team) up to its limit, the cells it chose across all
--- its shards by order, quota and rotation (app/dispatch/fairness.py). Rows
+-- its shards by order, quota and rotation (app/dispatch/fairness.py); of
+-- those job names only, for workers that take only some (NULL: any). Rows
 -- as claim_due's, with the cell each job came from (team_id, strict,
 -- priority), so the dispatcher can count down what it knows is due. A
 -- stale lease: one row naming why, as claim_due.
 CREATE OR REPLACE FUNCTION claim_planned(p_shard int, p_owner text, p_epoch bigint, p_lease_s real, p_worker text,
                                          p_bucket timestamptz, p_stricts boolean[], p_priorities smallint[],
-                                         p_teams int[], p_limits int[])
+                                         p_teams int[], p_limits int[], p_names text[] DEFAULT NULL)
 RETURNS TABLE (job_id bigint, team text, name text, payload text, attempt int, max_attempts int,
                idempotency_key text, lease_token uuid, claim_expires_at timestamptz,
                due_at timestamptz, run_at timestamptz, replay text, team_id int, strict boolean, priority smallint,
@@ -274,8 +279,8 @@ BEGIN
     IF p_lease_s IS NULL OR NOT (p_lease_s BETWEEN 1 AND 86400) THEN
         RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = 'claim lease must be between 1 and 86400 seconds';
     END IF;
-    EXECUTE mh_claim_cells_sql(mh_minute_slot(p_bucket)) INTO v_ids
-      USING p_shard, p_stricts, p_priorities, p_teams, p_limits, v_now;
+    EXECUTE mh_claim_cells_sql(mh_minute_slot(p_bucket), p_names IS NOT NULL) INTO v_ids
+      USING p_shard, p_stricts, p_priorities, p_teams, p_limits, v_now, p_names;
     RETURN QUERY
     SELECT c.*, NULL::text FROM mh_take_claimed(p_shard, v_ids, coalesce(p_worker, p_owner), p_lease_s, v_now) c;
 END $$;
