@@ -78,7 +78,7 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT extract(epoch FROM p)::float8 
 -- an hour, the grain of the older rows. Either way the rows from there on
 -- cover exactly [start, now].
 CREATE OR REPLACE FUNCTION mh_stats_since(p_now timestamptz, p_window_s int) RETURNS timestamptz
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT CASE WHEN p_now - make_interval(secs => p_window_s) >= mh_hour(p_now) - interval '1 hour'
                 THEN mh_minute(p_now - make_interval(secs => p_window_s))
                 ELSE mh_hour(p_now - make_interval(secs => p_window_s)) END
