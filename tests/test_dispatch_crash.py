@@ -260,6 +260,47 @@ def test_dispatcher_killed_its_shards_are_taken_over_within_a_lease(fleet: Fleet
     assert all(w.alive() for w in workers), fleet.logs()
 
 
+# ---------------------------------------------------------------- 3b. a quota, two dispatchers, one killed
+def test_a_quota_holds_across_two_dispatchers_and_one_killed(fleet: Fleet):
+    """A team with quota 12 and another with far more due work than the
+    fleet runs (40 slots): while the other waits, the capped team never runs
+    more than quota + 1 (two dispatchers, each rounding its share up), also
+    while one dispatcher is SIGKILLed and the other takes its shards (and
+    the capped team's running jobs on them) over."""
+    quota = 12
+    fleet.store.create_team("capped", quota=quota)
+    flags = ("--shard-lease-s", "3", "--claim-lease-s", "5")
+    dispatchers = [fleet.server(*flags, role="dispatcher", name=f"q{i}") for i in range(2)]
+    urls = [d.url for d in dispatchers]
+    for i in range(2):
+        fleet.worker(urls, concurrency=20, label=f"worker-{i}")
+    wait_or_fail(fleet, lambda: fleet.split("q0", "q1"), 20, "the dispatchers to split the shards")
+    fleet.submit(work(6000, sleep_s=0.1))
+    for start in range(0, 3000, 1000):
+        assert all(i.error is None for i in fleet.store.submit_many(
+            "capped", [JobSpec(name="work", payload={"sleep_s": 0.1})] * 1000))
+
+    count = """SELECT count(*) FILTER (WHERE t.name = 'capped' AND j.state IN ('claimed', 'running')),
+                      count(*) FILTER (WHERE t.name = %s AND j.state IN ('scheduled', 'retrying'))
+                 FROM jobs j JOIN teams t ON t.id = j.team_id"""
+    peak, samples, killed_at = 0, 0, None
+    started = time.monotonic()
+    while True:
+        capped_running, others_waiting = fleet.one(count, TEAM)
+        if not others_waiting:
+            break
+        peak, samples = max(peak, capped_running), samples + 1
+        if killed_at is None and time.monotonic() - started > 4:
+            dispatchers[0].kill()
+            killed_at = time.monotonic()
+        assert time.monotonic() - started < 90, f"the other team's jobs still wait: {fleet.states()}\n{fleet.logs()}"
+        time.sleep(0.05)
+    print(f"\ncapped team: at most {peak} running (quota {quota}) over {samples} samples while the other team "
+          f"waited; q0 killed {killed_at - started:.1f} s in")
+    assert killed_at is not None and samples > 50
+    assert quota - 2 <= peak <= quota + 1, fleet.logs()
+
+
 # ---------------------------------------------------------------- 4. a dispatcher paused, then resumed
 class LeaseHistory:
     """Every (owner, epoch) each shard's lease had, and when (database time)
@@ -432,3 +473,10 @@ def test_chaos_20000_jobs_with_workers_and_a_dispatcher_killed(fleet: Fleet):
     stats = fleet.one("SELECT count(*) FILTER (WHERE attempts > 1), max(attempts), "
                       "(SELECT count(*) FROM runs) FROM jobs")
     print(f"jobs delivered more than once: {stats[0]}, most attempts {stats[1]}, runs {stats[2]}")
+    # The counters kept through all of it equal a recount of the jobs.
+    counted = fleet.store.team_stats(TEAM, window_s=3600)
+    assert (counted.total.submitted, counted.total.started, counted.total.succeeded,
+            counted.total.dead, counted.total.cancelled) == (n, n, n, 0, 0)
+    assert sum(counted.total.lateness_hist) == sum(counted.total.runtime_hist) == n
+    assert counted.running == 0
+    assert fleet.one("SELECT count(*) FROM team_running WHERE running <> 0")[0] == 0
