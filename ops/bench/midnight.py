@@ -10,7 +10,8 @@ every figure is computed afterwards from the jobs table.
 
     python -m ops.bench.midnight                   # 200,000 jobs, 100 slots x 200 ms = 500 jobs/s
     python -m ops.bench.midnight --quick           # ~1-2 min: 30,000 jobs, 40 s
-    python -m ops.bench.midnight --jobs 1000000    # the full-size midnight (~25 min at 500 jobs/s)
+    python -m ops.bench.midnight --jobs 1000000    # the full-size midnight (~30 min at 500 jobs/s)
+    python -m ops.bench.midnight --jobs 1000000 --concurrency 150   # the same on 300 slots, ~10 min
     python -m ops.bench.midnight --processes 2 --concurrency 100 --job-ms 100 --seconds 300
     python -m ops.bench.midnight --dsn URL         # a server of yours (database mh_bench_midnight is recreated)
 
@@ -18,11 +19,14 @@ Figures:
 - contention: from midnight until no due job has waited more than 1 s
   (the backlog's first emptying), or the run's end;
 - per team, share of starts (claims) during contention, observed and
-  expected, and their ratio. Expected: each second's starts shared by
-  weight among the teams with due work waiting (or coming due) in that
-  second, none given more than it had, nor, while another team waits, more
-  than its quota allows (quota / mean time a job holds its slot); summed
-  over the seconds, it is what each team was owed while it waited;
+  expected, and their ratio. Expected: what the team was owed while it
+  waited, second by second: the second's starts go to the first class
+  with work waiting (or coming due) in it, in the dispatcher's order (an
+  older minute bucket first; in a bucket, strict before flexible), shared
+  by weight among the teams with work in that class, none given more than
+  it has there nor, while another team waits, more than its quota allows
+  (quota / mean time a job holds its slot); the rest goes to the next
+  class, then what only quotas refused is lent out (see `owed`);
 - max deviation: the largest |observed / expected - 1| among teams with
   at least --min-starts starts in contention (a team of a few jobs is
   judged by its start lag: for it a share is noise, and a second in which
@@ -158,27 +162,69 @@ def floor_figure(dsn: str, seconds: int, rows: int) -> int | None:
 
 
 # ---------------------------------------------------------------- figures
-def water_fill(total: float, weights: dict[int, float], caps: dict[int, float],
-               soft: dict[int, float]) -> dict[int, float]:
-    """`total` shared by weight, none above its cap (hard: what it had) nor,
-    while another can take it, above its soft cap (its quota); what only
-    the soft caps refuse is lent out by weight (borrowing idle capacity)."""
+def fill(total: float, weights: dict, caps: dict) -> dict:
+    """`total` shared by weight, none given above its cap; what a capped one
+    cannot take goes to the others, by weight."""
     got = {t: 0.0 for t in weights}
-    for limit in (lambda t: min(caps[t], soft[t]), lambda t: caps[t]):
-        left = total - sum(got.values())
-        open_ = {t for t in weights if got[t] < limit(t) - 1e-9}
-        while left > 1e-9 and open_:
-            wsum = sum(weights[t] for t in open_)
-            full = {t for t in open_ if got[t] + left * weights[t] / wsum >= limit(t)}
-            if not full:
-                for t in open_:
-                    got[t] += left * weights[t] / wsum
-                break
-            for t in full:
-                left -= limit(t) - got[t]
-                got[t] = limit(t)
-            open_ -= full
+    open_ = {t for t in weights if caps[t] > 1e-9}
+    left = total
+    while left > 1e-9 and open_:
+        wsum = sum(weights[t] for t in open_)
+        full = {t for t in open_ if got[t] + left * weights[t] / wsum >= caps[t] - 1e-9}
+        if not full:
+            for t in open_:
+                got[t] += left * weights[t] / wsum
+            break
+        for t in full:
+            left -= caps[t] - got[t]
+            got[t] = caps[t]
+        open_ -= full
     return got
+
+
+def owed(weights: dict[int, float], quota_per_s: dict[int, float], arrive: dict[tuple, list[int]],
+         start: dict[tuple, list[int]], seconds: int) -> tuple[dict[int, float], float]:
+    """What each team was owed while it waited, summed over the seconds of
+    contention, and the starts that went to another team than owed.
+
+    arrive and start count, per (team, class) and second, the jobs coming
+    due and the jobs started; a class is (minute bucket of the run time,
+    flexible), in the order the dispatcher serves them: an older bucket
+    first, in a bucket strict before flexible. Each second's starts go to
+    the first class with work waiting, shared by weight among the teams
+    with work in it, none given more than it has there, nor more than its
+    quota allows while others wait; what is left goes to the next class;
+    what only quotas refused is then lent out the same way (borrowing idle
+    capacity). (A share of the whole contention alone would say nothing:
+    once the backlog empties, every team has had all its due jobs started,
+    in whatever order.)"""
+    classes = sorted({c for _, c in arrive})
+    expected = {t: 0.0 for t in weights}
+    misplaced = 0.0
+    waiting = {key: 0 for key in arrive}
+    for k in range(seconds):
+        have = {key: waiting[key] + arrive[key][k] for key in arrive}
+        left = float(sum(v[k] for v in start.values()))
+        room = dict(quota_per_s)
+        share = {t: 0.0 for t in weights}
+        for capped in (True, False):
+            for c in classes:
+                if left <= 1e-9:
+                    break
+                in_c = {t: have[(t, c)] for t in weights if have.get((t, c), 0) > 1e-9}
+                got = fill(left, {t: weights[t] for t in in_c},
+                           {t: min(n, room[t]) if capped else n for t, n in in_c.items()})
+                for t, x in got.items():
+                    have[(t, c)] -= x
+                    room[t] -= x
+                    share[t] += x
+                    left -= x
+        for key in arrive:
+            waiting[key] = waiting[key] + arrive[key][k] - start[key][k]
+        for t in weights:
+            expected[t] += share[t]
+            misplaced += abs(sum(start[(t, c)][k] for c in classes if (t, c) in start) - share[t]) / 2
+    return expected, misplaced
 
 
 def contention_end(conn, midnight: dt.datetime, end: dt.datetime) -> dt.datetime:
@@ -219,11 +265,14 @@ def figures(url: str, midnight: dt.datetime, end: dt.datetime, min_starts: int) 
         p = {"m": midnight, "end": end, "c_end": c_end}
         hold = conn.execute("SELECT avg(extract(epoch FROM finished_at - claimed_at))::float8 FROM jobs "
                             "WHERE claimed_at BETWEEN %(m)s AND %(end)s AND finished_at IS NOT NULL", p).fetchone()[0]
-        # Per team and second after midnight: jobs coming due, and starts.
-        due = conn.execute("SELECT team_id, floor(extract(epoch FROM run_at - %(m)s))::int, count(*) FROM jobs "
-                           "WHERE run_at < %(c_end)s GROUP BY 1, 2", p).fetchall()
-        began = conn.execute("SELECT team_id, floor(extract(epoch FROM claimed_at - %(m)s))::int, count(*) FROM jobs "
-                             "WHERE claimed_at < %(c_end)s GROUP BY 1, 2", p).fetchall()
+        # Per team, class (minute bucket, flexible) and second after midnight:
+        # jobs coming due, and jobs started.
+        cls = ("floor(extract(epoch FROM date_trunc('minute', run_at) - date_trunc('minute', %(m)s)) / 60)::int, "
+               "NOT strict")
+        due = conn.execute(f"SELECT team_id, {cls}, floor(extract(epoch FROM run_at - %(m)s))::int, count(*) "
+                           "FROM jobs WHERE run_at < %(c_end)s GROUP BY 1, 2, 3, 4", p).fetchall()
+        began = conn.execute(f"SELECT team_id, {cls}, floor(extract(epoch FROM claimed_at - %(m)s))::int, count(*) "
+                             "FROM jobs WHERE claimed_at < %(c_end)s GROUP BY 1, 2, 3, 4", p).fetchall()
         # Claimed or running at once, per team: +1 at each claim, -1 at each finish.
         peaks = dict(conn.execute(
             """WITH ev AS (
@@ -245,30 +294,17 @@ def figures(url: str, midnight: dt.datetime, end: dt.datetime, min_starts: int) 
         reclaimed = conn.execute("SELECT count(*) FROM jobs WHERE attempts > 1", p).fetchone()[0]
 
     seconds = max(0, math.ceil((c_end - midnight).total_seconds()))
-    arrive = {tid: [0] * (seconds + 1) for tid in teams}
-    start = {tid: [0] * (seconds + 1) for tid in teams}
-    for tid, k, n in due:
-        arrive[tid][max(0, k)] += n
-    for tid, k, n in began:
-        start[tid][max(0, k)] += n
-    # Each second, its starts shared by weight among the teams then waiting:
-    # the share each was owed while it waited (a share of the whole
-    # contention alone would say nothing: once the backlog empties, every
-    # team has had all its due jobs started, in whatever order).
-    expected = {tid: 0.0 for tid in teams}
-    misplaced = 0.0
-    waiting = {tid: 0 for tid in teams}
-    for k in range(seconds):
-        have = {tid: waiting[tid] + arrive[tid][k] for tid in teams}
-        backlogged = {tid for tid, n in have.items() if n > 0}
-        total = sum(start[tid][k] for tid in teams)
-        share = water_fill(total, {t: teams[t]["weight"] for t in backlogged}, {t: have[t] for t in backlogged},
-                           {t: teams[t]["quota"] / (hold or 1) for t in backlogged})
-        for tid in teams:
-            expected[tid] += share.get(tid, 0.0)
-            misplaced += abs(start[tid][k] - share.get(tid, 0.0)) / 2
-            waiting[tid] = have[tid] - start[tid][k]
-    observed = {tid: sum(start[tid][:seconds]) for tid in teams}
+    arrive: dict[tuple, list[int]] = {}
+    start: dict[tuple, list[int]] = {}
+    for tid, bucket, flexible, k, n in due:
+        arrive.setdefault((tid, (bucket, flexible)), [0] * (seconds + 1))[max(0, k)] += n
+    for tid, bucket, flexible, k, n in began:
+        start.setdefault((tid, (bucket, flexible)), [0] * (seconds + 1))[max(0, k)] += n
+    for key in arrive:
+        start.setdefault(key, [0] * (seconds + 1))
+    expected, misplaced = owed({t: teams[t]["weight"] for t in teams},
+                               {t: teams[t]["quota"] / (hold or 1) for t in teams}, arrive, start, seconds)
+    observed = {tid: sum(sum(v[:seconds]) for (t, _), v in start.items() if t == tid) for tid in teams}
     total = sum(observed.values()) or 1
     rows = []
     for tid, t in teams.items():
