@@ -251,7 +251,7 @@ def pct(conn, where: str, params: dict) -> dict:
         f"""SELECT count(*) AS n, count(*) FILTER (WHERE claimed_at IS NULL OR claimed_at > %(end)s) AS unclaimed,
                    percentile_cont(0.5) WITHIN GROUP (ORDER BY lag) AS p50,
                    percentile_cont(0.99) WITHIN GROUP (ORDER BY lag) AS p99, max(lag) AS max
-              FROM (SELECT j.*, extract(epoch FROM least(coalesce(j.claimed_at, %(end)s), %(end)s) - j.run_at) AS lag
+              FROM (SELECT j.claimed_at, extract(epoch FROM least(coalesce(j.claimed_at, %(end)s), %(end)s) - j.run_at) AS lag
                       FROM jobs j WHERE j.run_at <= %(end)s AND ({where})) x""", params).fetchone()
 
 
@@ -385,6 +385,7 @@ def run(dsn: str, args, slots: int, capacity: float) -> None:
     finally:
         stop_all(workers)
         stop_server(server)
+    print(f"run over at midnight + {args.seconds:.0f} s; reading the figures from the jobs table", flush=True)
     f = figures(url, midnight, end, args.min_starts)
     report(args, f, fl, slots, capacity)
 
