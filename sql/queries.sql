@@ -41,7 +41,7 @@ SELECT bucket, strict, priority, team_id, due,
            AS next_at
   FROM due_edge(%(shard)s::int)
 
--- name: team_budgets
+-- name: team_terms
 -- Every team's quota and weight, for sharing capacity between them.
 SELECT id, name, quota, weight FROM teams
 

@@ -98,7 +98,7 @@ class Waiter:
 
     @property
     def named(self) -> bool:
-        """Takes only some job names: served shard by shard, not planned."""
+        """Takes only some job names: its planned cells may hold only others."""
         return self.filter[0] is not None
 
 
@@ -376,7 +376,7 @@ class Dispatcher:
         one claimed since; jobs finished since count until the next read)."""
         now = time.monotonic()
         if now - self._terms_at >= TERMS_READ_S:
-            self._terms = {t.id: t for t in self.store.team_budgets()}
+            self._terms = {t.id: t for t in self.store.team_terms()}
             self._team_ids = {t.name: t.id for t in self._terms.values()}
             self._terms_at = now
         if now - self._running_at >= RUNNING_READ_S or self._running_on != self._leases.keys():

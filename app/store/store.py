@@ -454,9 +454,9 @@ class Store:
             edges[s] = ([EdgeCell(**{k: v for k, v in r.items() if k != "next_at"}) for r in rows], last["next_at"])
         return edges
 
-    def team_budgets(self) -> list[TeamTerms]:
+    def team_terms(self) -> list[TeamTerms]:
         with self.connection() as conn:
-            return [TeamTerms(**r) for r in conn.execute(q("team_budgets")).fetchall()]
+            return [TeamTerms(**r) for r in conn.execute(q("team_terms")).fetchall()]
 
     def teams_running(self, shards: Sequence[int]) -> dict[int, int]:
         """Jobs claimed and not finished, per team id, on these shards."""

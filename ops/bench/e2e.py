@@ -37,11 +37,12 @@ from ops.bench.store import floor, recreate
 TEAM = "bench"
 
 
-def start_workers(port: int, token: str, processes: int, concurrency: int) -> list[subprocess.Popen]:
+def start_workers(port: int, token: str, processes: int, concurrency: int,
+                  app: str = "ops.bench.noop_worker:worker") -> list[subprocess.Popen]:
     env = {**os.environ, "MINUTEHAND_WORKER_URLS": f"http://127.0.0.1:{port}", "MINUTEHAND_WORKER_TOKEN": token,
            "MINUTEHAND_WORKER_CONCURRENCY": str(concurrency), "MINUTEHAND_LOG_LEVEL": "WARNING"}
-    return [subprocess.Popen([sys.executable, "-m", "minutehand.cli.main", "worker", "ops.bench.noop_worker:worker"],
-                             env=env) for _ in range(processes)]
+    return [subprocess.Popen([sys.executable, "-m", "minutehand.cli.main", "worker", app], env=env)
+            for _ in range(processes)]
 
 
 def stop_all(procs: list[subprocess.Popen]) -> None:

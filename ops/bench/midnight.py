@@ -50,10 +50,8 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import math
-import os
 import random
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -66,6 +64,7 @@ from minutehand.store import migrate, schema
 from minutehand.store.records import JobSpec
 from minutehand.store.store import Store
 from ops.bench.api import _free_port, start_server, stop_server
+from ops.bench.e2e import start_workers, stop_all
 from ops.bench.server import bench_server
 from ops.bench.store import recreate
 
@@ -133,23 +132,6 @@ def submit(url: str, teams: list[Team], midnight: dt.datetime, job_ms: int) -> f
                 if bad:
                     raise SystemExit(f"submission refused: {bad[0]}")
     return time.monotonic() - t0
-
-
-def start_workers(port: int, token: str, processes: int, concurrency: int) -> list[subprocess.Popen]:
-    env = {**os.environ, "MINUTEHAND_WORKER_URLS": f"http://127.0.0.1:{port}", "MINUTEHAND_WORKER_TOKEN": token,
-           "MINUTEHAND_WORKER_CONCURRENCY": str(concurrency), "MINUTEHAND_LOG_LEVEL": "WARNING"}
-    return [subprocess.Popen([sys.executable, "-m", "minutehand.cli.main", "worker", "ops.bench.sleep_worker:worker"],
-                             env=env) for _ in range(processes)]
-
-
-def stop_all(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
 
 
 def floor_figure(dsn: str, seconds: int, rows: int) -> int | None:
@@ -375,7 +357,7 @@ def run(dsn: str, args, slots: int, capacity: float) -> None:
         if left < 1:
             raise SystemExit("the submission ended after midnight: the spike did not come due at once; raise --lead")
         # Started after the submission, which their start-up would slow; ready well before midnight.
-        workers = start_workers(port, token, args.processes, args.concurrency)
+        workers = start_workers(port, token, args.processes, args.concurrency, app="ops.bench.sleep_worker:worker")
         with psycopg.connect(schema.conninfo(url), autocommit=True) as c:
             c.execute("ANALYZE jobs")
             c.execute("ANALYZE due_minutes")
