@@ -15,7 +15,7 @@ from collections import Counter
 
 
 from minutehand.dispatch import fairness
-from minutehand.dispatch.fairness import Budget, Edge
+from minutehand.dispatch.fairness import Budget, DueIndex
 from minutehand.store.records import Complete, JobSpec
 from tests.support import T0, lease_all, lease_until, make_store, pin, started_dispatcher
 
@@ -24,12 +24,15 @@ BIG = 10**9
 
 
 # ---------------------------------------------------------------- the plan
-def edges(*cells: tuple[int, tuple, int, int]) -> dict[int, Edge]:
+def edges(*cells: tuple[int, tuple, int, int]) -> DueIndex:
     """(shard, class, team, due) cells."""
-    out: dict[int, Edge] = {}
+    by_shard: dict[int, dict] = {}
     for shard, cls, team, due in cells:
-        out.setdefault(shard, Edge()).cells[cls, team] = [due, cls[0]]
-    return out
+        by_shard.setdefault(shard, {})[cls, team] = [due, cls[0]]
+    index = DueIndex()
+    for shard, c in by_shard.items():
+        index.set_shard(shard, c)
+    return index
 
 
 def taken(takes: list[fairness.Take]) -> Counter:

@@ -63,7 +63,7 @@ import msgspec
 import psycopg
 
 from minutehand.dispatch import fairness
-from minutehand.dispatch.fairness import Budget, Class, Edge
+from minutehand.dispatch.fairness import Budget, Class, DueIndex
 from minutehand.dispatch.outcomes import OutcomeWriter
 from minutehand.dispatch.shards import ShardKeeper
 from minutehand.futures import settle
@@ -153,7 +153,8 @@ class Dispatcher:
         self._cond = threading.Condition()
         self._waiters: deque[Waiter] = deque()
         self._leases: dict[int, int] = {}
-        self._edges: dict[int, Edge] = {}         # shard -> what it has due now, as last read and counted down
+        self._index = DueIndex()                  # what the shards have due, as last read and counted down
+        self._lost: set[int] = set()              # shards given up since (their edges leave the index)
         self._due: dict[int, float] = {}          # shard -> when to read its edge again (epoch s); absent: none soon
         self._generation = 0                      # bumped by every event that may make jobs claimable
         self._marked: dict[int, int] = {}         # shard -> generation a NOTIFY last marked it due at
@@ -242,7 +243,7 @@ class Dispatcher:
             gained = leases.keys() - self._leases.keys()
             self._leases = leases
             self._due = {s: t for s, t in self._due.items() if s in leases}
-            self._edges = {s: e for s, e in self._edges.items() if s in leases}
+            self._lost |= self._index.of_shard.keys() - leases.keys()
             self._due.update({s: 0.0 for s in gained})
             self._generation += 1
             self._cond.notify()
@@ -293,6 +294,9 @@ class Dispatcher:
         minute turns), and the shards marked since."""
         now = time.time()
         with self._cond:
+            for s in self._lost:                  # the index is the dispatch thread's own
+                self._index.remove_shard(s)
+            self._lost.clear()
             if now >= self._next_refresh:
                 self._due.update(dict.fromkeys(self._leases, 0.0))
                 self._next_refresh = (math.floor(now / 60) + 1) * 60 + 0.2
@@ -307,8 +311,8 @@ class Dispatcher:
             for s, (cells, next_at) in edges.items():
                 if s not in self._leases:
                     continue
-                self._edges[s] = Edge({((c.bucket.timestamp(), c.strict, c.priority), c.team_id):
-                                       [c.due, c.oldest.timestamp()] for c in cells})
+                self._index.set_shard(s, {((c.bucket.timestamp(), c.strict, c.priority), c.team_id):
+                                          [c.due, c.oldest.timestamp()] for c in cells})
                 # A wake-up that came while the query ran is newer than its answer.
                 if self._marked.get(s, -1) > asked_at:
                     continue
@@ -324,7 +328,7 @@ class Dispatcher:
         changes."""
         with self._cond:
             now = time.time()
-            due = [s for s, e in self._edges.items() if e.cells]
+            due = self._index.due_shards()
             if due:
                 open_for: dict[Filter, bool] = {}
                 ready = []
@@ -401,25 +405,32 @@ class Dispatcher:
             now = time.time()
             leases = dict(self._leases)
             generation = self._generation
-            edges = {s: Edge({k: list(v) for k, v in e.cells.items()}) for s, e in self._edges.items()
-                     if e.cells and s in leases}
-            open_for = {w.filter: {s for s in edges if not self._empty_for(w.filter, s, now)} for w in waiters}
-        if any(cls_team[1] not in budgets for e in edges.values() for cls_team in e.cells):
+            every = self._index.due_shards()
+            due = [s for s in every if s in leases]
+            # Per filter, the due shards it may take from; None: every one (then
+            # planning needs no sum over shards).
+            open_for: dict[Filter, set[int] | None] = {}
+            for w in waiters:
+                if w.filter not in open_for:
+                    shut = {s for s in due if self._empty_for(w.filter, s, now)}
+                    open_for[w.filter] = None if not shut and len(due) == len(every) else set(due) - shut
+        if self._index.teams() - budgets.keys():
             self._terms_at = -math.inf            # a team created since the last read
             budgets = self._budgets()
         round_ = _Round({id(w): [] for w in waiters})
+        taken: dict = {}                          # what this round's plans hold, per (shard, (class, team))
         pools: dict[Filter, list[Waiter]] = defaultdict(list)
         for w in waiters:
             pools[w.filter].append(w)
         for filter_, pool in pools.items():
-            self._plan_pool(filter_, pool, {s: edges[s] for s in open_for[filter_]}, budgets, leases, round_)
+            self._plan_pool(filter_, pool, open_for[filter_], budgets, leases, taken, round_)
         try:
             self._claim(round_, generation)
             # Workers of some names: planned cells that held other names leave them short.
             queues: dict[tuple[Filter, int], deque] = {}
             named = {id(w): self._named_plan(w, round_.got[id(w)],
-                                             sorted(open_for[w.filter] - round_.short[w.filter]), edges, budgets,
-                                             queues)
+                                             (due if open_for[w.filter] is None else open_for[w.filter]),
+                                             round_.short[w.filter], budgets, queues)
                      for w in waiters if w.named and round_.short[w.filter]
                      and len(round_.got[id(w)]) < w.capacity and id(w) not in round_.failed}
             per_team = 1                          # shards tried per team, growing while they come up short
@@ -465,21 +476,22 @@ class Dispatcher:
                 self._waiters.append(w)
                 if not round_.asked[id(w)]:       # nothing its filter may take now: not before an event
                     marks = self._empty.setdefault(w.filter, {})
-                    for s in open_for[w.filter]:
+                    for s in (due if open_for[w.filter] is None else open_for[w.filter]):
                         marks[s] = now
             self._taken = []
         settle(settled, on_gone=self._give_back)
 
-    def _plan_pool(self, filter_: Filter, pool: list[Waiter], edges: dict[int, Edge], budgets: dict[int, Budget],
-                   leases: dict[int, int], round_: _Round) -> None:
-        """The pool's capacity planned over the edges (counted down by it, as
-        are the budgets); each waiter a run of the takes in rotation order,
-        so every answer mixes the teams, and a take is split only between two."""
+    def _plan_pool(self, filter_: Filter, pool: list[Waiter], shards: set[int] | None, budgets: dict[int, Budget],
+                   leases: dict[int, int], taken: dict, round_: _Round) -> None:
+        """The pool's capacity planned over what is due on these shards (None:
+        all), less what the round's other pools took (`taken`, added to, as
+        the budgets are counted down); each waiter a run of the takes in
+        rotation order, so every answer mixes the teams, and a take is split
+        only between two."""
         names, team_names = filter_
         teams = None if team_names is None else {self._team_ids[n] for n in team_names if n in self._team_ids}
-        takes = fairness.plan(sum(w.capacity for w in pool), edges, budgets, self._credit, teams)
+        takes = fairness.plan(sum(w.capacity for w in pool), self._index, budgets, self._credit, teams, shards, taken)
         for t in takes:
-            edges[t.shard].cells[t.cls, t.team][0] -= t.n
             b = budgets[t.team]
             budgets[t.team] = Budget(b.weight, b.headroom - t.n)
         queue = deque(fairness.rotate(takes, lambda t: t.cls, lambda t: t.team))
@@ -533,31 +545,29 @@ class Dispatcher:
                 for row in rows:
                     row["bucket"] = r.bucket.timestamp()
                     came[_class(row), row["team_id"]] += 1
-                edge = self._edges.get(r.shard)
                 for key, n in cells.items():
-                    if edge is not None and key in edge.cells:
-                        edge.cells[key][0] -= came[key]
-                        if edge.cells[key][0] <= 0 or (came[key] < n and r.names is None):
-                            del edge.cells[key]   # short without a names filter: none left there
+                    # Short without a names filter: none left there.
+                    self._index.take(r.shard, key, came[key], gone=came[key] < n and r.names is None)
                     if came[key] < n:             # read it again; for these names, nothing here
                         round_.recount.add(r.shard)
                         if r.names is not None:
                             round_.short[w.filter].add(r.shard)
         return walked
 
-    def _named_plan(self, w: Waiter, got: list[dict], shards: list[int], edges: dict[int, Edge],
+    def _named_plan(self, w: Waiter, got: list[dict], shards: list[int] | set[int], tried: set[int],
                     budgets: dict[int, Budget], queues: dict[tuple[Filter, int], deque]) -> dict[int, list]:
         """For a names-filtered waiter still short after the planned claims:
-        {team: [jobs it may still take, the shards holding the team's due
-        rows, best class first]} (the queue of shards shared by the waiters
-        of its filter); what it still has room for shared among the teams it
-        may take by weight, within their headroom (this fallback does not lend)."""
+        {team: [jobs it may still take, the shards (of these, less those
+        tried) holding the team's due rows, best class first]} (the queue
+        shared by the waiters of its filter); what it still has room for
+        shared among the teams it may take by weight, within their headroom
+        (this fallback does not lend)."""
         allowed = None if w.filter[1] is None else {self._team_ids.get(n) for n in w.filter[1]}
+        open_ = set(shards) - tried
         where: dict[int, list[tuple[tuple, int]]] = defaultdict(list)
-        for s in shards:
-            for (cls, team), (due, _) in edges[s].cells.items():
-                if due > 0 and team in budgets and (allowed is None or team in allowed):
-                    where[team].append((fairness.class_order(cls), s))
+        for (cls, team), on in self._index.cells.items():
+            if team in budgets and (allowed is None or team in allowed):
+                where[team] += [(fairness.class_order(cls), s) for s in on if s in open_]
         caps = {t: budgets[t].headroom for t in where if budgets[t].headroom > 0}
         shares = fairness.share(w.capacity - len(got), caps, {t: budgets[t].weight for t in caps}, self._credit)
         plan = {}

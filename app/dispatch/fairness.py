@@ -3,8 +3,9 @@ dispatch round, from what the dispatcher knows is due on its shards.
 
 Order. Due rows fall into classes: the minute bucket they became due in,
 then strict before flexible, then higher priority. A class goes out before
-any row of a later class, across all the dispatcher's shards; within a
-class, the shards holding the oldest rows are taken first.
+any row of a later class, across all the dispatcher's shards (within one
+class, one minute's rows, the shards are taken in no particular order;
+each shard gives its oldest rows first).
 
 Quotas, with lending. A team may hold `headroom` more running jobs (its
 quota's share, less what it runs). Capacity is first shared among the
@@ -38,13 +39,57 @@ def class_order(c: Class) -> tuple[float, bool, int]:
     return (c[0], not c[1], -c[2])
 
 
-@dataclass
-class Edge:
-    """What one shard has due: per (class, team), [rows due, oldest run time]."""
-    cells: dict[tuple[Class, int], list[float]] = field(default_factory=dict)
+class DueIndex:
+    """What the dispatcher's shards have due, by (class, team) and shard:
+    [rows due, oldest run time], with each (class, team)'s total, kept as
+    edges are read and counted down, so that planning a round costs in
+    proportion to the classes and teams waiting and the shards it takes
+    from, not to every cell of every shard."""
 
-    def due(self) -> int:
-        return sum(int(v[0]) for v in self.cells.values())
+    def __init__(self) -> None:
+        self.cells: dict[tuple[Class, int], dict[int, list[float]]] = {}
+        self.totals: dict[tuple[Class, int], int] = {}
+        self.of_shard: dict[int, set[tuple[Class, int]]] = {}
+
+    def set_shard(self, shard: int, cells: dict[tuple[Class, int], list[float]]) -> None:
+        """A shard's edge as just read."""
+        self.remove_shard(shard)
+        for key, (due, oldest) in cells.items():
+            if due > 0:
+                self.cells.setdefault(key, {})[shard] = [due, oldest]
+                self.totals[key] = self.totals.get(key, 0) + int(due)
+        if cells:
+            self.of_shard[shard] = {k for k, (due, _) in cells.items() if due > 0}
+
+    def remove_shard(self, shard: int) -> None:
+        for key in self.of_shard.pop(shard, ()):
+            self._drop(shard, key)
+
+    def take(self, shard: int, key: tuple[Class, int], n: int, gone: bool = False) -> None:
+        """n rows of the cell were claimed (gone: none is left there)."""
+        cell = self.cells.get(key, {}).get(shard)
+        if cell is None:
+            return
+        if gone or cell[0] <= n:
+            self._drop(shard, key)
+            self.of_shard.get(shard, set()).discard(key)
+        else:
+            cell[0] -= n
+            self.totals[key] -= n
+
+    def _drop(self, shard: int, key: tuple[Class, int]) -> None:
+        shards = self.cells.get(key)
+        if shards is None or shard not in shards:
+            return
+        self.totals[key] -= int(shards.pop(shard)[0])
+        if not shards:
+            del self.cells[key], self.totals[key]
+
+    def due_shards(self) -> list[int]:
+        return [s for s, keys in self.of_shard.items() if keys]
+
+    def teams(self) -> set[int]:
+        return {team for _, team in self.cells}
 
 
 @dataclass(frozen=True)
@@ -87,50 +132,67 @@ def share(n: int, caps: dict[int, int], weights: dict[int, int], credit: dict[in
     return alloc
 
 
-def plan(capacity: int, edges: dict[int, Edge], budgets: dict[int, Budget], credit: dict[int, float],
-         teams: set[int] | None = None) -> list[Take]:
-    """Up to `capacity` rows to claim, as (shard, class, team, n) takes,
-    from the due edges of the shards; only teams in `teams` (None: any).
-    Updates `credit` (the rotation's carried fractions)."""
-    demand: dict[Class, dict[int, list[tuple[float, int, int]]]] = defaultdict(lambda: defaultdict(list))
-    for shard, edge in edges.items():
-        for (cls, team), (due, oldest) in edge.cells.items():
-            if due > 0 and team in budgets and (teams is None or team in teams):
-                demand[cls][team].append((oldest, shard, int(due)))
-    waiting = {t for by_team in demand.values() for t in by_team}
+def plan(capacity: int, due: DueIndex, budgets: dict[int, Budget], credit: dict[int, float],
+         teams: set[int] | None = None, shards: set[int] | None = None,
+         taken: dict[tuple[int, tuple[Class, int]], int] | None = None) -> list[Take]:
+    """Up to `capacity` rows to claim, as (shard, class, team, n) takes, from
+    what is due; only teams in `teams` and shards in `shards` (None: any),
+    less what `taken` already holds per (shard, (class, team)) (and adds to
+    it). Updates `credit` (the rotation's carried fractions)."""
+    taken = {} if taken is None else taken
+    taken_of: dict[tuple[Class, int], int] = defaultdict(int)
+    for (_, key), n in taken.items():
+        taken_of[key] += n
+    waiting = {t for _, t in due.cells}
     for t in [t for t in credit if t not in waiting]:
         del credit[t]                           # an idle team banks nothing
-    classes = sorted(demand, key=class_order)
+    keys = [k for k in due.cells if k[1] in budgets and (teams is None or k[1] in teams)]
+    by_class: dict[Class, list[int]] = defaultdict(list)
+    for cls, team in keys:
+        by_class[cls].append(team)
     given: dict[tuple[Class, int], int] = defaultdict(int)
     used: dict[int, int] = defaultdict(int)
     left = capacity
     for lending in (False, True):
-        for cls in classes:
+        for cls in sorted(by_class, key=class_order):
             if left <= 0:
                 break
             caps = {}
-            for team, cells in demand[cls].items():
-                want = sum(n for _, _, n in cells) - given[cls, team]
+            for team in by_class[cls]:
+                want = _available(due, (cls, team), shards, taken, taken_of) - given[cls, team]
                 if not lending:
                     want = min(want, budgets[team].headroom - used[team])
                 if want > 0:
                     caps[team] = want
             if not caps:
                 continue
-            got = share(left, caps, {t: budgets[t].weight for t in caps}, credit)
-            for team, n in got.items():
+            for team, n in share(left, caps, {t: budgets[t].weight for t in caps}, credit).items():
                 given[cls, team] += n
                 used[team] += n
                 left -= n
     takes = []
-    for (cls, team), n in given.items():
-        for _, shard, due in sorted(demand[cls][team]):    # oldest rows first
+    for key, n in given.items():
+        for shard, (count, _) in due.cells[key].items():
             if n <= 0:
                 break
-            k = min(n, due)
-            takes.append(Take(shard, cls, team, k))
-            n -= k
+            if shards is not None and shard not in shards:
+                continue
+            k = min(n, int(count) - taken.get((shard, key), 0))
+            if k > 0:
+                takes.append(Take(shard, key[0], key[1], k))
+                taken[shard, key] = taken.get((shard, key), 0) + k
+                n -= k
     return takes
+
+
+def _available(due: DueIndex, key: tuple[Class, int], shards: set[int] | None,
+               taken: dict[tuple[int, tuple[Class, int]], int], taken_of: dict[tuple[Class, int], int]) -> int:
+    """Rows of a (class, team) the plan may still take (a sum over shards
+    only when some are excluded)."""
+    if shards is None:
+        return due.totals[key] - taken_of[key]
+    return sum(int(count) - taken.get((shard, key), 0) for shard, (count, _) in due.cells[key].items()
+               if shards is None or shard in shards)
 
 
 def rotate(rows: list[dict], cls_of, team_of) -> list[dict]:
