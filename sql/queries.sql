@@ -30,8 +30,8 @@ SELECT take_shard_lease(%(shard)s::int, %(owner)s::text, %(ttl_s)s::real) AS epo
 SELECT release_shard_lease(%(shard)s::int, %(owner)s::text, %(epoch)s::bigint) AS released
 
 -- name: due_edge
--- What one shard has due now, per bucket, class and team, and when it next
--- has more. A run time before year 1 (a row written around the procedures)
+-- What one shard has due now (since: only what came due by the clock since
+-- then), per bucket, class and team, and when it next has more. A run time before year 1 (a row written around the procedures)
 -- reads as year 1: due, so the claim reaches that job and fails it alone,
 -- and the reader can load it.
 SELECT bucket, strict, priority, team_id, due,
@@ -39,7 +39,7 @@ SELECT bucket, strict, priority, team_id, due,
            AS oldest,
        CASE WHEN next_at < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'::timestamptz ELSE next_at END
            AS next_at
-  FROM due_edge(%(shard)s::int)
+  FROM due_edge(%(shard)s::int, %(since)s::timestamptz)
 
 -- name: team_terms
 -- Every team's quota and weight, for sharing capacity between them.

@@ -247,3 +247,21 @@ def test_a_shards_first_claim_finds_jobs_due_long_before(db_dsn, db):
         s.close()
     assert len(runs) == len(ids)
     assert statistics.median(T0 - r for r in runs) > dt.timedelta(minutes=10)
+
+
+def test_a_look_since_a_time_counts_only_what_came_due_since(db_dsn):
+    """The dispatcher's look at a shard whose next run time came adds only
+    the rows due since then; a full look counts them all."""
+    s = make_store(db_dsn, clock=T0)
+    try:
+        s.create_team("t")
+        for due in (T0 - dt.timedelta(seconds=5), T0 + dt.timedelta(seconds=20)):
+            s.submit_many("t", [JobSpec(name="x", due_at=due, strict=True)] * 40)
+        s.clock = T0 + dt.timedelta(seconds=30)
+        shards = list(range(256))
+        full = s.due_edges(shards)
+        since = s.due_edges(shards, {sh: T0 + dt.timedelta(seconds=10) for sh in shards})
+    finally:
+        s.close()
+    assert sum(c.due for cells, _ in full.values() for c in cells) == 80
+    assert sum(c.due for cells, _ in since.values() for c in cells) == 40

@@ -303,16 +303,25 @@ class Dispatcher:
                 self._refreshed_at = now
                 self._empty.clear()
             shards = sorted(s for s, t in self._due.items() if t <= now and s in self._leases)
+            # A shard whose next run time came (not marked): only what came due since.
+            # (A millisecond early: a float's rounding must not skip a row; one counted twice is
+            # only a claim that comes back short, and the shard is read again.)
+            since = {s: dt.datetime.fromtimestamp(self._due[s] - 0.001, dt.timezone.utc)
+                     for s in shards if self._due[s] > 0}
             asked_at = self._generation
         if not shards:
             return
-        edges = self.store.due_edges(shards)
+        edges = self.store.due_edges(shards, since)
         with self._cond:
             for s, (cells, next_at) in edges.items():
                 if s not in self._leases:
                     continue
-                self._index.set_shard(s, {((c.bucket.timestamp(), c.strict, c.priority), c.team_id):
-                                          [c.due, c.oldest.timestamp()] for c in cells})
+                cells_ = {((c.bucket.timestamp(), c.strict, c.priority), c.team_id): [c.due, c.oldest.timestamp()]
+                          for c in cells}
+                if s in since:
+                    self._index.add_to_shard(s, cells_)
+                else:
+                    self._index.set_shard(s, cells_)
                 # A wake-up that came while the query ran is newer than its answer.
                 if self._marked.get(s, -1) > asked_at:
                     continue

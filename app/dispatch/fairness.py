@@ -61,6 +61,20 @@ class DueIndex:
         if cells:
             self.of_shard[shard] = {k for k, (due, _) in cells.items() if due > 0}
 
+    def add_to_shard(self, shard: int, cells: dict[tuple[Class, int], list[float]]) -> None:
+        """Rows that came due on a shard since its edge was read."""
+        for key, (due, oldest) in cells.items():
+            if due <= 0:
+                continue
+            on = self.cells.setdefault(key, {})
+            if shard in on:
+                on[shard][0] += due
+                on[shard][1] = min(on[shard][1], oldest)
+            else:
+                on[shard] = [due, oldest]
+            self.totals[key] = self.totals.get(key, 0) + int(due)
+            self.of_shard.setdefault(shard, set()).add(key)
+
     def remove_shard(self, shard: int) -> None:
         for key in self.of_shard.pop(shard, ()):
             self._drop(shard, key)

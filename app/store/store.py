@@ -441,11 +441,14 @@ class Store:
         self._pipelined("release_shard_lease",
                         [{"shard": s, "owner": owner, "epoch": e} for s, e in leases.items()])
 
-    def due_edges(self, shards: Sequence[int]) -> dict[int, tuple[list[EdgeCell], dt.datetime | None]]:
-        """Per shard, in one round trip: its cells due now (due_edge), and
-        the next run time in its current and next buckets (None: none)."""
+    def due_edges(self, shards: Sequence[int], since: dict[int, dt.datetime] | None = None
+                  ) -> dict[int, tuple[list[EdgeCell], dt.datetime | None]]:
+        """Per shard, in one round trip: its cells due now (due_edge; for the
+        shards in `since`, only the rows that came due by the clock since
+        then), and the next run time in its current and next buckets (None: none)."""
+        since = since or {}
         with self.connection() as conn:
-            results = self.each_alone(conn, q("due_edge"), [{"shard": s} for s in shards])
+            results = self.each_alone(conn, q("due_edge"), [{"shard": s, "since": since.get(s)} for s in shards])
         edges = {}
         for s, rows in zip(shards, results):
             if isinstance(rows, Exception):

@@ -295,8 +295,11 @@ END $$;
 -- whose submitter read the clock just before the minute turned and
 -- committed just after), and only over buckets with no row of this shard
 -- left, locked or not: a claimer that dies mid-transaction must not leave
--- its rows stranded behind the hand.
-CREATE OR REPLACE FUNCTION due_edge(p_shard int)
+-- its rows stranded behind the hand. With p_since, only the rows that came
+-- due by the clock since then (run_at >= p_since, the next run time the last
+-- look gave), from the buckets that can hold them, and the hand stays: the
+-- dispatcher adds them to what it knows, without counting the rest again.
+CREATE OR REPLACE FUNCTION due_edge(p_shard int, p_since timestamptz DEFAULT NULL)
 RETURNS TABLE (bucket timestamptz, strict boolean, priority smallint, team_id int, due int,
                oldest timestamptz, next_at timestamptz)
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
@@ -304,7 +307,7 @@ DECLARE
     v_now    timestamptz := mh_now();
     v_cur    timestamptz := mh_minute(v_now);
     v_hand   timestamptz := mh_hand(p_shard, v_cur);
-    v_bucket timestamptz := v_hand;
+    v_bucket timestamptz := greatest(v_hand, mh_minute(coalesce(p_since, v_hand)));
     v_found  int;
     v_next   timestamptz;
 BEGIN
@@ -312,14 +315,14 @@ BEGIN
         IF v_bucket >= v_cur - interval '1 minute' OR mh_bucket_has_rows(v_bucket, p_shard) THEN
             RETURN QUERY EXECUTE format(
                 $f$SELECT $2, d.strict, d.priority, d.team_id, count(*)::int, min(d.run_at), NULL::timestamptz
-                     FROM %I d WHERE d.shard = $1 AND d.run_at <= $3
+                     FROM %I d WHERE d.shard = $1 AND d.run_at <= $3 AND ($4::timestamptz IS NULL OR d.run_at >= $4)
                     GROUP BY d.strict, d.priority, d.team_id$f$, mh_minute_part(mh_minute_slot(v_bucket)))
-              USING p_shard, v_bucket, v_now;
+              USING p_shard, v_bucket, v_now, p_since;
             GET DIAGNOSTICS v_found = ROW_COUNT;
         ELSE
             v_found := 0;
         END IF;
-        IF v_found = 0 AND v_bucket = v_hand AND v_bucket < v_cur - interval '1 minute' THEN
+        IF p_since IS NULL AND v_found = 0 AND v_bucket = v_hand AND v_bucket < v_cur - interval '1 minute' THEN
             v_hand := v_bucket + interval '1 minute';
         END IF;
         v_bucket := v_bucket + interval '1 minute';
