@@ -567,7 +567,8 @@ class Dispatcher:
                     budgets: dict[int, Budget], queues: dict[tuple[Filter, int], deque]) -> dict[int, list]:
         """For a names-filtered waiter still short after the planned claims:
         {team: [jobs it may still take, the shards (of these, less those
-        tried) holding the team's due rows, best class first]} (the queue
+        tried) holding the team's due rows, the latest woken and the best
+        class first]} (the queue
         shared by the waiters of its filter); what it still has room for
         shared among the teams it may take by weight, within their headroom
         (this fallback does not lend)."""
@@ -576,13 +577,14 @@ class Dispatcher:
         where: dict[int, list[tuple[tuple, int]]] = defaultdict(list)
         for (cls, team), on in self._index.cells.items():
             if team in budgets and (allowed is None or team in allowed):
-                where[team] += [(fairness.class_order(cls), s) for s in on if s in open_]
+                # Shards a wake-up named most recently first: their new rows are what it has not seen.
+                where[team] += [(-self._woken_at.get(s, 0.0), fairness.class_order(cls), s) for s in on if s in open_]
         caps = {t: budgets[t].headroom for t in where if budgets[t].headroom > 0}
         shares = fairness.share(w.capacity - len(got), caps, {t: budgets[t].weight for t in caps}, self._credit)
         plan = {}
         for team, n in shares.items():
             if n > 0:
-                queue = queues.setdefault((w.filter, team), deque(dict.fromkeys(s for _, s in sorted(where[team]))))
+                queue = queues.setdefault((w.filter, team), deque(dict.fromkeys(s for *_, s in sorted(where[team]))))
                 plan[team] = [n, queue]
                 b = budgets[team]
                 budgets[team] = Budget(b.weight, b.headroom - n)
