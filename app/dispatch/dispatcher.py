@@ -501,8 +501,7 @@ class Dispatcher:
         teams = None if team_names is None else {self._team_ids[n] for n in team_names if n in self._team_ids}
         takes = fairness.plan(sum(w.capacity for w in pool), self._index, budgets, self._credit, teams, shards, taken)
         for t in takes:
-            b = budgets[t.team]
-            budgets[t.team] = Budget(b.weight, b.headroom - t.n)
+            budgets[t.team] = budgets[t.team].less(t.n)
         queue = deque(fairness.rotate(takes, lambda t: t.cls, lambda t: t.team))
         for w in pool:
             cells: dict[tuple[int, float], dict[tuple[Class, int], int]] = defaultdict(lambda: defaultdict(int))
@@ -586,8 +585,7 @@ class Dispatcher:
             if n > 0:
                 queue = queues.setdefault((w.filter, team), deque(dict.fromkeys(s for *_, s in sorted(where[team]))))
                 plan[team] = [n, queue]
-                b = budgets[team]
-                budgets[team] = Budget(b.weight, b.headroom - n)
+                budgets[team] = budgets[team].less(n)
         return plan
 
     def _deliverable(self, rows: list[dict]) -> list[LeasedJob]:

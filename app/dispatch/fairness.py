@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # A class of due rows: (bucket start, epoch s; strict; priority).
 Class = tuple[float, bool, int]
@@ -110,6 +110,10 @@ class DueIndex:
 class Budget:
     weight: int
     headroom: int          # more running jobs the team may start within its quota (may be <= 0)
+
+    def less(self, n: int) -> Budget:
+        """After n more of the team's jobs are asked for."""
+        return Budget(self.weight, self.headroom - n)
 
 
 @dataclass(frozen=True)
