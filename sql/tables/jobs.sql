@@ -58,6 +58,9 @@ CREATE TABLE jobs (
     -- the run time agreed at submission (due + the spread chosen then, never
     -- before the submission): run_at moves with retries, this does not
     agreed_at        timestamptz NOT NULL,
+    -- not claimed by then: dropped, cancelled by the claim (a run of a
+    -- repeating job with misfire skip: its series' next fire time)
+    deadline         timestamptz,
     PRIMARY KEY (shard, id)
 ) WITH (fillfactor = 30);
 -- No index covers a column that claim, start, heartbeat, complete or fail

@@ -1,10 +1,11 @@
 -- Repeating jobs. A series is a chain of ordinary jobs: each run is a row
 -- of `jobs` whose series_id names the series, on the series' own shard, so
 -- (shard, series_id, due_at), the unique index jobs_series_run, stops any
--- run from being created twice. Stored with its first run only; not built
--- yet: continuing the chain, which will read and advance the columns marked
--- "chain" below. Citus-ready like jobs: distributed by shard, colocated
--- with the runs.
+-- run from being created twice. Submission creates the first run; the claim
+-- of the newest run marks the series (chain_after) and the dispatcher that
+-- owns the shard creates the next run (app/dispatch/chain.py), advancing
+-- the columns marked "chain" below. Citus-ready like jobs: distributed by
+-- shard, colocated with the runs.
 CREATE TABLE series (
     shard            smallint    NOT NULL,
     id               bigint      NOT NULL,   -- mh_new_id(shard): the shard is readable from it
@@ -32,10 +33,23 @@ CREATE TABLE series (
     cancelled_at     timestamptz,            -- chain: set, no further run is created
     created_at       timestamptz NOT NULL,
     updated_at       timestamptz NOT NULL,
+    -- after an outage: run_once (the run that waited runs once, the fire
+    -- times missed meanwhile are folded into it) or skip (a run whose next
+    -- fire time passed before it was claimed is dropped)
+    misfire          text        NOT NULL DEFAULT 'run_once' CHECK (misfire IN ('run_once', 'skip')),
+    paused_at        timestamptz,            -- set: no further run is created until resumed
+    -- chain: set, the series needs its next run, at the first fire time
+    -- after this (the claimed run's due time; now, on resume or a new spec)
+    chain_after      timestamptz,
     PRIMARY KEY (shard, id),
     CHECK ((every_s IS NULL) <> (cron IS NULL)),
     CHECK ((cron IS NULL) = (timezone IS NULL))
 );
+
+-- The series waiting for their next run, per shard: few at any moment.
+CREATE INDEX series_chain ON series (shard) WHERE chain_after IS NOT NULL;
+-- A team's series, newest first (keyset pagination on id).
+CREATE INDEX series_team ON series (team_id, id DESC);
 
 -- Time zone names PostgreSQL knows, copied from pg_timezone_names (that
 -- view reads every zone file on each call: ~100 ms). Every migrate fills it
