@@ -57,7 +57,7 @@ BEGIN
         minutehand.submit_jobs(text, text[], timestamptz[], jsonb[], int[], int[], int[], boolean[], text[], real[],
                                real[]),
         minutehand.submit_series(text, text, timestamptz, jsonb, int, int, int, boolean, text, real, real, int, text,
-                                 text, timestamptz),
+                                 text, timestamptz, text, timestamptz),
         minutehand.cancel(bigint, text)
     TO minutehand_submitter;
 END $$;

@@ -82,7 +82,7 @@ SELECT j.id AS job_id, t.name AS team, j.name, j.state, j.priority, j.due_at, j.
             THEN mh_now() - j.agreed_at END AS lateness,
        j.lateness IS NOT NULL AS lateness_final, j.last_error, j.result,
        j.idempotency_key, j.created_at, j.started_at, j.finished_at,
-       j.series_id, s.every_s, s.cron, s.timezone
+       j.series_id, s.every_s, s.cron, s.timezone, coalesce(s.misfire, 'run_once') AS misfire
   FROM jobs j JOIN teams t ON t.id = j.team_id
   LEFT JOIN series s ON s.shard = j.shard AND s.id = j.series_id
  WHERE j.shard = mh_shard_of(%(job_id)s::bigint) AND j.id = %(job_id)s::bigint
@@ -311,7 +311,17 @@ SELECT series_id, job_id, run_at, created
   FROM submit_series(%(team)s::text, %(name)s::text, %(due_at)s::timestamptz, %(payload)s::jsonb,
                      %(priority)s::int, %(max_attempts)s::int, %(flex_s)s::int, %(strict)s::boolean,
                      %(idempotency_key)s::text, %(backoff_base_s)s::real, %(backoff_cap_s)s::real,
-                     %(every_s)s::int, %(cron)s::text, %(timezone)s::text, %(first_due_at)s::timestamptz)
+                     %(every_s)s::int, %(cron)s::text, %(timezone)s::text, %(first_due_at)s::timestamptz,
+                     %(misfire)s::text, %(deadline)s::timestamptz)
+
+-- name: series_to_chain
+-- The series of these shards marked for their next run, with their specs and the database's clock.
+SELECT * FROM series_to_chain(%(shards)s::int[], %(limit)s::int)
+
+-- name: chain_series
+-- Their next runs, as computed, on one shard: the runs created.
+SELECT * FROM chain_series(%(shard)s::int, %(series)s::bigint[], %(after)s::timestamptz[],
+                           %(due)s::timestamptz[], %(deadline)s::timestamptz[])
 
 -- ---------------------------------------------------------------- the local demo (minutehand dev)
 

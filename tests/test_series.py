@@ -143,11 +143,12 @@ def test_status_shows_the_series_and_its_repeat_spec(client):
     job_id, series_id = r.json()["job_id"], r.json()["series_id"]
     s = client.get(f"/v1/jobs/{job_id}", headers=T).json()
     assert s["series_id"] == series_id
-    assert s["repeat"] == {"every_s": None, "cron": "30 6 * * 1-5", "timezone": "America/New_York"}
+    assert s["repeat"] == {"every_s": None, "cron": "30 6 * * 1-5", "timezone": "America/New_York",
+                           "misfire": "run_once"}
     assert at(s["due_at"]) == dt.datetime(2030, 1, 1, 11, 30, tzinfo=UTC) + DAY   # Wed 06:30 EST
     every = client.post("/v1/jobs", headers=T, json={"name": "e", "repeat": {"every_s": 90}}).json()
     assert client.get(f"/v1/jobs/{every['job_id']}", headers=T).json()["repeat"] == \
-        {"every_s": 90, "cron": None, "timezone": None}
+        {"every_s": 90, "cron": None, "timezone": None, "misfire": "run_once"}
     plain = client.post("/v1/jobs", headers=T, json={"name": "once"}).json()
     assert plain["series_id"] is None
     s = client.get(f"/v1/jobs/{plain['job_id']}", headers=T).json()

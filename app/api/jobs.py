@@ -64,7 +64,7 @@ def to_repeat(repeat: Repeat | None) -> records.Repeat | None:
     if repeat is None:
         return None
     return records.Repeat(int(repeat.every_s) if repeat.every_s is not None else None, repeat.cron,
-                          repeat.timezone)
+                          repeat.timezone, repeat.misfire)
 
 
 def check_repeat(repeat: Repeat | None) -> str | None:
@@ -235,7 +235,7 @@ def job_out(s: JobStatus) -> JobOut:
                   last_error=s.last_error, result=s.result, idempotency_key=s.idempotency_key,
                   created_at=s.created_at, started_at=s.started_at, finished_at=s.finished_at,
                   series_id=series_id_out(s.series_id),
-                  repeat=Repeat(s.every_s, s.cron, s.timezone) if s.series_id is not None else None)
+                  repeat=Repeat(s.every_s, s.cron, s.timezone, s.misfire) if s.series_id is not None else None)
 
 
 def routes(ctx: Context) -> list[HTTPRouteHandler]:
@@ -248,9 +248,9 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
           request_max_body_size=settings.api_max_body_bytes, summary="Submit a job",
           description="Returns the job id and its assigned run time. With an Idempotency-Key already used "
                       "by this team within 24 h for the same request: the first job, status 200. With "
-                      "`repeat`: a series is stored with its first run, an ordinary job whose id, run time "
-                      "and `series_id` are returned (continuing the chain, run after run, is not built "
-                      "yet); the key then names the series' first run.",
+                      "`repeat`: a series and its first run, an ordinary job whose id, run time and "
+                      "`series_id` are returned (each later run is created when the one before it is "
+                      "claimed); the key then names the series' first run.",
           responses={200: ResponseSpec(JobCreated, description="the job the Idempotency-Key named"),
                      **problems.responses(*COMMON, CONFLICT, TOO_LARGE, INVALID, NOT_FOUND)})
     async def submit_job(request: Request, data: JSONBody[JobIn], principal: NamedDependency[Principal],

@@ -115,14 +115,18 @@ def key_problem(key: str) -> str | None:
 class Repeat(Struct, forbid_unknown_fields=True):
     """A repeating job: every every_s seconds, or a crontab expression (5
     fields) in a time zone (IANA name, default UTC). Exactly one of every_s
-    and cron. The job becomes a series: stored with its first run, an ordinary
-    job; its later runs are not created yet."""
+    and cron. The job becomes a series, a chain of ordinary jobs: the first
+    run is created now, each later one when the run before it is claimed."""
     every_s: Annotated[Integer, _int_doc("seconds between runs; the first run is at due_at (or now)",
                                          minimum=1, maximum=31622400)] | None = None
     cron: Annotated[str | None, _doc("5-field crontab expression (minute hour day month weekday); the first "
                                      "run is its first fire time at or after due_at (or now), in timezone")] = None
     timezone: Annotated[str | None, _doc("IANA time zone of cron (like Europe/Berlin), DST included; "
                                          "default UTC. Only with cron")] = None
+    misfire: Annotated[Literal["run_once", "skip"], _doc(
+        "after an outage: run_once, the run that waited runs once and the fire times missed meanwhile are "
+        "folded into it; skip, a run not claimed before the series' next fire time is dropped. Either way "
+        "the series goes on at the first fire time after now")] = "run_once"
 
 
 class JobIn(Struct, forbid_unknown_fields=True):

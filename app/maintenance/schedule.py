@@ -1,6 +1,8 @@
 """The dispatcher's maintenance, on an APScheduler schedule.
 
 Per shard, by the shard's owner only (the shards this dispatcher leases):
+- continue_series four times a second: each repeating series whose newest
+  run was claimed gets its next run (sql/functions/chain.sql);
 - expire_claims every second: claims past their expiry go back to the due pool;
 - purge_idempotency_keys every minute.
 For the whole wheel, by one dispatcher at a time (the holder of the
@@ -25,6 +27,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from minutehand.store.store import Store
 
 log = logging.getLogger(__name__)
+CHAIN_BATCH = 1000
 # APScheduler logs every run of every job at INFO: once a second here.
 logging.getLogger("apscheduler").setLevel(logging.WARNING)
 
@@ -34,7 +37,7 @@ class MaintenanceSchedule:
 
     def __init__(self, store: Store, owner: str, shards: Callable[[], list[int]], *,
                  expire_every_s: float = 1.0, purge_every_s: float = 60.0, wheel_every_s: float = 30.0,
-                 stats_every_s: float = 300.0):
+                 stats_every_s: float = 300.0, chain_every_s: float = 0.25):
         self.store = store
         self.owner = owner
         self.shards = shards
@@ -43,7 +46,8 @@ class MaintenanceSchedule:
         self.scheduler = BackgroundScheduler(
             daemon=True, timezone="UTC",
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None})
-        for duty, every in ((self.expire_claims, expire_every_s), (self.purge_keys, purge_every_s),
+        for duty, every in ((self.continue_series, chain_every_s),
+                            (self.expire_claims, expire_every_s), (self.purge_keys, purge_every_s),
                             (self.turn_wheel, wheel_every_s), (self.fold_stats, stats_every_s)):
             self.scheduler.add_job(_logged(duty), "interval", seconds=every, id=duty.__name__,
                                    next_run_time=None if duty in (self.purge_keys, self.fold_stats) else _now())
@@ -53,6 +57,11 @@ class MaintenanceSchedule:
 
     def stop(self) -> None:
         self.scheduler.shutdown(wait=True)
+
+    def continue_series(self) -> None:
+        # At a spike of series, passes of CHAIN_BATCH follow each other at once.
+        while (shards := self.shards()) and self.store.continue_series(shards, CHAIN_BATCH) == CHAIN_BATCH:
+            pass
 
     def expire_claims(self) -> None:
         if shards := self.shards():

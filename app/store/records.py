@@ -10,10 +10,13 @@ from typing import Any
 @dataclass(frozen=True)
 class Repeat:
     """A repeating job: every every_s seconds, or a 5-field crontab
-    expression in an IANA time zone (None: UTC). Exactly one of the two."""
+    expression in an IANA time zone (None: UTC). Exactly one of the two.
+    misfire: after an outage, run_once (the run that waited runs, once) or
+    skip (a run whose next fire time came before it was claimed is dropped)."""
     every_s: int | None = None
     cron: str | None = None
     timezone: str | None = None
+    misfire: str = "run_once"
 
 
 @dataclass(frozen=True)
@@ -186,12 +189,13 @@ class JobStatus:
     every_s: int | None = None
     cron: str | None = None
     timezone: str | None = None
+    misfire: str = "run_once"
 
     @property
     def repeat(self) -> Repeat | None:
         if self.series_id is None:
             return None
-        return Repeat(self.every_s, self.cron, self.timezone)
+        return Repeat(self.every_s, self.cron, self.timezone, self.misfire)
 
 
 @dataclass(frozen=True)

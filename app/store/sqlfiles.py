@@ -25,7 +25,7 @@ SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
 TABLE_FILES = ("tables/jobs.sql", "tables/wheel.sql", "tables/series.sql", "tables/dispatch.sql",
                "tables/stats.sql")
 FUNCTION_FILES = ("functions/clock.sql", "functions/ids.sql", "functions/wheel.sql", "functions/stats.sql",
-                  "functions/submit.sql", "functions/series.sql", "functions/claim.sql", "functions/outcomes.sql",
+                  "functions/submit.sql", "functions/series.sql", "functions/chain.sql", "functions/claim.sql", "functions/outcomes.sql",
                   "functions/dispatch.sql", "functions/maintenance.sql")
 
 # Two migrates at once wait for each other (in the same transaction as their work).

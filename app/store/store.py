@@ -24,7 +24,7 @@ from minutehand.store import errors, repeat, schema
 from minutehand.store.queries import q
 from minutehand.store.records import (BatchItem, ClaimRequest, Complete, EdgeCell, Fail, FleetStats, FleetTeam,
                                      Heartbeat, JobPage, JobSpec, JobStatus, JobSummary, Maintenance, Outcome,
-                                     PlannedClaim, Release, Report, Start, Submitted, Tally, TeamPage, TeamSettings,
+                                     PlannedClaim, Release, Repeat, Report, Start, Submitted, Tally, TeamPage, TeamSettings,
                                      TeamStats, TeamTerms)
 
 
@@ -36,6 +36,9 @@ T = TypeVar("T")
 TRIES = 3
 # CPU one batch may spend finding the first fire times of its cron series.
 FIRE_TIME_BUDGET_S = 1.0
+# A series' first run: its due time and its deadline (misfire skip), as
+# computed before the transaction; (None, None): the procedure decides.
+FirstRun = tuple[dt.datetime | None, dt.datetime | None]
 
 _DEFAULTS = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
              for f in dataclasses.fields(JobSpec)}
@@ -63,6 +66,12 @@ def _tally(row: dict[str, Any]) -> Tally:
         return Tally()
     return Tally(row["submitted"], row["started"], row["succeeded"], row["failed"], row["dead"], row["cancelled"],
                  tuple(row["lateness_hist"]), tuple(row["runtime_hist"]))
+
+
+def _needs_now(job: JobSpec) -> bool:
+    """Whether a series' first run is computed here, from the database's
+    clock: a cron's first fire time, or the deadline under misfire skip."""
+    return job.repeat is not None and (job.repeat.cron is not None or job.repeat.misfire == "skip")
 
 
 def _batch_params(team: str, jobs: Sequence[JobSpec]) -> dict[str, Any]:
@@ -285,22 +294,22 @@ class Store:
         if all(j.repeat is None for j in jobs):
             rows = self._all("submit_jobs", _batch_params(team, jobs))
             return sorted((BatchItem(**r) for r in rows), key=lambda item: item.idx)
-        now = self._db_now() if any(j.repeat is not None and j.repeat.cron is not None for j in jobs) else None
-        first_dues: dict[int, dt.datetime | errors.StoreError | None] = {}
+        now = self._db_now() if any(_needs_now(j) for j in jobs) else None
+        first_runs: dict[int, FirstRun | errors.StoreError] = {}
         spent_until = time.thread_time() + FIRE_TIME_BUDGET_S
         for i, job in enumerate(jobs):
             if job.repeat is None:
                 continue
             if time.thread_time() > spent_until:
-                first_dues[i] = errors.InvalidInput(
+                first_runs[i] = errors.InvalidInput(
                     f"the request's repeat specs took over {FIRE_TIME_BUDGET_S} s of CPU to evaluate; this "
                     "one and those after it were not: send fewer repeating jobs per request")
             else:
-                first_dues[i] = self._first_due(job, now)
-        return self.retrying(lambda: self._submit_mixed(team, jobs, first_dues))
+                first_runs[i] = self._first_run(job, now)
+        return self.retrying(lambda: self._submit_mixed(team, jobs, first_runs))
 
     def _submit_mixed(self, team: str, jobs: Sequence[JobSpec],
-                      first_dues: dict[int, dt.datetime | errors.StoreError | None]) -> list[BatchItem]:
+                      first_runs: dict[int, FirstRun | errors.StoreError]) -> list[BatchItem]:
         plain = [i for i, j in enumerate(jobs) if j.repeat is None]
         items: list[BatchItem] = []
         with self.connection() as conn, conn.transaction():
@@ -311,10 +320,10 @@ class Store:
                 if job.repeat is None:
                     continue
                 try:
-                    if isinstance(first_dues[i], errors.StoreError):
-                        raise first_dues[i]
+                    if isinstance(first_runs[i], errors.StoreError):
+                        raise first_runs[i]
                     with conn.transaction():
-                        s = self._submit_series(conn, team, job, first_dues[i])
+                        s = self._submit_series(conn, team, job, first_runs[i])
                     items.append(BatchItem(i, s.job_id, s.run_at, s.created, None, s.series_id))
                 except (psycopg.Error, errors.StoreError) as exc:
                     error = errors.translate(exc) if isinstance(exc, psycopg.Error) else exc
@@ -329,37 +338,37 @@ class Store:
         APScheduler in the spec's zone, from the database's clock, outside any
         transaction; every_s starts at the due time (or now). Submitted.series_id
         names the series."""
-        first_due = self._first_due(job, self._db_now() if job.repeat.cron is not None else None)
-        if isinstance(first_due, errors.StoreError):
-            raise first_due
+        first = self._first_run(job, self._db_now() if _needs_now(job) else None)
+        if isinstance(first, errors.StoreError):
+            raise first
 
         def run() -> Submitted:
             with self.connection() as conn:
-                return self._submit_series(conn, team, job, first_due)
+                return self._submit_series(conn, team, job, first)
         return self.retrying(run)
 
     def _db_now(self) -> dt.datetime:
         return self._one("db_now", {})["now"]
 
     @staticmethod
-    def _first_due(job: JobSpec, now: dt.datetime | None) -> dt.datetime | errors.StoreError | None:
-        """The first run's due time of a cron series (None for every_s: the
-        procedure takes the due time, or its now), or the refusal. Searched
-        only up to the submission horizon, so an expression that never fires
-        costs microseconds, not a search to year 9999."""
+    def _first_run(job: JobSpec, now: dt.datetime | None) -> FirstRun | errors.StoreError:
+        """The first run's due time and deadline (FirstRun), or the refusal.
+        (None, None) for an every_s series that is never dropped: the
+        procedure takes the due time, or its now. Searched only up to the
+        submission horizon, so an expression that never fires costs
+        microseconds, not a search to year 9999."""
         r = job.repeat
-        if r is None or r.cron is None:
-            return None
+        if not _needs_now(job):
+            return None, None
         if reason := repeat.problem(r):
             return errors.InvalidInput(reason)
         try:
-            return repeat.first_due(r, job.due_at, now)
+            return repeat.first_run(r, job.due_at, now)
         except ValueError as exc:
             return errors.InvalidInput(str(exc))
 
     @staticmethod
-    def _submit_series(conn: psycopg.Connection, team: str, job: JobSpec,
-                       first_due_at: dt.datetime | None) -> Submitted:
+    def _submit_series(conn: psycopg.Connection, team: str, job: JobSpec, first: FirstRun) -> Submitted:
         r = job.repeat
         assert r is not None
         row = conn.execute(q("submit_series"), {
@@ -367,9 +376,41 @@ class Store:
             "priority": job.priority, "max_attempts": job.max_attempts, "flex_s": job.flex_s,
             "strict": job.strict, "idempotency_key": job.idempotency_key,
             "backoff_base_s": job.backoff_base_s, "backoff_cap_s": job.backoff_cap_s,
-            "every_s": r.every_s, "cron": r.cron, "timezone": r.timezone, "first_due_at": first_due_at,
+            "every_s": r.every_s, "cron": r.cron, "timezone": r.timezone, "first_due_at": first[0],
+            "misfire": r.misfire, "deadline": first[1],
         }).fetchone()
         return Submitted(**row)
+
+    # ------------------------------------------------------------ the chain of repeating jobs
+    def continue_series(self, shards: Sequence[int], limit: int = 1000) -> int:
+        """Create the next run of up to `limit` marked series of these shards
+        (sql/functions/chain.sql); returns how many runs were created. Fire
+        times are computed here, between the read and the write, in no
+        transaction; each shard's runs are created in its own transaction,
+        all in one round trip."""
+        rows = self._all("series_to_chain", {"shards": list(shards), "limit": limit})
+        by_shard: dict[int, list[tuple]] = {}
+        for r in rows:
+            spec = Repeat(r["every_s"], r["cron"], r["timezone"], r["misfire"])
+            try:
+                due, deadline = repeat.next_run(spec, r["first_due_at"], r["chain_after"], r["now"])
+            except ValueError:            # a zone the server no longer knows: looked at again in a day
+                log.exception("series %s: its next fire time cannot be computed", r["series_id"])
+                due, deadline = None, None
+            by_shard.setdefault(r["shard"], []).append((r["series_id"], r["chain_after"], due, deadline))
+        if not by_shard:
+            return 0
+        params = [{"shard": shard, "series": [i[0] for i in items], "after": [i[1] for i in items],
+                   "due": [i[2] for i in items], "deadline": [i[3] for i in items]}
+                  for shard, items in by_shard.items()]
+        with self.connection() as conn:
+            results = self.each_alone(conn, q("chain_series"), params)
+        created = 0
+        for result in results:
+            if isinstance(result, Exception):
+                raise result
+            created += len(result)
+        return created
 
     # ------------------------------------------------------------ dispatch
     @staticmethod

@@ -120,7 +120,13 @@ $$;
 -- The jobs whose due rows a claim took become claimed by p_claimer: one
 -- reminder row files the whole batch for expire_claims, and the team's
 -- running count rises, all in the claim's transaction. Due rows of
--- cancelled jobs were removed too, and claim nothing here. Each job names
+-- cancelled jobs were removed too, and claim nothing here. A job past its
+-- deadline that never started (a repeating run that misfired under the
+-- skip policy) is cancelled instead. When the newest run of a series is
+-- claimed or dropped, its series is marked for its next run (chain_after),
+-- and the shard's dispatcher creates it (app/dispatch/chain.py). A series
+-- row locked by a control call (pause, cancel, a new spec) is not waited
+-- for: that call decides the series' next run itself. Each job names
 -- its team and carries the result stored under its idempotency key within
 -- its TTL (`replay`: the worker reports it instead of running the job);
 -- payload and replay come as JSON text, handed on as they are. A time no
@@ -137,6 +143,7 @@ LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
     v_token   uuid := gen_random_uuid();
     v_expires timestamptz := p_now + make_interval(secs => p_lease_s);
+    v_got     int;
 BEGIN
     RETURN QUERY
     WITH claimed AS (
@@ -144,8 +151,15 @@ BEGIN
            SET state = 'claimed', attempts = j.attempts + 1, claimed_by = p_claimer,
                lease_token = v_token, claim_expires_at = v_expires, claimed_at = p_now, updated_at = p_now
          WHERE j.shard = p_shard AND j.id = ANY (p_ids) AND j.state IN ('scheduled', 'retrying')
+           AND (j.deadline IS NULL OR j.deadline > p_now OR j.attempts > 0)
         RETURNING j.id, j.team_id, j.name, j.payload, j.attempts, j.max_attempts, j.idempotency_key,
-                  j.lease_token, j.claim_expires_at, j.due_at, j.run_at, j.priority, j.strict
+                  j.lease_token, j.claim_expires_at, j.due_at, j.run_at, j.priority, j.strict, j.series_id
+    ), chained AS (
+        UPDATE series s SET chain_after = s.last_due_at, updated_at = p_now
+         WHERE s.shard = p_shard
+           AND s.id IN (SELECT mh_series_to_chain(p_shard,
+                                                  ARRAY(SELECT c.series_id FROM claimed c WHERE c.series_id IS NOT NULL),
+                                                  ARRAY(SELECT c.id FROM claimed c WHERE c.series_id IS NOT NULL)))
     ), reminder AS (
         INSERT INTO claim_checks (shard, check_at, job_ids)
         SELECT p_shard, v_expires, array_agg(c.id) FROM claimed c HAVING count(*) > 0
@@ -163,6 +177,10 @@ BEGIN
         ON c.idempotency_key IS NOT NULL AND k.shard = p_shard AND k.team_id = c.team_id
        AND k.key = c.idempotency_key AND k.completed_at IS NOT NULL AND k.expires_at > p_now
      ORDER BY c.strict DESC, c.priority DESC, c.run_at;
+    GET DIAGNOSTICS v_got = ROW_COUNT;
+    IF v_got < cardinality(p_ids) THEN
+        PERFORM mh_drop_missed(p_shard, p_ids, p_now);
+    END IF;
 END $$;
 
 -- Where a shard's claims start reading: its hand (the oldest minute bucket

@@ -37,16 +37,17 @@ END $$;
 -- What "the same request" means for an idempotency key on a series: the
 -- job fields as a job's key compares them (the due time as sent: NULL when
 -- omitted, not the computed first run, so a retry after a fire time has
--- passed still names the first series) plus the repeat spec. Never equal to
+-- passed still names the first series) plus the repeat spec and its misfire
+-- policy. Never equal to
 -- a single job's hash: a key used for a job and then for a series conflicts.
 CREATE OR REPLACE FUNCTION mh_series_hash(p_name text, p_due_at timestamptz, p_payload jsonb, p_priority int,
                                p_max_attempts int, p_flex_s int, p_strict boolean,
                                p_backoff_base_s real, p_backoff_cap_s real,
-                               p_every_s int, p_cron text, p_timezone text) RETURNS text
+                               p_every_s int, p_cron text, p_timezone text, p_misfire text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT md5(jsonb_build_array('series', mh_request_hash(p_name, p_due_at, p_payload, p_priority, p_max_attempts,
                                                            p_flex_s, p_strict, p_backoff_base_s, p_backoff_cap_s),
-                                 p_every_s, p_cron, p_timezone)::text)
+                                 p_every_s, p_cron, p_timezone, p_misfire)::text)
 $$;
 
 -- A repeating job: the series row and its first run (an ordinary job with
@@ -59,7 +60,10 @@ $$;
 -- for every_s, omitted means p_due_at (or now); for cron it is required —
 -- the first fire time of the expression in its zone at or after the start,
 -- computed by the caller (the HTTP API uses APScheduler). p_timezone defaults
--- to UTC for cron.
+-- to UTC for cron. p_misfire: what an outage does to the series (run_once,
+-- the default, or skip; sql/tables/series.sql); with skip, p_deadline is
+-- the fire time after the first run's, when that run is dropped if not
+-- claimed by then (NULL: the first run is never dropped).
 --
 -- Returns the series id, the first run's job id and run time, and whether
 -- they were created (false: the idempotency key named an earlier series,
@@ -70,7 +74,7 @@ CREATE OR REPLACE FUNCTION submit_series(
     p_strict boolean DEFAULT false, p_idempotency_key text DEFAULT NULL,
     p_backoff_base_s real DEFAULT 1, p_backoff_cap_s real DEFAULT 3600,
     p_every_s int DEFAULT NULL, p_cron text DEFAULT NULL, p_timezone text DEFAULT NULL,
-    p_first_due_at timestamptz DEFAULT NULL,
+    p_first_due_at timestamptz DEFAULT NULL, p_misfire text DEFAULT 'run_once', p_deadline timestamptz DEFAULT NULL,
     OUT series_id bigint, OUT job_id bigint, OUT run_at timestamptz, OUT created boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = minutehand, pg_temp AS $$
 #variable_conflict use_column
@@ -89,6 +93,9 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'MH413', MESSAGE = v_problem;
     END IF;
     v_problem := mh_repeat_problem(p_every_s, p_cron, v_zone);
+    IF v_problem IS NULL AND (p_misfire IS NULL OR p_misfire NOT IN ('run_once', 'skip')) THEN
+        v_problem := 'repeat.misfire must be run_once or skip';
+    END IF;
     IF v_problem IS NULL THEN
         v_problem := mh_job_problem(p_name, p_due_at, p_priority, p_max_attempts, p_flex_s, p_strict,
                                     p_backoff_base_s, p_backoff_cap_s, p_idempotency_key, v_now);
@@ -102,6 +109,8 @@ BEGIN
                      'expression in its zone at or after the start'
             WHEN v_first < p_due_at
                 THEN format('the first run (%s) cannot be due before the requested start (%s)', v_first, p_due_at)
+            WHEN p_deadline <= v_first
+                THEN format('the first run''s deadline (%s) must be after its due time (%s)', p_deadline, v_first)
             ELSE mh_due_problem('the first run of this series', v_first, v_now)
         END;
     END IF;
@@ -118,7 +127,7 @@ BEGIN
         SELECT * INTO v_key FROM mh_take_key(
             v_shard, v_team, p_idempotency_key, job_id,
             mh_series_hash(p_name, p_due_at, v_payload, p_priority, p_max_attempts, p_flex_s, p_strict,
-                           p_backoff_base_s, p_backoff_cap_s, p_every_s, p_cron, v_zone),
+                           p_backoff_base_s, p_backoff_cap_s, p_every_s, p_cron, v_zone, p_misfire),
             v_now);
         IF v_key.conflict IS NOT NULL THEN
             RAISE EXCEPTION USING ERRCODE = 'MH409', MESSAGE = v_key.conflict;
@@ -137,15 +146,16 @@ BEGIN
     run_at := mh_run_at(v_first, p_flex_s, p_strict, v_now);
     INSERT INTO series (shard, id, team_id, name, payload, priority, max_attempts, backoff_base_s, backoff_cap_s,
                         flex_s, strict, every_s, cron, timezone, idempotency_key, first_due_at, last_job_id,
-                        last_due_at, created_at, updated_at)
+                        last_due_at, created_at, updated_at, misfire)
     VALUES (v_shard, series_id, v_team, p_name, v_payload, p_priority, p_max_attempts, p_backoff_base_s,
             p_backoff_cap_s, p_flex_s, p_strict, p_every_s, p_cron, v_zone, p_idempotency_key, v_first, job_id,
-            v_first, v_now, v_now);
+            v_first, v_now, v_now, p_misfire);
     INSERT INTO jobs (shard, id, team_id, name, payload, priority, due_at, flex_s, strict, run_at, state,
                       max_attempts, backoff_base_s, backoff_cap_s, idempotency_key, series_id, created_at, updated_at,
-                      agreed_at)
+                      agreed_at, deadline)
     VALUES (v_shard, job_id, v_team, p_name, v_payload, p_priority, v_first, p_flex_s, p_strict, run_at, 'scheduled',
-            p_max_attempts, p_backoff_base_s, p_backoff_cap_s, p_idempotency_key, series_id, v_now, v_now, run_at);
+            p_max_attempts, p_backoff_base_s, p_backoff_cap_s, p_idempotency_key, series_id, v_now, v_now, run_at,
+            CASE WHEN p_misfire = 'skip' THEN p_deadline END);
     PERFORM mh_enqueue(v_shard, job_id, run_at, p_strict, p_priority::smallint, v_team, v_now);
     PERFORM mh_add_stats(v_now, ARRAY[mh_submitted(v_shard, v_team, p_name)]);
 END $$;

@@ -47,7 +47,7 @@ CREATE TABLE series (
 );
 
 -- The series waiting for their next run, per shard: few at any moment.
-CREATE INDEX series_chain ON series (shard) WHERE chain_after IS NOT NULL;
+CREATE INDEX series_chain ON series (shard, chain_after) WHERE chain_after IS NOT NULL;
 -- A team's series, newest first (keyset pagination on id).
 CREATE INDEX series_team ON series (team_id, id DESC);
 
