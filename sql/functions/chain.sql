@@ -120,7 +120,7 @@ BEGIN
         INSERT INTO jobs (shard, id, team_id, name, payload, priority, due_at, flex_s, strict, run_at, state,
                           max_attempts, backoff_base_s, backoff_cap_s, series_id, created_at, updated_at,
                           agreed_at, deadline)
-        VALUES (p_shard, v_id, v_s.team_id, v_s.name, v_s.payload, v_s.priority, v_item.due, v_s.flex_s, v_s.strict,
+        VALUES (p_shard, v_id, v_s.team_id, v_s.name, v_s.payload, v_s.priority, v_item.due, v_s.flex_s, v_s."strict",
                 v_run, 'scheduled', v_s.max_attempts, v_s.backoff_base_s, v_s.backoff_cap_s, v_s.id, v_now, v_now,
                 v_run, v_item.deadline)
         ON CONFLICT (shard, series_id, due_at) WHERE series_id IS NOT NULL DO NOTHING;
@@ -129,7 +129,7 @@ BEGIN
              WHERE s.shard = p_shard AND s.id = v_s.id;
             CONTINUE;
         END IF;
-        PERFORM mh_enqueue(p_shard::smallint, v_id, v_run, v_s.strict, v_s.priority, v_s.team_id, v_now);
+        PERFORM mh_enqueue(p_shard::smallint, v_id, v_run, v_s."strict", v_s.priority, v_s.team_id, v_now);
         UPDATE series s SET last_job_id = v_id, last_due_at = v_item.due, chain_after = NULL, updated_at = v_now
          WHERE s.shard = p_shard AND s.id = v_s.id;
         v_stats := v_stats || mh_submitted(p_shard::smallint, v_s.team_id, v_s.name);

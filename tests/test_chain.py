@@ -1,0 +1,231 @@
+"""The chain of a repeating series against a real PostgreSQL, on a pinned
+clock: each claim of the newest run marks its series, and continue_series
+(the dispatcher's duty, sql/functions/chain.sql) creates the next run at the
+series' next fire time. Runs once per period, DST in two zones, what an
+outage does under each misfire policy, failures, keys, and the unique
+(series, due time) that no race gets past.
+
+The run through a real dispatcher and worker, and SIGKILL of the process
+creating the runs, are in tests/test_chain_processes.py."""
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from minutehand.store import repeat
+from minutehand.store.records import JobSpec, Repeat
+from tests.support import T0, claim_all
+from tests.support import lease_all as lease_for
+
+
+pytestmark = pytest.mark.reused_db
+
+UTC = dt.timezone.utc
+MIN = dt.timedelta(minutes=1)
+ALL = range(256)
+
+
+def lease_all(store):
+    """Every shard, for as long as any test's clock travels."""
+    return lease_for(store, ttl_s=90 * 86400)
+
+
+@pytest.fixture
+def store(pinned_store):
+    return pinned_store                          # team "t" is there (the reused database's reset keeps it)
+
+
+def submit(store, spec: Repeat, due_at=None, **kw) -> int:
+    return store.submit("t", JobSpec(name="tick", due_at=due_at, repeat=spec, **kw)).series_id
+
+
+def runs(conn, series_id: int) -> list[tuple]:
+    """(due_at, state) of every run of the series, oldest first."""
+    return conn.execute("SELECT due_at, state::text FROM jobs WHERE series_id = %s ORDER BY due_at",
+                        (series_id,)).fetchall()
+
+
+def turn(store, leases, at: dt.datetime) -> list:
+    """The clock at `at` (the wheel turned to it): every due run claimed,
+    then the chain continued."""
+    store.clock = at
+    store.maintain()
+    got = claim_all(store, leases, lease_s=86400)      # claims outlive the clock's travels
+    store.continue_series(ALL)
+    return got
+
+
+def test_an_every_s_series_runs_once_per_period_and_keeps_one_run_ahead(store, pinned_conn):
+    sid = submit(store, Repeat(every_s=60), due_at=T0)
+    leases = lease_all(store)
+    for k in range(5):
+        got = turn(store, leases, T0 + k * MIN)
+        assert [j.due_at for j in got] == [T0 + k * MIN]
+    rows = runs(pinned_conn, sid)
+    assert [r[0] for r in rows] == [T0 + k * MIN for k in range(6)]
+    assert [r[1] for r in rows] == ["claimed"] * 5 + ["scheduled"]
+    s = pinned_conn.execute("SELECT last_due_at, chain_after FROM series WHERE id = %s", (sid,)).fetchone()
+    assert s == (T0 + 5 * MIN, None)
+
+
+def test_a_run_is_created_when_its_predecessor_is_claimed_not_before(store, pinned_conn):
+    sid = submit(store, Repeat(every_s=60), due_at=T0 + MIN)
+    leases = lease_all(store)
+    turn(store, leases, T0)                       # nothing due yet: nothing claimed, nothing created
+    assert len(runs(pinned_conn, sid)) == 1
+    turn(store, leases, T0 + MIN)
+    assert len(runs(pinned_conn, sid)) == 2
+
+
+def test_a_cron_series_runs_at_each_fire_time(store, pinned_conn):
+    sid = submit(store, Repeat(cron="*/15 * * * *"))
+    first = dt.datetime(2030, 1, 1, 12, 15, tzinfo=UTC)
+    leases = lease_all(store)
+    for k in range(4):
+        turn(store, leases, first + k * 15 * MIN)
+    assert [r[0] for r in runs(pinned_conn, sid)] == [first + k * 15 * MIN for k in range(5)]
+
+
+@pytest.mark.parametrize("zone, cron, start, expected", [
+    # clocks go forward: 02:30 does not exist and fires once, read with the old offset (03:30 new time)
+    ("Europe/Berlin", "30 2 * * *", dt.datetime(2030, 3, 29, 12, tzinfo=UTC),
+     ["2030-03-30 01:30", "2030-03-31 01:30", "2030-04-01 00:30", "2030-04-02 00:30"]),
+    # clocks go back: 02:30 happens twice and fires in each
+    ("Europe/Berlin", "30 2 * * *", dt.datetime(2030, 10, 25, 12, tzinfo=UTC),
+     ["2030-10-26 00:30", "2030-10-27 00:30", "2030-10-27 01:30", "2030-10-28 01:30"]),
+    ("America/New_York", "30 2 * * *", dt.datetime(2030, 3, 9, 12, tzinfo=UTC),
+     ["2030-03-10 07:30", "2030-03-11 06:30", "2030-03-12 06:30", "2030-03-13 06:30"]),
+    ("America/New_York", "30 1 * * *", dt.datetime(2030, 11, 2, 12, tzinfo=UTC),
+     ["2030-11-03 05:30", "2030-11-03 06:30", "2030-11-04 06:30", "2030-11-05 06:30"]),
+    # hourly through the hour that repeats: every real hour, none twice, none skipped
+    ("Europe/Berlin", "0 * * * *", dt.datetime(2030, 10, 26, 22, 30, tzinfo=UTC),
+     ["2030-10-26 23:00", "2030-10-27 00:00", "2030-10-27 01:00", "2030-10-27 02:00"]),
+])
+def test_dst_as_apscheduler_defines_it(store, pinned_conn, zone, cron, start, expected):
+    store.clock = start
+    sid = submit(store, Repeat(cron=cron, timezone=zone))
+    leases = lease_all(store)
+    for _ in range(len(expected) - 1):
+        (due,) = pinned_conn.execute("SELECT max(due_at) FROM jobs WHERE series_id = %s", (sid,)).fetchone()
+        turn(store, leases, due)
+    got = [r[0].astimezone(UTC).strftime("%Y-%m-%d %H:%M") for r in runs(pinned_conn, sid)]
+    assert got == expected
+
+
+def test_a_failed_or_dead_run_does_not_stop_the_chain(store, pinned_conn):
+    sid = submit(store, Repeat(every_s=60), due_at=T0, max_attempts=1)
+    leases = lease_all(store)
+    (job,) = turn(store, leases, T0)
+    pinned_conn.execute("SELECT * FROM start(%s, %s)", (job.job_id, job.lease_token))
+    pinned_conn.execute("SELECT * FROM fail(%s, %s, 'boom')", (job.job_id, job.lease_token))
+    assert [r[1] for r in runs(pinned_conn, sid)] == ["dead", "scheduled"]
+    turn(store, leases, T0 + MIN)
+    assert len(runs(pinned_conn, sid)) == 3
+
+
+def test_later_runs_carry_no_idempotency_key(store, pinned_conn):
+    sid = submit(store, Repeat(every_s=60), due_at=T0, idempotency_key="nightly")
+    leases = lease_all(store)
+    turn(store, leases, T0)
+    keys = pinned_conn.execute("SELECT idempotency_key FROM jobs WHERE series_id = %s ORDER BY due_at",
+                               (sid,)).fetchall()
+    assert keys == [("nightly",), (None,)]
+
+
+# ---------------------------------------------------------------- outages
+def outage(store, pinned_conn, misfire: str) -> tuple[int, list, list]:
+    """A series every 60 s runs at T0, then nothing runs for 3 periods and
+    a half: what the first claim after it gets, and the series' runs."""
+    sid = submit(store, Repeat(every_s=60, misfire=misfire), due_at=T0)
+    leases = lease_all(store)
+    turn(store, leases, T0)                      # run 0 claimed; run 1 (T0+1m) waits
+    back = T0 + 4 * MIN + dt.timedelta(seconds=30)
+    got = turn(store, leases, back)
+    got += turn(store, leases, back)             # whatever the chain made due at once
+    return sid, got, runs(pinned_conn, sid)
+
+
+def test_outage_run_once_runs_the_waiting_run_once_and_goes_on_at_the_next_fire_time(store, pinned_conn):
+    sid, got, rows = outage(store, pinned_conn, "run_once")
+    assert [j.due_at for j in got] == [T0 + MIN]          # one run at once: the one that waited
+    assert [r[0] for r in rows] == [T0, T0 + MIN, T0 + 5 * MIN]
+    assert [r[1] for r in rows] == ["claimed", "claimed", "scheduled"]
+
+
+def test_outage_skip_drops_the_waiting_run_and_goes_on_at_the_next_fire_time(store, pinned_conn):
+    sid, got, rows = outage(store, pinned_conn, "skip")
+    assert got == []                                       # nothing runs at once
+    assert [r[0] for r in rows] == [T0, T0 + MIN, T0 + 5 * MIN]
+    assert [r[1] for r in rows] == ["claimed", "cancelled", "scheduled"]
+    (reason,) = pinned_conn.execute("SELECT last_error FROM jobs WHERE series_id = %s AND due_at = %s",
+                                    (sid, T0 + MIN)).fetchone()
+    assert "misfire skip" in reason
+    stats = pinned_conn.execute("SELECT sum(cancelled) FROM team_stats").fetchone()[0]
+    assert stats == 1
+
+
+def test_skip_keeps_a_run_that_is_only_late_within_its_period(store, pinned_conn):
+    sid = submit(store, Repeat(every_s=60, misfire="skip"), due_at=T0)
+    leases = lease_all(store)
+    got = turn(store, leases, T0 + dt.timedelta(seconds=59))
+    assert [j.due_at for j in got] == [T0]
+
+
+def test_a_series_is_not_chained_twice_for_one_mark(store, pinned_conn):
+    """Two dispatchers that both read the mark: the second's creation
+    finds the mark gone (compare and set) and writes nothing."""
+    sid = submit(store, Repeat(every_s=60), due_at=T0)
+    leases = lease_all(store)
+    store.clock = T0
+    claim_all(store, leases)
+    (after,) = pinned_conn.execute("SELECT chain_after FROM series WHERE id = %s", (sid,)).fetchone()
+    shard = sid & 1023
+    for _ in range(2):
+        pinned_conn.execute("SELECT * FROM chain_series(%s, %s, %s, %s, %s)",
+                            (shard, [sid], [after], [T0 + MIN], [None]))
+    assert [r[0] for r in runs(pinned_conn, sid)] == [T0, T0 + MIN]
+
+
+def test_a_run_already_at_that_time_keeps_its_place(store, pinned_conn):
+    """A run cancelled at a fire time blocks that time for good; the chain
+    moves on to the fire time after it instead of stopping."""
+    sid = submit(store, Repeat(every_s=60), due_at=T0)
+    leases = lease_all(store)
+    turn(store, leases, T0)
+    (waiting,) = pinned_conn.execute("SELECT last_job_id FROM series WHERE id = %s", (sid,)).fetchone()
+    pinned_conn.execute("SELECT * FROM cancel(%s, 't')", (waiting,))
+    # as if the series had been marked again from T0 (a resume, a new spec)
+    pinned_conn.execute("UPDATE series SET chain_after = %s WHERE id = %s", (T0, sid))
+    store.continue_series(ALL)                   # T0+1m is taken: the mark moves to it
+    assert len(runs(pinned_conn, sid)) == 2
+    store.clock = T0 + MIN                       # and is read again when that time comes
+    store.continue_series(ALL)
+    assert [r[0] for r in runs(pinned_conn, sid)] == [T0, T0 + MIN, T0 + 2 * MIN]
+
+
+def test_a_series_with_no_fire_time_within_the_horizon_is_looked_at_again_in_a_day(store, pinned_conn):
+    store.clock = dt.datetime(2032, 2, 28, tzinfo=UTC)
+    sid = submit(store, Repeat(cron="0 0 29 2 *"))               # 2032-02-29, then 2036
+    leases = lease_all(store)
+    turn(store, leases, dt.datetime(2032, 2, 29, tzinfo=UTC))
+    assert len(runs(pinned_conn, sid)) == 1
+    (after,) = pinned_conn.execute("SELECT chain_after FROM series WHERE id = %s", (sid,)).fetchone()
+    assert after == dt.datetime(2032, 3, 1, tzinfo=UTC)
+
+
+# ---------------------------------------------------------------- fire times
+def test_next_fire_never_returns_a_time_at_or_before_after():
+    spec = Repeat(cron="*/30 * * * *", timezone="Europe/Berlin")
+    t = dt.datetime(2030, 10, 26, 23, 0, tzinfo=UTC)
+    seen = []
+    for _ in range(8):
+        t = repeat.next_fire(spec, t, t, t)
+        seen.append(t)
+    assert seen == [dt.datetime(2030, 10, 26, 23, 30, tzinfo=UTC) + k * 30 * MIN for k in range(8)]
+
+
+def test_every_s_fire_times_count_from_the_first_run():
+    spec = Repeat(every_s=90)
+    assert repeat.next_fire(spec, T0, T0 + dt.timedelta(seconds=100), T0) == T0 + dt.timedelta(seconds=180)
+    assert repeat.next_fire(spec, T0, T0 - MIN, T0) == T0
