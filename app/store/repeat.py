@@ -139,3 +139,39 @@ def next_run(repeat: Repeat, anchor: dt.datetime, after: dt.datetime, now: dt.da
     if due is None:
         return None, None
     return due, next_fire(repeat, anchor, due, now) if repeat.misfire == "skip" else None
+
+def fire_times(repeat: Repeat, after: dt.datetime, count: int, now: dt.datetime, *,
+               anchor: dt.datetime | None = None) -> list[dt.datetime]:
+    """The next `count` fire times (UTC) of a valid repeat spec strictly after
+    `after`, none beyond now + HORIZON (fewer if the spec fires less often).
+
+    cron: APScheduler's trigger in the spec's zone (DST as APScheduler
+    defines it: a wall time skipped by the spring change does not fire, one
+    repeated in autumn fires once), its end_date at the horizon, so an
+    expression that never fires costs a bounded search. every_s: anchor +
+    k * every_s (anchor: the series' first due time; None: `after`)."""
+    limit = now + HORIZON
+    out: list[dt.datetime] = []
+    if count <= 0:
+        return out
+    if repeat.every_s is not None:
+        step = dt.timedelta(seconds=repeat.every_s)
+        base = anchor if anchor is not None else after
+        if base > after:
+            t = base
+        else:
+            t = base + ((after - base) // step + 1) * step
+        while len(out) < count and t <= limit:
+            out.append(t.astimezone(UTC))
+            t += step
+        return out
+    trigger = cron_trigger(repeat.cron, repeat.timezone)
+    trigger.end_date = limit
+    t = after
+    while len(out) < count:
+        fire = trigger.get_next_fire_time(None, t + dt.timedelta(microseconds=1))
+        if fire is None or fire > limit:
+            break
+        out.append(fire.astimezone(UTC))
+        t = fire
+    return out
