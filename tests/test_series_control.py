@@ -370,6 +370,18 @@ def test_list_pages_newest_first(store, pinned_conn):
       dt.datetime(2030, 4, 1, 1, tzinfo=UTC)]),
     (Repeat(cron="0 * * * *"), dt.datetime(2030, 1, 1, 13, tzinfo=UTC), None,     # strictly after
      [dt.datetime(2030, 1, 1, 14 + k, tzinfo=UTC) for k in range(3)]),
+    # clocks go back in Berlin (2030-10-27 03:00 CEST -> 02:00 CET): 02:30 is
+    # two instants, and APScheduler fires at both; never an earlier one again
+    (Repeat(cron="30 2 * * *", timezone="Europe/Berlin"), dt.datetime(2030, 10, 26, 12, tzinfo=UTC), None,
+     [dt.datetime(2030, 10, 27, 0, 30, tzinfo=UTC), dt.datetime(2030, 10, 27, 1, 30, tzinfo=UTC),
+      dt.datetime(2030, 10, 28, 1, 30, tzinfo=UTC)]),
+    (Repeat(cron="*/30 * * * *", timezone="Europe/Berlin"), dt.datetime(2030, 10, 27, 0, 40, tzinfo=UTC), None,
+     [dt.datetime(2030, 10, 27, 1, 0, tzinfo=UTC), dt.datetime(2030, 10, 27, 1, 30, tzinfo=UTC),
+      dt.datetime(2030, 10, 27, 2, 0, tzinfo=UTC)]),
+    # 02:30 does not exist the spring night: an hour later, 03:30 CEST
+    (Repeat(cron="30 2 * * *", timezone="Europe/Berlin"), dt.datetime(2030, 3, 30, 12, tzinfo=UTC), None,
+     [dt.datetime(2030, 3, 31, 1, 30, tzinfo=UTC), dt.datetime(2030, 4, 1, 0, 30, tzinfo=UTC),
+      dt.datetime(2030, 4, 2, 0, 30, tzinfo=UTC)]),
 ])
 def test_fire_times(spec, after, anchor, expected):
     assert repeat.fire_times(spec, after, 3, after, anchor=anchor) == expected

@@ -146,9 +146,10 @@ def fire_times(repeat: Repeat, after: dt.datetime, count: int, now: dt.datetime,
     `after`, none beyond now + HORIZON (fewer if the spec fires less often).
 
     cron: APScheduler's trigger in the spec's zone (DST as APScheduler
-    defines it: a wall time skipped by the spring change does not fire, one
-    repeated in autumn fires once), its end_date at the horizon, so an
-    expression that never fires costs a bounded search. every_s: anchor +
+    defines it: a wall time skipped by the spring change fires an hour
+    later, one repeated in autumn fires at each of its two instants), its
+    end_date at the horizon, so an expression that never fires costs a
+    bounded search. every_s: anchor +
     k * every_s (anchor: the series' first due time; None: `after`)."""
     limit = now + HORIZON
     out: list[dt.datetime] = []
@@ -167,11 +168,14 @@ def fire_times(repeat: Repeat, after: dt.datetime, count: int, now: dt.datetime,
         return out
     trigger = cron_trigger(repeat.cron, repeat.timezone)
     trigger.end_date = limit
-    t = after
+    t = after.astimezone(UTC)
     while len(out) < count:
-        fire = trigger.get_next_fire_time(None, t + dt.timedelta(microseconds=1))
-        if fire is None or fire > limit:
+        # From the next whole minute, as a UTC instant (a cron fires on whole
+        # minutes): searched from "t + 1 µs" in the zone, APScheduler 3 gives
+        # an earlier fire time again inside the hour that repeats when clocks go back.
+        fire = trigger.get_next_fire_time(None, t.replace(second=0, microsecond=0) + dt.timedelta(minutes=1))
+        if fire is None or fire > limit or fire.astimezone(UTC) <= t:
             break
-        out.append(fire.astimezone(UTC))
-        t = fire
+        t = fire.astimezone(UTC)
+        out.append(t)
     return out
