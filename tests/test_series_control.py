@@ -500,6 +500,7 @@ def test_http_bad_ids_are_4xx_and_write_nothing(client, pinned_conn, method, pat
     ({"repeat": {"every_s": 60}, "misfire": None}, 422, "invalid-input", "misfire"),
     ({"repeat": {"every_s": 60}, "extra": 1}, 422, "invalid-input", "unknown field `extra`"),
     ({"repeat": {"every_s": 60, "day": 1}}, 422, "invalid-input", "unknown field `day`"),
+    ({"repeat": {"every_s": 60, "misfire": "skip"}}, 422, "invalid-input", "unknown field `misfire`"),  # top level
     ({"misfire": "skip"}, 422, "invalid-input", "repeat"),
     ([], 422, "invalid-input", "expected `object`"),
 ])

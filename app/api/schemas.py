@@ -360,10 +360,21 @@ SeriesState = Literal["active", "paused", "cancelled"]
 Misfire = Literal["run_once", "skip"]
 
 
+class SeriesRepeat(Struct, forbid_unknown_fields=True):
+    """A series' repeat spec: every every_s seconds, or a crontab expression
+    (5 fields) in a time zone (IANA name, default UTC). Exactly one of
+    every_s and cron. (Its misfire policy is a field of its own.)"""
+    every_s: Annotated[Integer, _int_doc("seconds between runs, counted from the first due time",
+                                         minimum=1, maximum=31622400)] | None = None
+    cron: Annotated[str | None, _doc("5-field crontab expression (minute hour day month weekday)")] = None
+    timezone: Annotated[str | None, _doc("IANA time zone of cron (like Europe/Berlin), DST included; "
+                                         "default UTC. Only with cron")] = None
+
+
 class SeriesChangeIn(Struct, forbid_unknown_fields=True):
     """A new repeat spec from the next run (and the misfire policy; omitted:
     kept). The waiting run is cancelled if it has not started."""
-    repeat: Annotated[Repeat, _doc("the new spec: every_s, or cron (+ timezone)")]
+    repeat: Annotated[SeriesRepeat, _doc("the new spec: every_s, or cron (+ timezone)")]
     misfire: Annotated[Misfire | msgspec.UnsetType,
                        _doc("after an outage: run_once (the waiting run runs once) or skip (a run whose next "
                             "fire time passed before its claim is dropped); omitted: kept")] = msgspec.UNSET
@@ -399,7 +410,7 @@ class SeriesOut(Struct):
     strict: bool
     backoff_base_s: float
     backoff_cap_s: float
-    repeat: Repeat
+    repeat: SeriesRepeat
     misfire: Misfire
     state: SeriesState
     first_due_at: dt.datetime
@@ -419,7 +430,7 @@ class SeriesOut(Struct):
 class SeriesSummaryOut(Struct):
     series_id: Annotated[str, Meta(pattern=r"^-?[0-9]{1,19}$", description="64-bit id, as a decimal string")]
     name: str
-    repeat: Repeat
+    repeat: SeriesRepeat
     misfire: Misfire
     state: SeriesState
     first_due_at: dt.datetime

@@ -21,11 +21,10 @@ from litestar.params import JSONBody, PathParameter, QueryParameter
 from minutehand.api import problems
 from minutehand.api.auth import Principal
 from minutehand.api.context import Context
-from minutehand.api.jobs import TeamParam, check_repeat, options, series_id_out, to_repeat
+from minutehand.api.jobs import TeamParam, options, series_id_out
 from minutehand.api.problems import COMMON, CONFLICT, INVALID, NOT_FOUND, ApiProblem
-from minutehand.api.schemas import Repeat as RepeatOut
-from minutehand.api.schemas import (SeriesChangeIn, SeriesControlOut, SeriesOut, SeriesPageOut, SeriesRunOut,
-                                    SeriesSummaryOut, WaitingRunOut)
+from minutehand.api.schemas import (SeriesChangeIn, SeriesControlOut, SeriesOut, SeriesPageOut, SeriesRepeat,
+                                    SeriesRunOut, SeriesSummaryOut, WaitingRunOut, text_problem)
 from minutehand.protocol import JobId
 from minutehand.store import repeat as repeats
 from minutehand.store.records import Repeat, SeriesControl, SeriesDetail
@@ -59,8 +58,19 @@ def series_out(s: SeriesDetail, fire_times: list) -> SeriesOut:
                                 r.finished_at, r.last_error) for r in s.runs])
 
 
-def _repeat_out(r: Repeat) -> RepeatOut:
-    return RepeatOut(r.every_s, r.cron, r.timezone)
+def _repeat_out(r: Repeat) -> SeriesRepeat:
+    return SeriesRepeat(r.every_s, r.cron, r.timezone)
+
+
+def to_repeat(spec: SeriesRepeat) -> Repeat:
+    return Repeat(every_s=int(spec.every_s) if spec.every_s is not None else None, cron=spec.cron,
+                  timezone=spec.timezone)
+
+
+def repeat_problem(spec: SeriesRepeat) -> str | None:
+    """Why the spec is refused (cron through APScheduler, the zone through zoneinfo); None if valid."""
+    return (text_problem("repeat.cron", spec.cron) or text_problem("repeat.timezone", spec.timezone)
+            or repeats.problem(to_repeat(spec)))
 
 
 def control_out(c: SeriesControl) -> SeriesControlOut:
@@ -142,7 +152,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
            responses=problems.responses(*COMMON, NOT_FOUND, CONFLICT, INVALID))
     async def change_series(data: JSONBody[SeriesChangeIn], principal: NamedDependency[Principal],
                             series_id: SeriesIdParam, team: TeamParam = None) -> SeriesControlOut:
-        if reason := check_repeat(data.repeat):
+        if reason := repeat_problem(data.repeat):
             raise ApiProblem(INVALID, reason)
         misfire = None if data.misfire is msgspec.UNSET else data.misfire
         return control_out(await ctx.db(store.change_series, principal.own_team(team), series_id,
