@@ -143,39 +143,15 @@ def next_run(repeat: Repeat, anchor: dt.datetime, after: dt.datetime, now: dt.da
 def fire_times(repeat: Repeat, after: dt.datetime, count: int, now: dt.datetime, *,
                anchor: dt.datetime | None = None) -> list[dt.datetime]:
     """The next `count` fire times (UTC) of a valid repeat spec strictly after
-    `after`, none beyond now + HORIZON (fewer if the spec fires less often).
-
-    cron: APScheduler's trigger in the spec's zone (DST as APScheduler
-    defines it: a wall time skipped by the spring change fires an hour
-    later, one repeated in autumn fires at each of its two instants), its
-    end_date at the horizon, so an expression that never fires costs a
-    bounded search. every_s: anchor +
-    k * every_s (anchor: the series' first due time; None: `after`)."""
-    limit = now + HORIZON
+    `after`, none beyond now + HORIZON (fewer if the spec fires less often):
+    next_fire, one after another, so they are the fire times the chain uses.
+    every_s counts from `anchor` (the series' first due time; None: `after`)."""
     out: list[dt.datetime] = []
-    if count <= 0:
-        return out
-    if repeat.every_s is not None:
-        step = dt.timedelta(seconds=repeat.every_s)
-        base = anchor if anchor is not None else after
-        if base > after:
-            t = base
-        else:
-            t = base + ((after - base) // step + 1) * step
-        while len(out) < count and t <= limit:
-            out.append(t.astimezone(UTC))
-            t += step
-        return out
-    trigger = cron_trigger(repeat.cron, repeat.timezone)
-    trigger.end_date = limit
-    t = after.astimezone(UTC)
+    t = after
     while len(out) < count:
-        # From the next whole minute, as a UTC instant (a cron fires on whole
-        # minutes): searched from "t + 1 µs" in the zone, APScheduler 3 gives
-        # an earlier fire time again inside the hour that repeats when clocks go back.
-        fire = trigger.get_next_fire_time(None, t.replace(second=0, microsecond=0) + dt.timedelta(minutes=1))
-        if fire is None or fire > limit or fire.astimezone(UTC) <= t:
+        fire = next_fire(repeat, anchor if anchor is not None else after, t, now)
+        if fire is None or fire <= t:
             break
-        t = fire.astimezone(UTC)
-        out.append(t)
+        out.append(fire)
+        t = fire
     return out
