@@ -1,7 +1,7 @@
 """The HTTP app: wiring only. create_app(settings, store, ...) -> Litestar,
 from components it is given (the process is built in app/serve.py).
 
-Routes live in jobs.py, teams.py and health.py; authentication in auth.py;
+Routes live in jobs.py, teams.py, series.py and health.py; authentication in auth.py;
 errors in problems.py; bodies and responses in schemas.py. The OpenAPI
 schema is served at /schema/openapi.json (and browsable at /schema).
 """
@@ -16,7 +16,7 @@ from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.openapi.spec import Components, Link, SecurityScheme
 
 from minutehand import protocol
-from minutehand.api import health, jobs, problems, teams
+from minutehand.api import health, jobs, problems, series, teams
 from minutehand.api import workers as worker_routes
 from minutehand.api.auth import TokenCache, authenticator, checked_before_body
 from minutehand.api.bodies import JobIdSchema, StrictBody
@@ -52,7 +52,7 @@ def create_app(settings: Settings, store: Store, *, head: str | None = None, sub
         "principal", authenticator(settings.admin_token, ctx.tokens, ctx.lookup_token))
     handlers: list = [*health.routes(ctx), problem_type]
     if submit_api:
-        handlers += [*jobs.routes(ctx), *teams.routes(ctx)]
+        handlers += [*jobs.routes(ctx), *teams.routes(ctx), *series.routes(ctx)]
     if dispatcher is not None:
         handlers.append(worker_routes.router(ctx, dispatcher))
 
@@ -64,7 +64,8 @@ def create_app(settings: Settings, store: Store, *, head: str | None = None, sub
         plugins=[problems.plugin(settings.api_retry_after_s, ctx.database_unreachable), JobIdSchema()],
         openapi_config=OpenAPIConfig(
             title="minutehand", version=VERSION,
-            description="Submit, inspect, cancel and list jobs; every call carries a team's bearer token "
+            description="Submit, inspect, cancel and list jobs; read, list, pause, resume, cancel and change "
+                        "repeating series; every call carries a team's bearer token "
                         "(or the admin token). Errors are RFC 9457 problem+json.",
             components=Components(security_schemes={
                 "bearer": SecurityScheme(type="http", scheme="bearer",

@@ -355,6 +355,103 @@ class FleetStatsOut(Struct):
     teams: list[FleetTeamOut]      # every team, by name
 
 
+# ---------------------------------------------------------------- series control
+SeriesState = Literal["active", "paused", "cancelled"]
+Misfire = Literal["run_once", "skip"]
+
+
+class SeriesRepeat(Struct, forbid_unknown_fields=True):
+    """A series' repeat spec: every every_s seconds, or a crontab expression
+    (5 fields) in a time zone (IANA name, default UTC). Exactly one of
+    every_s and cron. (Its misfire policy is a field of its own.)"""
+    every_s: Annotated[Integer, _int_doc("seconds between runs, counted from the first due time",
+                                         minimum=1, maximum=31622400)] | None = None
+    cron: Annotated[str | None, _doc("5-field crontab expression (minute hour day month weekday)")] = None
+    timezone: Annotated[str | None, _doc("IANA time zone of cron (like Europe/Berlin), DST included; "
+                                         "default UTC. Only with cron")] = None
+
+
+class SeriesChangeIn(Struct, forbid_unknown_fields=True):
+    """A new repeat spec from the next run (and the misfire policy; omitted:
+    kept). The waiting run is cancelled if it has not started."""
+    repeat: Annotated[SeriesRepeat, _doc("the new spec: every_s, or cron (+ timezone)")]
+    misfire: Annotated[Misfire | msgspec.UnsetType,
+                       _doc("after an outage: run_once (the waiting run runs once) or skip (a run whose next "
+                            "fire time passed before its claim is dropped); omitted: kept")] = msgspec.UNSET
+
+
+class SeriesRunOut(Struct):
+    job_id: JobId
+    due_at: dt.datetime
+    agreed_at: Annotated[dt.datetime, Meta(description="the run time agreed when the run was created")]
+    state: State
+    attempts: int
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    last_error: str | None
+
+
+class WaitingRunOut(Struct):
+    """The series' newest run."""
+    job_id: JobId
+    state: State
+    due_at: dt.datetime
+    run_at: dt.datetime
+
+
+class SeriesOut(Struct):
+    series_id: Annotated[str, Meta(pattern=r"^-?[0-9]{1,19}$", description="64-bit id, as a decimal string")]
+    team: str
+    name: str
+    payload: Any
+    priority: int
+    max_attempts: int
+    flex_s: int
+    strict: bool
+    backoff_base_s: float
+    backoff_cap_s: float
+    repeat: SeriesRepeat
+    misfire: Misfire
+    state: SeriesState
+    first_due_at: dt.datetime
+    last_due_at: Annotated[dt.datetime, Meta(description="the due time of the newest run")]
+    chain_after: Annotated[dt.datetime | None, Meta(
+        description="set: the next run is to be created at the first fire time after this")]
+    paused_at: dt.datetime | None
+    cancelled_at: dt.datetime | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    waiting_run: Annotated[WaitingRunOut | None, Meta(description="the newest run")]
+    next_fire_times: Annotated[list[dt.datetime], Meta(
+        description="the next 5 fire times after now (within 366 days); empty for a cancelled series")]
+    last_runs: Annotated[list[SeriesRunOut], Meta(description="the newest runs, newest first (up to 10)")]
+
+
+class SeriesSummaryOut(Struct):
+    series_id: Annotated[str, Meta(pattern=r"^-?[0-9]{1,19}$", description="64-bit id, as a decimal string")]
+    name: str
+    repeat: SeriesRepeat
+    misfire: Misfire
+    state: SeriesState
+    first_due_at: dt.datetime
+    last_due_at: dt.datetime
+    last_job_id: JobId
+    created_at: dt.datetime
+
+
+class SeriesPageOut(Struct):
+    series: list[SeriesSummaryOut]
+    next_cursor: str | None  # pass as ?cursor= for older series; None: no more
+
+
+class SeriesControlOut(Struct):
+    series_id: Annotated[str, Meta(pattern=r"^-?[0-9]{1,19}$", description="64-bit id, as a decimal string")]
+    state: SeriesState
+    changed: Annotated[bool, Meta(description="false: the series already was so, nothing was written")]
+    cancelled_run: Annotated[JobId | None, Meta(
+        description="the waiting run this call cancelled; null: none (a started run is left to finish)")] = None
+
+
 class HealthOut(Struct):
     status: str
 

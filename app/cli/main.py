@@ -82,6 +82,64 @@ def cmd_team_list(settings: Settings, args: argparse.Namespace) -> None:
         print(f"(more: minutehand team list --after {page.next_cursor})")
 
 
+def _series_action(settings: Settings, args: argparse.Namespace, action: str) -> None:
+    from minutehand.store.errors import StoreError
+    with _store(settings) as store:
+        try:
+            got = getattr(store, f"{action}_series")(args.team, args.series_id)
+        except StoreError as exc:
+            raise SystemExit(f"series {args.series_id}: {exc.message}") from None
+    note = f"; run {got.cancelled_run} cancelled" if got.cancelled_run is not None else ""
+    print(f"series {got.series_id}: {got.state}{'' if got.changed else ' (unchanged)'}{note}")
+
+
+def cmd_series_pause(settings: Settings, args: argparse.Namespace) -> None:
+    _series_action(settings, args, "pause")
+
+
+def cmd_series_resume(settings: Settings, args: argparse.Namespace) -> None:
+    _series_action(settings, args, "resume")
+
+
+def cmd_series_cancel(settings: Settings, args: argparse.Namespace) -> None:
+    _series_action(settings, args, "cancel")
+
+
+def _spec(every_s: int | None, cron: str | None, timezone: str | None) -> str:
+    return f"every {every_s} s" if every_s is not None else f"cron {cron!r} in {timezone}"
+
+
+def cmd_series_list(settings: Settings, args: argparse.Namespace) -> None:
+    from minutehand.store.errors import StoreError
+    with _store(settings) as store:
+        try:
+            page = store.list_series(args.team, after=args.after, limit=args.limit)
+        except StoreError as exc:
+            raise SystemExit(f"series of {args.team!r}: {exc.message}") from None
+    print(f"{'series_id':>20}  {'state':<9}  {'last_due_at':<25}  name  repeat")
+    for s in page.series:
+        print(f"{s.series_id:>20}  {s.state:<9}  {s.last_due_at.isoformat():<25}  {s.name}  "
+              f"{_spec(s.every_s, s.cron, s.timezone)}")
+    if page.next_cursor is not None:
+        print(f"(more: minutehand series list --team {args.team} --after {page.next_cursor})")
+
+
+def cmd_series_show(settings: Settings, args: argparse.Namespace) -> None:
+    from minutehand.store.errors import StoreError
+    with _store(settings) as store:
+        try:
+            s = store.series(args.team, args.series_id)
+        except StoreError as exc:
+            raise SystemExit(f"series {args.series_id}: {exc.message}") from None
+    print(f"series {s.series_id} ({s.team}/{s.name}): {s.state}, {_spec(s.every_s, s.cron, s.timezone)}, "
+          f"misfire {s.misfire}")
+    print(f"first due {s.first_due_at.isoformat()}, newest run {s.last_job_id} due {s.last_due_at.isoformat()} "
+          f"({s.last_job_state})")
+    for r in s.runs:
+        print(f"  {r.job_id:>20}  {r.due_at.isoformat()}  {r.state:<9}  attempts {r.attempts}"
+              f"{'  ' + r.last_error if r.last_error else ''}")
+
+
 def _bounded(low: int, high: int):
     """An argparse type: a whole number within [low, high]."""
     def parse(text: str) -> int:
@@ -177,6 +235,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = team_command("list", cmd_team_list, "list teams by name with their quota and weight")
     p.add_argument("--after", help="start after this team name (a page's last)")
     p.add_argument("--limit", type=_bounded(1, 1000), default=1000, help="most teams listed (at most 1000)")
+    series = command("series", None, "list, show, pause, resume or cancel a team's repeating series"
+                     ).add_subparsers(dest="action", required=True)
+    for name, func, help_ in (("show", cmd_series_show, "a series: its spec, state and newest runs"),
+                              ("pause", cmd_series_pause, "pause a series (its waiting run is cancelled if it "
+                                                          "has not started)"),
+                              ("resume", cmd_series_resume, "resume a paused series from its next fire time"),
+                              ("cancel", cmd_series_cancel, "cancel a series (its waiting run too if it has "
+                                                            "not started)")):
+        p = series.add_parser(name, help=help_, description=help_)
+        Settings.parser(p)
+        p.set_defaults(func=func)
+        p.add_argument("series_id", type=_bounded(-(2**63), 2**63 - 1))
+        p.add_argument("--team", required=True, help="the team the series belongs to")
+    p = series.add_parser("list", help="a team's series, newest first", description="a team's series, newest first")
+    Settings.parser(p)
+    p.set_defaults(func=cmd_series_list)
+    p.add_argument("--team", required=True, help="the team whose series are listed")
+    p.add_argument("--after", type=_bounded(-(2**63), 2**63 - 1), help="start after this series id (a page's last)")
+    p.add_argument("--limit", type=_bounded(1, 1000), default=100, help="most series listed (at most 1000)")
     command("worker", cmd_worker, "run a worker: minutehand worker module.path:worker").add_argument("target")
     p = command("worker-token", cmd_worker_token, "create (or rotate) a worker credential and print its token")
     p.add_argument("action", choices=["create"])

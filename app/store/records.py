@@ -320,3 +320,87 @@ class FleetStats:
     teams: list[FleetTeam]         # every team, by name
     total: Tally
     running: int
+
+
+# ---------------------------------------------------------------- series control
+@dataclass(frozen=True)
+class SeriesRun:
+    """One run of a series, as its listing shows it."""
+    job_id: int
+    due_at: dt.datetime
+    agreed_at: dt.datetime        # the run time agreed when the run was created
+    run_at: dt.datetime
+    state: str
+    attempts: int
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    last_error: str | None
+
+
+@dataclass(frozen=True)
+class SeriesDetail:
+    """A series: what each run is made of, its repeat spec and misfire
+    policy, its state (active, paused, cancelled), the chain's columns, its
+    waiting run (the newest) and its newest runs."""
+    series_id: int
+    team: str
+    name: str
+    payload: Any
+    priority: int
+    max_attempts: int
+    backoff_base_s: float
+    backoff_cap_s: float
+    flex_s: int
+    strict: bool
+    every_s: int | None
+    cron: str | None
+    timezone: str | None
+    misfire: str
+    state: str
+    first_due_at: dt.datetime
+    last_due_at: dt.datetime
+    chain_after: dt.datetime | None
+    paused_at: dt.datetime | None
+    cancelled_at: dt.datetime | None
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    last_job_id: int
+    last_job_state: str | None
+    last_job_run_at: dt.datetime | None
+    now: dt.datetime               # the database's clock when read
+    runs: list[SeriesRun] = field(default_factory=list)   # newest first
+
+    @property
+    def repeat(self) -> Repeat:
+        return Repeat(self.every_s, self.cron, self.timezone)
+
+
+@dataclass(frozen=True)
+class SeriesSummary:
+    """A series as a listing shows it."""
+    series_id: int
+    name: str
+    every_s: int | None
+    cron: str | None
+    timezone: str | None
+    misfire: str
+    state: str
+    first_due_at: dt.datetime
+    last_due_at: dt.datetime
+    last_job_id: int
+    created_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class SeriesPage:
+    series: list[SeriesSummary]
+    next_cursor: int | None        # pass as after= for the next (older) page; None: no more
+
+
+@dataclass(frozen=True)
+class SeriesControl:
+    """The answer to a pause, resume, cancel or change of a series."""
+    series_id: int
+    state: str                     # after the call: active, paused or cancelled
+    changed: bool                  # False: the series already was so (nothing written)
+    cancelled_run: int | None      # the waiting run this call cancelled (None: none had not started)

@@ -139,3 +139,19 @@ def next_run(repeat: Repeat, anchor: dt.datetime, after: dt.datetime, now: dt.da
     if due is None:
         return None, None
     return due, next_fire(repeat, anchor, due, now) if repeat.misfire == "skip" else None
+
+def fire_times(repeat: Repeat, after: dt.datetime, count: int, now: dt.datetime, *,
+               anchor: dt.datetime | None = None) -> list[dt.datetime]:
+    """The next `count` fire times (UTC) of a valid repeat spec strictly after
+    `after`, none beyond now + HORIZON (fewer if the spec fires less often):
+    next_fire, one after another, so they are the fire times the chain uses.
+    every_s counts from `anchor` (the series' first due time; None: `after`)."""
+    out: list[dt.datetime] = []
+    t = after
+    while len(out) < count:
+        fire = next_fire(repeat, anchor if anchor is not None else after, t, now)
+        if fire is None or fire <= t:
+            break
+        out.append(fire)
+        t = fire
+    return out

@@ -24,7 +24,8 @@ from minutehand.store import errors, repeat, schema
 from minutehand.store.queries import q
 from minutehand.store.records import (BatchItem, ClaimRequest, Complete, EdgeCell, Fail, FleetStats, FleetTeam,
                                      Heartbeat, JobPage, JobSpec, JobStatus, JobSummary, Maintenance, Outcome,
-                                     PlannedClaim, Release, Repeat, Report, Start, Submitted, Tally, TeamPage, TeamSettings,
+                                     PlannedClaim, Release, Report, Repeat, SeriesControl, SeriesDetail, SeriesPage,
+                                     SeriesRun, SeriesSummary, Start, Submitted, Tally, TeamPage, TeamSettings,
                                      TeamStats, TeamTerms)
 
 
@@ -411,6 +412,61 @@ class Store:
                 raise result
             created += len(result)
         return created
+
+    # ------------------------------------------------------------ series control
+    SERIES_RUNS = 10            # the newest runs a series' detail shows
+    SERIES_PAGE_MAX = 1000
+
+    def series(self, team: str, series_id: int, *, runs: int = SERIES_RUNS) -> SeriesDetail:
+        """One of the team's series with its `runs` newest runs, newest first,
+        read in one transaction; raises NotFound (another team's series too)."""
+        def run() -> SeriesDetail:
+            with self.connection() as conn, conn.transaction():
+                row = conn.execute(q("series_detail"), {"team": team, "series_id": series_id}).fetchone()
+                found = conn.execute(q("series_runs"), {"team": team, "series_id": series_id,
+                                                         "limit": runs}).fetchall()
+            return SeriesDetail(**row, runs=[SeriesRun(**r) for r in found])
+        return self.retrying(run)
+
+    def series_runs(self, team: str, series_id: int, *, limit: int = SERIES_RUNS) -> list[SeriesRun]:
+        """The series' newest runs, newest first (none for another team's series)."""
+        return [SeriesRun(**r) for r in self._all("series_runs", {"team": team, "series_id": series_id,
+                                                                   "limit": limit})]
+
+    def list_series(self, team: str, *, after: int | None = None, limit: int = 100) -> SeriesPage:
+        """The team's series with id < after, newest first; one page of at most `limit`."""
+        rows = self._all("list_series", {"team": team, "after": after, "limit": limit + 1})
+        page = [SeriesSummary(**r) for r in rows[:limit]]
+        return SeriesPage(page, page[-1].series_id if len(rows) > limit else None)
+
+    def pause_series(self, team: str, series_id: int) -> SeriesControl:
+        return self._control("pause_series", {"team": team, "series_id": series_id})
+
+    def resume_series(self, team: str, series_id: int) -> SeriesControl:
+        return self._control("resume_series", {"team": team, "series_id": series_id})
+
+    def cancel_series(self, team: str, series_id: int) -> SeriesControl:
+        return self._control("cancel_series", {"team": team, "series_id": series_id})
+
+    def change_series(self, team: str, series_id: int, repeat_spec: Repeat, misfire: str | None = None
+                      ) -> SeriesControl:
+        """A new repeat spec (and misfire policy; None keeps it) from the next
+        run. A cron expression is checked with APScheduler first, and must
+        fire within the horizon (searched from the database's clock, outside
+        any transaction): InvalidInput otherwise, nothing written."""
+        if reason := repeat.problem(repeat_spec):
+            raise errors.InvalidInput(reason)
+        if repeat_spec.cron is not None:
+            try:
+                repeat.first_due(repeat_spec, None, self._db_now())
+            except ValueError as exc:
+                raise errors.InvalidInput(str(exc)) from None
+        return self._control("change_series", {"team": team, "series_id": series_id,
+                                               "every_s": repeat_spec.every_s, "cron": repeat_spec.cron,
+                                               "timezone": repeat_spec.timezone, "misfire": misfire})
+
+    def _control(self, name: str, params: dict[str, Any]) -> SeriesControl:
+        return SeriesControl(**self._one(name, params))
 
     # ------------------------------------------------------------ dispatch
     @staticmethod

@@ -293,6 +293,39 @@ LANGUAGE sql SET search_path = minutehand, pg_temp AS $$ SELECT * FROM complete_
 CREATE OR REPLACE FUNCTION fail(p_job bigint, p_token uuid, p_error text, p_retryable boolean DEFAULT true) RETURNS outcome
 LANGUAGE sql SET search_path = minutehand, pg_temp AS $$ SELECT * FROM fail_many(ARRAY[p_job], ARRAY[p_token], ARRAY[p_error], ARRAY[p_retryable]) $$;
 
+-- Cancel one job of a team if its state is one of p_states: the row locked
+-- first, so whether it was claimed (and counted in team_running) is read
+-- from the row as it is now. A claimed job has not started until its worker
+-- says so (start): its claim is voided, so the worker's start, heartbeat and
+-- outcome are refused. Another team's job is "no such job". The body of
+-- cancel(), and of the series controls (which cancel a series' waiting run).
+CREATE OR REPLACE FUNCTION mh_cancel_job(p_job bigint, p_team int, p_states job_state[]) RETURNS outcome
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+DECLARE
+    v_now   timestamptz := mh_now();
+    v_state job_state;
+    v_name  text;
+BEGIN
+    SELECT j.state, j.name INTO v_state, v_name FROM jobs j
+     WHERE j.shard = mh_shard_of(p_job) AND j.id = p_job AND j.team_id = p_team
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN ROW(p_job, false, NULL::job_state, 'no such job')::outcome;
+    END IF;
+    IF v_state = ANY (p_states) THEN
+        UPDATE jobs j SET state = 'cancelled', finished_at = v_now, updated_at = v_now,
+                          lease_token = NULL, claim_expires_at = NULL
+         WHERE j.shard = mh_shard_of(p_job) AND j.id = p_job;
+        IF v_state = 'claimed' THEN
+            PERFORM mh_not_running(ARRAY[mh_shard_of(p_job)], ARRAY[p_team]);
+        END IF;
+        PERFORM mh_add_stats(v_now, ARRAY[ROW(16 + mh_shard_of(p_job) % 16, p_team, v_name, 0, 0, 0, 0, 0, 1,
+                                              NULL, NULL)::stats_delta]);
+        RETURN ROW(p_job, true, 'cancelled'::job_state, NULL::text)::outcome;
+    END IF;
+    RETURN ROW(p_job, false, v_state, format('job is %s: only a job that has not started can be cancelled', v_state))::outcome;
+END $$;
+
 -- Cancel a job that has not started, for the team named (required: a job
 -- of another team is "no such job"). Administrators cancel through the
 -- job's own team. Its row on the wheel is left to the claim, which drops
@@ -300,36 +333,9 @@ LANGUAGE sql SET search_path = minutehand, pg_temp AS $$ SELECT * FROM fail_many
 -- slot it sits in now. Runs as its owner, like submit_job.
 CREATE OR REPLACE FUNCTION cancel(p_job bigint, p_team text) RETURNS outcome
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = minutehand, pg_temp AS $$
-DECLARE
-    v_now   timestamptz := mh_now();
-    v_team  int;
-    v_state job_state;
-    v_name  text;
 BEGIN
     IF p_team IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = 'cancel needs the team the job belongs to';
     END IF;
-    v_team := mh_team_id(p_team);
-    -- Locked first: whether it was claimed (and counted in team_running) is
-    -- read from the row as it is now.
-    SELECT j.state, j.name INTO v_state, v_name FROM jobs j
-     WHERE j.shard = mh_shard_of(p_job) AND j.id = p_job AND j.team_id = v_team
-       FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN ROW(p_job, false, NULL::job_state, 'no such job')::outcome;
-    END IF;
-    IF v_state IN ('scheduled', 'retrying', 'claimed') THEN
-        -- A claimed job has not started until its worker says so (start): its
-        -- claim is voided, so the worker's start, heartbeat and outcome are refused.
-        UPDATE jobs j SET state = 'cancelled', finished_at = v_now, updated_at = v_now,
-                          lease_token = NULL, claim_expires_at = NULL
-         WHERE j.shard = mh_shard_of(p_job) AND j.id = p_job;
-        IF v_state = 'claimed' THEN
-            PERFORM mh_not_running(ARRAY[mh_shard_of(p_job)], ARRAY[v_team]);
-        END IF;
-        PERFORM mh_add_stats(v_now, ARRAY[ROW(16 + mh_shard_of(p_job) % 16, v_team, v_name, 0, 0, 0, 0, 0, 1,
-                                              NULL, NULL)::stats_delta]);
-        RETURN ROW(p_job, true, 'cancelled'::job_state, NULL::text)::outcome;
-    END IF;
-    RETURN ROW(p_job, false, v_state, format('job is %s: only a job that has not started can be cancelled', v_state))::outcome;
+    RETURN mh_cancel_job(p_job, mh_team_id(p_team), ARRAY['scheduled', 'retrying', 'claimed']::job_state[]);
 END $$;

@@ -159,3 +159,222 @@ BEGIN
     PERFORM mh_enqueue(v_shard, job_id, run_at, p_strict, p_priority::smallint, v_team, v_now);
     PERFORM mh_add_stats(v_now, ARRAY[mh_submitted(v_shard, v_team, p_name)]);
 END $$;
+
+-- ---------------------------------------------------------------- control
+-- Reading a series and its runs, pausing, resuming, cancelling and changing
+-- it, for the team named (required: a series of another team is "no such
+-- series", MH404). Each control call locks the series row first (FOR
+-- UPDATE), so control calls on one series and the chain (which creates the
+-- next run when chain_after is set) take turns. One shard per statement:
+-- the series' shard is read from its id. A series' waiting run is its
+-- newest (last_job_id); while it has not started (scheduled, or claimed and
+-- its start not reported) a pause, cancel or change cancels it as cancel()
+-- does; a started run is left alone and finishes.
+
+-- A series' state from its columns.
+CREATE OR REPLACE FUNCTION mh_series_state(p_paused_at timestamptz, p_cancelled_at timestamptz) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN p_cancelled_at IS NOT NULL THEN 'cancelled'
+                WHEN p_paused_at IS NOT NULL THEN 'paused'
+                ELSE 'active' END
+$$;
+
+-- The team's series row, locked (FOR UPDATE); MH404 if the team or the series is unknown.
+CREATE OR REPLACE FUNCTION mh_lock_series(p_team text, p_series bigint) RETURNS series
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+DECLARE
+    v_team   int;
+    v_series series;
+BEGIN
+    IF p_team IS NULL OR p_series IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = 'a series is named by its team and its id';
+    END IF;
+    v_team := mh_team_id(p_team);
+    SELECT * INTO v_series FROM series s
+     WHERE s.shard = mh_shard_of(p_series) AND s.id = p_series AND s.team_id = v_team
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'MH404', MESSAGE = format('no such series %s', p_series);
+    END IF;
+    RETURN v_series;
+END $$;
+
+-- The series' waiting run cancelled if it has not started (scheduled or
+-- claimed); its id if this call cancelled it, else NULL. The caller holds
+-- the series row; a claim takes the run's row first and then marks the
+-- series, so waiting here for a run that a claim holds would deadlock:
+-- instead the transaction is refused as a serialization failure (40001),
+-- which the store (and any careful caller) tries again a moment later, once
+-- the claim has committed.
+CREATE OR REPLACE FUNCTION mh_cancel_waiting_run(p_series series) RETURNS bigint
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+DECLARE v_outcome outcome;
+BEGIN
+    PERFORM 1 FROM jobs j WHERE j.shard = p_series.shard AND j.id = p_series.last_job_id
+       FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND AND EXISTS (SELECT 1 FROM jobs j WHERE j.shard = p_series.shard AND j.id = p_series.last_job_id) THEN
+        RAISE EXCEPTION USING ERRCODE = '40001',
+            MESSAGE = format('the waiting run %s of series %s is being claimed or reported on: try again',
+                             p_series.last_job_id, p_series.id);
+    END IF;
+    v_outcome := mh_cancel_job(p_series.last_job_id, p_series.team_id,
+                               ARRAY['scheduled', 'claimed']::job_state[]);
+    RETURN CASE WHEN v_outcome.ok THEN p_series.last_job_id END;
+END $$;
+
+-- One series: its spec, state and chain columns, and its waiting run (the
+-- newest: id, state, due and run time). MH404 if it is not the team's.
+CREATE OR REPLACE FUNCTION series_detail(p_team text, p_series bigint)
+RETURNS TABLE (series_id bigint, team text, name text, payload jsonb, priority int, max_attempts int,
+               backoff_base_s real, backoff_cap_s real, flex_s int, strict boolean, every_s int, cron text,
+               timezone text, misfire text, state text, first_due_at timestamptz, last_due_at timestamptz,
+               chain_after timestamptz, paused_at timestamptz, cancelled_at timestamptz,
+               created_at timestamptz, updated_at timestamptz, last_job_id bigint, last_job_state job_state,
+               last_job_run_at timestamptz, now timestamptz)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = minutehand, pg_temp AS $$
+DECLARE v_team int;
+BEGIN
+    IF p_team IS NULL OR p_series IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = 'a series is named by its team and its id';
+    END IF;
+    v_team := mh_team_id(p_team);
+    RETURN QUERY
+    SELECT s.id, p_team, s.name, s.payload, s.priority::int, s.max_attempts, s.backoff_base_s, s.backoff_cap_s,
+           s.flex_s, s.strict, s.every_s, s.cron, s.timezone, s.misfire, mh_series_state(s.paused_at, s.cancelled_at),
+           s.first_due_at, s.last_due_at, s.chain_after, s.paused_at, s.cancelled_at, s.created_at, s.updated_at,
+           s.last_job_id, j.state, j.run_at, mh_now()
+      FROM series s
+      LEFT JOIN jobs j ON j.shard = s.shard AND j.id = s.last_job_id
+     WHERE s.shard = mh_shard_of(p_series) AND s.id = p_series AND s.team_id = v_team;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'MH404', MESSAGE = format('no such series %s', p_series);
+    END IF;
+END $$;
+
+-- A team's series, newest first: those with id < p_after (NULL: from the
+-- newest), at most p_limit (1 to 1001), keyset on series_team.
+CREATE OR REPLACE FUNCTION list_series(p_team text, p_after bigint DEFAULT NULL, p_limit int DEFAULT 100)
+RETURNS TABLE (series_id bigint, name text, every_s int, cron text, timezone text, misfire text, state text,
+               first_due_at timestamptz, last_due_at timestamptz, last_job_id bigint, created_at timestamptz)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = minutehand, pg_temp AS $$
+DECLARE v_team int;
+BEGIN
+    IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 1001 THEN
+        RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = 'limit must be between 1 and 1001';
+    END IF;
+    v_team := mh_team_id(p_team);
+    RETURN QUERY
+    SELECT s.id, s.name, s.every_s, s.cron, s.timezone, s.misfire, mh_series_state(s.paused_at, s.cancelled_at),
+           s.first_due_at, s.last_due_at, s.last_job_id, s.created_at
+      FROM series s
+     WHERE s.team_id = v_team AND s.id < coalesce(p_after, 9223372036854775807)
+     ORDER BY s.id DESC
+     LIMIT p_limit;
+END $$;
+
+-- Pause: no further run is created until resumed (chain_after cleared), and
+-- the waiting run is cancelled if it has not started. A paused or cancelled
+-- series is left as it is. Returns the state after the call, whether this
+-- call changed it, and the run it cancelled (NULL: none).
+CREATE OR REPLACE FUNCTION pause_series(p_team text, p_series bigint,
+                                        OUT series_id bigint, OUT state text, OUT changed boolean,
+                                        OUT cancelled_run bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = minutehand, pg_temp AS $$
+DECLARE
+    v_now timestamptz := mh_now();
+    v_s   series := mh_lock_series(p_team, p_series);
+BEGIN
+    series_id := v_s.id;
+    changed := v_s.paused_at IS NULL AND v_s.cancelled_at IS NULL;
+    IF changed THEN
+        UPDATE series s SET paused_at = v_now, chain_after = NULL, updated_at = v_now
+         WHERE s.shard = v_s.shard AND s.id = v_s.id;
+        cancelled_run := mh_cancel_waiting_run(v_s);
+        v_s.paused_at := v_now;
+    END IF;
+    state := mh_series_state(v_s.paused_at, v_s.cancelled_at);
+END $$;
+
+-- Resume a paused series: its next run is created at its first fire time
+-- after now (chain_after = now: the fire times of the pause are not caught
+-- up). An active series is left as it is; a cancelled one cannot be resumed (MH409).
+CREATE OR REPLACE FUNCTION resume_series(p_team text, p_series bigint,
+                                         OUT series_id bigint, OUT state text, OUT changed boolean)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = minutehand, pg_temp AS $$
+DECLARE
+    v_now timestamptz := mh_now();
+    v_s   series := mh_lock_series(p_team, p_series);
+BEGIN
+    series_id := v_s.id;
+    IF v_s.cancelled_at IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'MH409',
+            MESSAGE = format('series %s was cancelled at %s: a cancelled series cannot be resumed (submit a new one)',
+                             v_s.id, v_s.cancelled_at);
+    END IF;
+    changed := v_s.paused_at IS NOT NULL;
+    IF changed THEN
+        UPDATE series s SET paused_at = NULL, chain_after = v_now, updated_at = v_now
+         WHERE s.shard = v_s.shard AND s.id = v_s.id;
+    END IF;
+    state := 'active';
+END $$;
+
+-- Cancel a series: no further run is created, and the waiting run is
+-- cancelled if it has not started. Cancelling a cancelled series changes nothing.
+CREATE OR REPLACE FUNCTION cancel_series(p_team text, p_series bigint,
+                                         OUT series_id bigint, OUT state text, OUT changed boolean,
+                                         OUT cancelled_run bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = minutehand, pg_temp AS $$
+DECLARE
+    v_now timestamptz := mh_now();
+    v_s   series := mh_lock_series(p_team, p_series);
+BEGIN
+    series_id := v_s.id;
+    state := 'cancelled';
+    changed := v_s.cancelled_at IS NULL;
+    IF changed THEN
+        UPDATE series s SET cancelled_at = v_now, chain_after = NULL, updated_at = v_now
+         WHERE s.shard = v_s.shard AND s.id = v_s.id;
+        cancelled_run := mh_cancel_waiting_run(v_s);
+    END IF;
+END $$;
+
+-- A new repeat spec (and misfire policy; NULL keeps it), from the next run:
+-- the waiting run is cancelled if it has not started (a started run
+-- finishes), and unless the series is paused its next run is created at the
+-- new spec's first fire time after now (chain_after = now); a paused series
+-- keeps the new spec for its resume. Validated as submit_series validates
+-- the spec (MH400; cron defaults to UTC); a cancelled series cannot be changed (MH409).
+CREATE OR REPLACE FUNCTION change_series(p_team text, p_series bigint, p_every_s int DEFAULT NULL,
+                                         p_cron text DEFAULT NULL, p_timezone text DEFAULT NULL,
+                                         p_misfire text DEFAULT NULL,
+                                         OUT series_id bigint, OUT state text, OUT changed boolean,
+                                         OUT cancelled_run bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = minutehand, pg_temp AS $$
+DECLARE
+    v_now     timestamptz := mh_now();
+    v_s       series := mh_lock_series(p_team, p_series);
+    v_zone    text := CASE WHEN p_cron IS NOT NULL THEN coalesce(p_timezone, 'UTC') ELSE p_timezone END;
+    v_problem text;
+BEGIN
+    series_id := v_s.id;
+    v_problem := mh_repeat_problem(p_every_s, p_cron, v_zone);
+    IF v_problem IS NULL AND p_misfire IS NOT NULL AND p_misfire NOT IN ('run_once', 'skip') THEN
+        v_problem := format('misfire %L must be run_once or skip', left(p_misfire, 100));
+    END IF;
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = v_problem;
+    END IF;
+    IF v_s.cancelled_at IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'MH409',
+            MESSAGE = format('series %s was cancelled at %s: a cancelled series cannot be changed',
+                             v_s.id, v_s.cancelled_at);
+    END IF;
+    UPDATE series s
+       SET every_s = p_every_s, cron = p_cron, timezone = v_zone, misfire = coalesce(p_misfire, s.misfire),
+           chain_after = CASE WHEN s.paused_at IS NULL THEN v_now END, updated_at = v_now
+     WHERE s.shard = v_s.shard AND s.id = v_s.id;
+    cancelled_run := mh_cancel_waiting_run(v_s);
+    changed := true;
+    state := mh_series_state(v_s.paused_at, NULL);
+END $$;
