@@ -230,3 +230,46 @@ def test_every_s_fire_times_count_from_the_first_run():
     spec = Repeat(every_s=90)
     assert repeat.next_fire(spec, T0, T0 + dt.timedelta(seconds=100), T0) == T0 + dt.timedelta(seconds=180)
     assert repeat.next_fire(spec, T0, T0 - MIN, T0) == T0
+
+
+# ---------------------------------------------------------------- control, through the chain
+def test_pause_and_resume_through_the_chain(store, pinned_conn):
+    """Paused: the waiting run is cancelled and no run follows a claim;
+    resumed: the next run is the first fire time after now (no catch-up)."""
+    sid = submit(store, Repeat(every_s=60), due_at=T0)
+    leases = lease_all(store)
+    (started,) = turn(store, leases, T0)                   # run 0 claimed: run 1 (T0+1m) waits
+    pinned_conn.execute("SELECT * FROM start(%s, %s)", (started.job_id, started.lease_token))
+    store.pause_series("t", sid)
+    turn(store, leases, T0 + 3 * MIN)
+    assert [r[1] for r in runs(pinned_conn, sid)] == ["running", "cancelled"]
+    store.clock = T0 + 3 * MIN + dt.timedelta(seconds=10)
+    store.resume_series("t", sid)
+    store.continue_series(ALL)
+    assert [r[0] for r in runs(pinned_conn, sid)] == [T0, T0 + MIN, T0 + 4 * MIN]
+    turn(store, leases, T0 + 4 * MIN)
+    assert len(runs(pinned_conn, sid)) == 4
+
+
+def test_a_new_spec_takes_effect_from_the_next_run_and_leaves_a_started_one_alone(store, pinned_conn):
+    sid = submit(store, Repeat(every_s=60), due_at=T0)
+    leases = lease_all(store)
+    (started,) = turn(store, leases, T0)
+    pinned_conn.execute("SELECT * FROM start(%s, %s)", (started.job_id, started.lease_token))
+    store.change_series("t", sid, Repeat(cron="*/10 * * * *"))
+    store.continue_series(ALL)
+    rows = runs(pinned_conn, sid)
+    assert [r[1] for r in rows] == ["running", "cancelled", "scheduled"]
+    assert rows[2][0] == dt.datetime(2030, 1, 1, 12, 10, tzinfo=UTC)
+
+
+def test_a_cancelled_series_makes_no_further_run_even_if_its_mark_was_read(store, pinned_conn):
+    sid = submit(store, Repeat(every_s=60), due_at=T0)
+    leases = lease_all(store)
+    store.clock = T0
+    claim_all(store, leases)
+    (after,) = pinned_conn.execute("SELECT chain_after FROM series WHERE id = %s", (sid,)).fetchone()
+    store.cancel_series("t", sid)
+    pinned_conn.execute("SELECT * FROM chain_series(%s, %s, %s, %s, %s)",
+                        (sid & 1023, [sid], [after], [T0 + MIN], [None]))
+    assert len(runs(pinned_conn, sid)) == 1

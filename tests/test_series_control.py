@@ -12,6 +12,7 @@ The tests share one clone of the migrated template, emptied before each
 (marked reused_db, tests/fixtures/databases.py)."""
 from __future__ import annotations
 
+import concurrent.futures
 import datetime as dt
 import json
 
@@ -180,22 +181,27 @@ def test_a_finished_or_retrying_run_is_not_cancelled(store, pinned_conn):
     assert job_row(pinned_conn, sub.job_id)["state"] == "retrying"
 
 
-def test_a_run_locked_by_a_claim_makes_the_control_call_try_again_not_deadlock(store, pinned_conn, db_dsn):
-    """A claim locks the run, then marks the series; a control call holds the
-    series and would wait for the run: it is refused as a serialization
-    failure instead (tried again by the store, then 503-worthy Contention),
-    writing nothing, and goes through once the run's lock is gone."""
+def test_a_claim_and_a_control_call_on_one_series_take_turns(store, pinned_conn, db_dsn):
+    """A claim locks the run, then marks the series, skipping a series row
+    a control call holds; a control call holds the series, then waits for
+    the run. So they take turns, never deadlock: here the claim goes first,
+    and the pause that waited for it cancels the claimed (not started) run."""
     sub = new_series(store)
-    before = snapshot(pinned_conn)
-    with psycopg.connect(db_dsn, autocommit=True) as other:
-        with other.transaction():
-            other.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", (sub.job_id,))
-            with pytest.raises(errors.Contention, match="being claimed"):
-                store.pause_series("t", sub.series_id)
-            with pytest.raises(psycopg.errors.SerializationFailure):
-                pinned_conn.execute("SELECT * FROM cancel_series('t', %s)", (sub.series_id,))
-            assert snapshot(pinned_conn) == before
-    assert store.pause_series("t", sub.series_id).cancelled_run == sub.job_id
+    shard = sub.job_id & 1023
+    (epoch,) = [e for e in store.take_leases([shard], "d1", 3600).values()]
+    with psycopg.connect(db_dsn) as other:
+        pin(other, T0)
+        claimed = other.execute("SELECT job_id FROM claim_due(%s, 10, 'd1', %s, 30)", (shard, epoch)).fetchall()
+        assert claimed == [(sub.job_id,)]
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            paused = pool.submit(store.pause_series, "t", sub.series_id)
+            with pytest.raises(concurrent.futures.TimeoutError):
+                paused.result(timeout=0.5)               # waits for the claim's lock on the run
+            other.commit()
+            got = paused.result(timeout=10)
+    assert (got.state, got.cancelled_run) == ("paused", sub.job_id)
+    assert job_row(pinned_conn, sub.job_id)["state"] == "cancelled"
+    assert series_row(pinned_conn, sub.series_id)["chain_after"] is None      # the pause cleared the mark
 
 
 # ---------------------------------------------------------------- resume

@@ -201,22 +201,13 @@ END $$;
 
 -- The series' waiting run cancelled if it has not started (scheduled or
 -- claimed); its id if this call cancelled it, else NULL. The caller holds
--- the series row; a claim takes the run's row first and then marks the
--- series, so waiting here for a run that a claim holds would deadlock:
--- instead the transaction is refused as a serialization failure (40001),
--- which the store (and any careful caller) tries again a moment later, once
--- the claim has committed.
+-- the series row and waits here for a claim that holds the run: a claim
+-- never waits for a series row (mh_series_to_chain skips locked ones), so
+-- the two take turns and cannot deadlock.
 CREATE OR REPLACE FUNCTION mh_cancel_waiting_run(p_series series) RETURNS bigint
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE v_outcome outcome;
 BEGIN
-    PERFORM 1 FROM jobs j WHERE j.shard = p_series.shard AND j.id = p_series.last_job_id
-       FOR UPDATE SKIP LOCKED;
-    IF NOT FOUND AND EXISTS (SELECT 1 FROM jobs j WHERE j.shard = p_series.shard AND j.id = p_series.last_job_id) THEN
-        RAISE EXCEPTION USING ERRCODE = '40001',
-            MESSAGE = format('the waiting run %s of series %s is being claimed or reported on: try again',
-                             p_series.last_job_id, p_series.id);
-    END IF;
     v_outcome := mh_cancel_job(p_series.last_job_id, p_series.team_id,
                                ARRAY['scheduled', 'claimed']::job_state[]);
     RETURN CASE WHEN v_outcome.ok THEN p_series.last_job_id END;
