@@ -430,3 +430,17 @@ def test_plans_the_counts_read_is_a_bounded_index_scan_and_the_upsert_uses_the_k
     (upsert,) = writes
     assert upsert["Operation"] == "Insert" and upsert["Conflict Resolution"] == "UPDATE"
     assert upsert["Conflict Arbiter Indexes"] == ["load_minutes_pkey"]
+
+
+def test_a_batch_of_many_windows_water_fills_each_within_its_own(pinned_conn):
+    # 40 windows of 9 jobs each (water-filled groups), interleaved in the batch, and strays in between
+    dues = [DUE + dt.timedelta(minutes=7 * (i % 40)) for i in range(360)] + [DUE + dt.timedelta(seconds=17)] * 5
+    flexes = [300 + 60 * (i % 40) for i in range(360)] + [120] * 5
+    rows = pinned_conn.execute("SELECT idx, run_at FROM submit_jobs('t', %s, %s, p_flex_s => %s)",
+                               (["g"] * len(dues), dues, flexes)).fetchall()
+    assert len(rows) == len(dues)
+    for idx, run_at in rows:
+        assert dues[idx] <= run_at <= dues[idx] + dt.timedelta(seconds=flexes[idx]), (idx, run_at)
+    assert pinned_conn.execute("SELECT sum(jobs) FROM load_minutes").fetchone()[0] == len(dues)
+    flex = per_minute(pinned_conn, strict=False)
+    assert max(flex.values()) <= 6, sorted(flex.values())[-5:]

@@ -101,8 +101,8 @@ $$;
 -- due time (now if it passed). Flexible jobs: a minute of the available
 -- window [greatest(due, now), due + flex_s] where the planned load is
 -- lowest, then a uniformly random second of that minute (within the
--- window). The candidate minutes are those wholly inside the window (a
--- window holding no whole minute: the minutes it touches).
+-- window). The candidate minutes are those at least half inside the
+-- window (a window holding no such minute: the minutes it touches).
 --
 -- The batch's flexible jobs are grouped by candidate minutes. A group of at
 -- least mh_place_fill_min() jobs is water-filled: its minutes sorted by
@@ -119,12 +119,13 @@ LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
     v_n        int := coalesce(cardinality(p_due_ats), 0);
     v_run      timestamptz[];
-    v_igrp     int[];                 -- per item: its group (NULL: a fixed run time)
     v_gfill    boolean[];             -- per group: water-filled (else d choices per job)
+    v_gjobs    int[];                 -- the water-filled groups' items, by group (v_gj: where each starts)
+    v_gj       int[];
     v_minutes  timestamptz[];         -- every candidate minute, sorted
     v_loads    int[];                 -- their planned load (index as v_minutes)
-    v_cgrp     int[];                 -- water-fill candidates: group and index into v_minutes
-    v_cidx     int[];
+    v_cidx     int[];                 -- water-fill candidates (index into v_minutes), by group
+    v_gc       int[];                 -- (v_gc: where each group's start)
     v_d        int := mh_place_choices();
     v_pjob     int[];                 -- d-choice jobs, and their d minutes each (indexes, d per job)
     v_pidx     int[];
@@ -163,9 +164,10 @@ BEGIN
         SELECT i.ord, CASE WHEN w.f <= w.l THEN w.f ELSE mh_minute(i.ws) END AS f,
                CASE WHEN w.f <= w.l THEN w.l ELSE mh_minute(i.we - interval '1 microsecond') END AS l
           FROM items i,
-               LATERAL (SELECT CASE WHEN mh_minute(i.ws) = i.ws THEN i.ws ELSE mh_minute(i.ws) + interval '1 minute' END
-                                   AS f,
-                               mh_minute(i.we) - interval '1 minute' AS l) w
+               LATERAL (SELECT CASE WHEN mh_minute(i.ws) + interval '30 seconds' >= i.ws THEN mh_minute(i.ws)
+                                    ELSE mh_minute(i.ws) + interval '1 minute' END AS f,
+                               CASE WHEN mh_minute(i.we) + interval '30 seconds' <= i.we THEN mh_minute(i.we)
+                                    ELSE mh_minute(i.we) - interval '1 minute' END AS l) w
     ), groups AS (
         SELECT (row_number() OVER (ORDER BY r.l - r.f, r.f, r.l))::int AS grp, r.f, r.l,
                (extract(epoch FROM r.l - r.f) / 60)::int + 1 AS span, count(*)::int AS n,
@@ -186,17 +188,29 @@ BEGIN
     ), ranked AS (
         SELECT c.*, dense_rank() OVER (ORDER BY c.minute)::int AS idx FROM cand c
     )
-    SELECT (SELECT array_agg(x.grp ORDER BY x.ord)
-              FROM (SELECT g.grp, j.ord FROM groups g, unnest(g.jobs) j(ord)
-                    UNION ALL SELECT NULL, o FROM generate_series(1, v_n) o
-                     WHERE v_run[o] IS NOT NULL) x),
-           (SELECT array_agg(g.fill ORDER BY g.grp) FROM groups g),
+    -- Each group's slices of the flat arrays: the start of group g at [g],
+    -- its end before [g + 1] (a last entry closes the last group).
+    SELECT (SELECT array_agg(g.fill ORDER BY g.grp) FROM groups g),
+           (SELECT array_agg(j.ord ORDER BY g.grp, j.ord) FROM groups g, unnest(g.jobs) j(ord) WHERE g.fill),
+           (SELECT array_agg(x.start ORDER BY x.grp)
+                   || (1 + (SELECT coalesce(sum(g.n), 0) FROM groups g WHERE g.fill))::int
+              FROM (SELECT g.grp, (1 + coalesce(sum(CASE WHEN g.fill THEN g.n ELSE 0 END)
+                                   OVER (ORDER BY g.grp ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0))::int
+                               AS start
+                      FROM groups g) x),
            (SELECT array_agg(DISTINCT r.minute ORDER BY r.minute) FROM ranked r),
-           (SELECT array_agg(r.grp ORDER BY r.grp, r.idx) FROM ranked r WHERE r.job IS NULL),
            (SELECT array_agg(r.idx ORDER BY r.grp, r.idx) FROM ranked r WHERE r.job IS NULL),
+           (SELECT array_agg(x.start ORDER BY x.grp)
+                   || (1 + (SELECT count(*) FROM ranked r WHERE r.job IS NULL))::int
+              FROM (SELECT g.grp, (1 + coalesce(sum(coalesce(c.n, 0))
+                                   OVER (ORDER BY g.grp ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0))::int
+                               AS start
+                      FROM groups g
+                      LEFT JOIN (SELECT r.grp, count(*) AS n FROM ranked r WHERE r.job IS NULL GROUP BY r.grp) c
+                        ON c.grp = g.grp) x),
            (SELECT array_agg(r.job ORDER BY r.grp, r.job) FROM ranked r WHERE r.job IS NOT NULL AND r.pick = 1),
            (SELECT array_agg(r.idx ORDER BY r.grp, r.job, r.pick) FROM ranked r WHERE r.job IS NOT NULL)
-      INTO v_igrp, v_gfill, v_minutes, v_cgrp, v_cidx, v_pjob, v_pidx;
+      INTO v_gfill, v_gjobs, v_gj, v_minutes, v_cidx, v_gc, v_pjob, v_pidx;
 
     -- Their planned load, read once, plus this batch's fixed run times.
     SELECT array_agg(coalesce(c.jobs, 0) + coalesce(b.jobs, 0) ORDER BY m.idx)
@@ -210,13 +224,12 @@ BEGIN
     -- Water-fill the larger groups, narrowest window first.
     FOR g IN 1 .. cardinality(v_gfill) LOOP
         CONTINUE WHEN NOT v_gfill[g];
-        SELECT array_agg(x.ord ORDER BY x.ord) INTO v_jobs
-          FROM unnest(v_igrp) WITH ORDINALITY x(grp, ord) WHERE x.grp = g;
+        v_jobs := v_gjobs[v_gj[g] : v_gj[g + 1] - 1];
         -- Sorted by load (ties at random), the first r minutes can be raised
         -- to the load of minute r with r * load_r - (their loads' sum) jobs;
         -- the level is set by the last r the group's jobs reach.
         WITH c AS (
-            SELECT x.idx, v_loads[x.idx] AS load FROM unnest(v_cidx, v_cgrp) x(idx, grp) WHERE x.grp = g
+            SELECT x.idx, v_loads[x.idx] AS load FROM unnest(v_cidx[v_gc[g] : v_gc[g + 1] - 1]) x(idx)
         ), s AS (
             SELECT c.idx, c.load, row_number() OVER w AS r, sum(c.load) OVER w AS cum
               FROM c WINDOW w AS (ORDER BY c.load, random() ROWS UNBOUNDED PRECEDING)
