@@ -16,7 +16,7 @@ from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.openapi.spec import Components, Link, SecurityScheme
 
 from minutehand import protocol
-from minutehand.api import health, jobs, problems, series, teams
+from minutehand.api import health, jobs, problems, series, teams, windows
 from minutehand.api import workers as worker_routes
 from minutehand.api.auth import TokenCache, authenticator, checked_before_body
 from minutehand.api.bodies import JobIdSchema, StrictBody
@@ -52,7 +52,7 @@ def create_app(settings: Settings, store: Store, *, head: str | None = None, sub
         "principal", authenticator(settings.admin_token, ctx.tokens, ctx.lookup_token))
     handlers: list = [*health.routes(ctx), problem_type]
     if submit_api:
-        handlers += [*jobs.routes(ctx), *teams.routes(ctx), *series.routes(ctx)]
+        handlers += [*jobs.routes(ctx), *teams.routes(ctx), *series.routes(ctx), *windows.routes(ctx)]
     if dispatcher is not None:
         handlers.append(worker_routes.router(ctx, dispatcher))
 

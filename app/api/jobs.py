@@ -94,7 +94,8 @@ def to_spec(job: JobIn, key: str | None) -> JobSpec | str:
     if job.repeat is not None and (reason := check_repeat(job.repeat)):
         return reason
     return JobSpec(name=job.name, due_at=job.due_at, payload=payload, priority=int(job.priority),
-                   max_attempts=int(job.max_attempts), flex_s=int(job.flex_s), strict=job.strict,
+                   max_attempts=int(job.max_attempts),
+                   flex_s=None if job.flex_s is None else int(job.flex_s), strict=job.strict,
                    idempotency_key=key, backoff_base_s=job.backoff_base_s, backoff_cap_s=job.backoff_cap_s,
                    repeat=to_repeat(job.repeat) if job.repeat is not None else None)
 

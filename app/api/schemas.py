@@ -145,8 +145,11 @@ class JobIn(Struct, forbid_unknown_fields=True):
     priority: Annotated[Integer, _int_doc("higher runs first", minimum=-100, maximum=100)] = 0
     max_attempts: Annotated[Integer, _int_doc("runs before the job is set aside as dead", minimum=1,
                                               maximum=100)] = 3
-    flex_s: Annotated[Integer, _int_doc("the job may run anywhere in [due, due + flex_s], spread by the "
-                                        "scheduler", minimum=0, maximum=86400)] = 0
+    flex_s: Annotated[Integer, _int_doc(
+        "the job may run anywhere in [due, due + flex_s]; the run time is chosen once, at submission, where "
+        "that window is least loaded. Omitted or null: the default window of the job's name (the team's "
+        "rule, else the operator's; for a cron series on round minutes with no rule for its name, the "
+        "round-cron default; else 0); a strict job's is 0", minimum=0, maximum=86400)] | None = None
     strict: Annotated[bool, _doc("run at the due time exactly (then flex_s must be 0)")] = False
     backoff_base_s: Annotated[float, _doc("retry delay after the first failure, doubling after each",
                                           minimum=0.01, maximum=86400)] = 1.0
@@ -190,6 +193,14 @@ class TeamSettingsIn(Struct, forbid_unknown_fields=True):
     applies a change within a few seconds."""
     quota: Quota = msgspec.UNSET
     weight: Weight = msgspec.UNSET
+
+
+FLEX_DOC = "seconds of the default flex window, 0 to 86400"
+
+
+class WindowIn(Struct, forbid_unknown_fields=True):
+    """A default flex window."""
+    flex_s: Annotated[Integer, _int_doc(FLEX_DOC, minimum=0, maximum=86400)]
 
 
 # ---------------------------------------------------------------- responses
@@ -473,3 +484,18 @@ class Problem(Struct, omit_defaults=True):
     errors: list[dict[str, Any]] | None = None   # field-level reasons, for 422
     job_id: JobId | None = None                  # cancel refused: the job...
     state: State | None = None                   # ...and its state
+
+
+class WindowOut(Struct):
+    """A default flex window: of job_name, or (job_name null) of cron series
+    on round minutes; the team's, or (team null) the operator's, for every team."""
+    team: str | None
+    job_name: str | None
+    flex_s: int
+    updated_at: dt.datetime
+
+
+class WindowPageOut(Struct):
+    team: str | None
+    windows: list[WindowOut]     # the round-cron rule (job_name null) first, then by job name
+    next_cursor: str | None

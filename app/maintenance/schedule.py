@@ -13,6 +13,10 @@ By the holder of the `stats` duty lease:
 - roll_up_stats and purge_stats every 5 minutes: per-minute counters older
   than the previous hour are folded into hour rows (reads of long windows
   stay small), counters past their retention (35 days) are dropped.
+By the holder of the `load` duty lease:
+- purge_load every minute: the planned load (jobs per run minute, which
+  placement of flexible jobs reads) of minutes more than an hour back is
+  dropped, in bounded batches.
 Each job runs at most once at a time and a late run is not repeated
 (coalesce), so a slow database does not pile runs up.
 """
@@ -37,20 +41,20 @@ class MaintenanceSchedule:
 
     def __init__(self, store: Store, owner: str, shards: Callable[[], list[int]], *,
                  expire_every_s: float = 1.0, purge_every_s: float = 60.0, wheel_every_s: float = 30.0,
-                 stats_every_s: float = 300.0, chain_every_s: float = 0.25):
+                 stats_every_s: float = 300.0, chain_every_s: float = 0.25, load_every_s: float = 60.0):
         self.store = store
         self.owner = owner
         self.shards = shards
         self.wheel_every_s = wheel_every_s
         self.stats_every_s = stats_every_s
+        self.load_every_s = load_every_s
         self.scheduler = BackgroundScheduler(
             daemon=True, timezone="UTC",
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None})
-        for duty, every in ((self.continue_series, chain_every_s),
-                            (self.expire_claims, expire_every_s), (self.purge_keys, purge_every_s),
-                            (self.turn_wheel, wheel_every_s), (self.fold_stats, stats_every_s)):
+                 stats_every_s: float = 300.0, chain_every_s: float = 0.25, load_every_s: float = 60.0):
             self.scheduler.add_job(_logged(duty), "interval", seconds=every, id=duty.__name__,
-                                   next_run_time=None if duty in (self.purge_keys, self.fold_stats) else _now())
+                                   next_run_time=None if duty in (self.purge_keys, self.fold_stats, self.purge_load)
+                                   else _now())
 
     def start(self) -> None:
         self.scheduler.start()
@@ -91,6 +95,18 @@ class MaintenanceSchedule:
         purged = self.store.purge_stats()
         if rolled or purged:
             log.info("stats: %d minute rows folded into hours, %d rows past retention dropped", rolled, purged)
+
+
+    def purge_load(self) -> None:
+        if not self.store.take_duty("load", self.owner, 3 * self.load_every_s):
+            return
+        # Bounded per call: a backlog (after an outage) goes in several calls.
+        purged = total = self.store.purge_load()
+        while purged >= 10_000 and total < 100_000:
+            purged = self.store.purge_load()
+            total += purged
+        if total:
+            log.info("load: %d rows of planned load older than an hour dropped", total)
 
 
 def _now() -> dt.datetime:

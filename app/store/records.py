@@ -30,7 +30,7 @@ class JobSpec:
     payload: Any = field(default_factory=dict)
     priority: int = 0
     max_attempts: int = 3
-    flex_s: int = 0
+    flex_s: int | None = None      # None: the default window of the name (0 unless a rule sets one)
     strict: bool = False
     idempotency_key: str | None = None
     backoff_base_s: float = 1.0
@@ -209,6 +209,18 @@ class Maintenance:
     keys_purged: int
     stats_rolled: int
     stats_purged: int
+    load_purged: int
+
+
+@dataclass(frozen=True)
+class FlexDefault:
+    """A default flex window: of a job name (job_name), or of cron series on
+    round minutes (job_name None); a team's (team) or the operator's, for
+    every team (team None)."""
+    team: str | None
+    job_name: str | None
+    flex_s: int
+    updated_at: dt.datetime
 
 
 @dataclass(frozen=True)

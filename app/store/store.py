@@ -22,11 +22,11 @@ from psycopg_pool import ConnectionPool
 
 from minutehand.store import errors, repeat, schema
 from minutehand.store.queries import q
-from minutehand.store.records import (BatchItem, ClaimRequest, Complete, EdgeCell, Fail, FleetStats, FleetTeam,
-                                     Heartbeat, JobPage, JobSpec, JobStatus, JobSummary, Maintenance, Outcome,
-                                     PlannedClaim, Release, Report, Repeat, SeriesControl, SeriesDetail, SeriesPage,
-                                     SeriesRun, SeriesSummary, Start, Submitted, Tally, TeamPage, TeamSettings,
-                                     TeamStats, TeamTerms)
+from minutehand.store.records import (BatchItem, ClaimRequest, Complete, EdgeCell, Fail, FlexDefault, FleetStats,
+                                     FleetTeam, Heartbeat, JobPage, JobSpec, JobStatus, JobSummary, Maintenance,
+                                     Outcome, PlannedClaim, Release, Report, Repeat, SeriesControl, SeriesDetail,
+                                     SeriesPage, SeriesRun, SeriesSummary, Start, Submitted, Tally, TeamPage,
+                                     TeamSettings, TeamStats, TeamTerms)
 
 
 log = logging.getLogger(__name__)
@@ -653,6 +653,31 @@ class Store:
 
     def purge_stats(self) -> int:
         return self._one("purge_stats", {})["purged"]
+
+    def purge_load(self) -> int:
+        """Drop the planned load of minutes more than an hour back (bounded per call)."""
+        return self._one("purge_load", {})["purged"]
+
+    # ------------------------------------------------------------ default flex windows
+    def set_flex_default(self, team: str | None, job_name: str | None, flex_s: int) -> FlexDefault:
+        """Set the default window of a job name (None: of cron series on round
+        minutes) for a team (None: the operator's, for every team). Raises
+        InvalidInput or NotFound (no such team)."""
+        return FlexDefault(**self._one("set_flex_default", {"team": team, "job_name": job_name, "flex_s": flex_s}))
+
+    def delete_flex_default(self, team: str | None, job_name: str | None) -> bool:
+        """Remove one; False if there was none. Raises NotFound (no such team)."""
+        return self._one("delete_flex_default", {"team": team, "job_name": job_name})["deleted"]
+
+    def flex_defaults(self, team: str | None, *, after: str | None = None,
+                      limit: int = 1000) -> tuple[list[FlexDefault], str | None]:
+        """A team's (None: the operator's) default windows, the round-cron
+        rule first, then by job name after `after`; one page and the cursor
+        of the next (None: no more). Raises NotFound (no such team)."""
+        rows = [FlexDefault(**r) for r in self._all("flex_defaults", {"team": team, "after": after,
+                                                                         "limit": limit + 1})]
+        # the round-cron rule sorts first, as job name '' (a cursor of '' goes on after it)
+        return rows[:limit], ((rows[limit - 1].job_name or "") if len(rows) > limit else None)
 
     # ------------------------------------------------------------ dispatchers
     def dispatcher_members(self, name: str, ttl_s: float) -> list[str]:

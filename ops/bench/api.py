@@ -75,11 +75,12 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 
 # ---------------------------------------------------------------- single
-def wrk_single(port: int, token: str, seconds: int, connections: int) -> dict[str, float]:
+def wrk_single(port: int, token: str, seconds: int, connections: int, flex_s: int | None = None
+               ) -> dict[str, float]:
     wrk = shutil.which("wrk")
     if wrk is None:
         raise SystemExit(WRK_HINT)
-    body = json.dumps({"name": "bench.single", "payload": {"n": 1}})
+    body = json.dumps({"name": "bench.single", "payload": {"n": 1}, **_flex(flex_s)})
     script = (f'wrk.method = "POST"\nwrk.body = \'{body}\'\n'
               f'wrk.headers["Content-Type"] = "application/json"\n'
               f'wrk.headers["Authorization"] = "Bearer {token}"\n')
@@ -106,8 +107,15 @@ def _wrk_ms(text: str) -> float:
 
 
 # ---------------------------------------------------------------- batch
-def _batch_client(start, port: int, token: str, size: int, seconds: float, counter) -> None:
-    body = json.dumps({"jobs": [{"name": "bench.batch", "payload": {"n": i}} for i in range(size)]}).encode()
+def _flex(flex_s: int | None) -> dict:
+    """The jobs' flex window (--flex-s): flexible jobs are placed by load at submission."""
+    return {} if flex_s is None else {"flex_s": flex_s}
+
+
+def _batch_client(start, port: int, token: str, size: int, seconds: float, counter, flex_s: int | None = None
+                  ) -> None:
+    body = json.dumps({"jobs": [{"name": "bench.batch", "payload": {"n": i}, **_flex(flex_s)}
+                                for i in range(size)]}).encode()
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     start.wait()
@@ -123,10 +131,11 @@ def _batch_client(start, port: int, token: str, size: int, seconds: float, count
         counter.value += n
 
 
-def batch_jobs_per_s(port: int, token: str, size: int, seconds: float, clients: int) -> float:
+def batch_jobs_per_s(port: int, token: str, size: int, seconds: float, clients: int,
+                     flex_s: int | None = None) -> float:
     counter = mp.Value("q", 0)
     start = mp.Event()
-    procs = [mp.Process(target=_batch_client, args=(start, port, token, size, seconds, counter))
+    procs = [mp.Process(target=_batch_client, args=(start, port, token, size, seconds, counter, flex_s))
              for _ in range(clients)]
     for p in procs:
         p.start()
@@ -155,6 +164,8 @@ def main() -> None:
     ap.add_argument("--batch-clients", type=int, default=3)
     ap.add_argument("--submit-workers", type=int, default=None,
                     help="the server's api_submit_workers (default: the setting's default)")
+    ap.add_argument("--flex-s", type=int, default=None,
+                    help="give every job this flex window (default: none, the jobs run at their due time)")
     ap.add_argument("--quick", action="store_true", help="short runs: check the script, not the numbers")
     args = ap.parse_args()
     if args.quick:
@@ -177,14 +188,15 @@ def run(args) -> None:
     port = _free_port()
     server = start_server(url, port, token, workers)
     try:
-        wrk_single(port, token, 2, args.connections)                # warm-up: pool, plans, caches
-        single = wrk_single(port, token, args.seconds, args.connections)
-        batch = batch_jobs_per_s(port, token, args.batch_size, args.seconds, args.batch_clients)
+        wrk_single(port, token, 2, args.connections, args.flex_s)    # warm-up: pool, plans, caches
+        single = wrk_single(port, token, args.seconds, args.connections, args.flex_s)
+        batch = batch_jobs_per_s(port, token, args.batch_size, args.seconds, args.batch_clients, args.flex_s)
     finally:
         stop_server(server)
     stored = count_jobs(url, "bench.single")
     print(f"floor (pgbench, same server): enqueue {fl['floor_enqueue_single_per_s']:,} single-row inserts/s")
-    print(f"server: one process (minutehand serve), api_submit_workers={workers}")
+    print(f"server: one process (minutehand serve), api_submit_workers={workers}"
+          + (f"; every job flexible, flex_s={args.flex_s}" if args.flex_s is not None else ""))
     print(f"POST /v1/jobs, {args.connections} connections (wrk), {args.seconds} s: "
           f"{single['rps']:,.0f} requests/s, p50 {single['p50_ms']:.1f} ms, p99 {single['p99_ms']:.1f} ms, "
           f"non-2xx {single['non_2xx']} {single['socket_errors']}  "

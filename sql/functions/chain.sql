@@ -65,18 +65,9 @@ LANGUAGE sql STABLE AS $$
      LIMIT p_limit
 $$;
 
--- Where a flexible series' runs fall inside their window: a stable offset
--- from a hash of the series id, the same for every run (the same series
--- lands at the same second of its window every day), uniform over series.
-CREATE OR REPLACE FUNCTION mh_series_offset(p_series bigint, p_flex_s int) RETURNS interval
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT make_interval(secs => CASE WHEN p_flex_s > 0
-                                      THEN ((hashint8(p_series)::bigint & 2147483647) % (p_flex_s + 1))
-                                      ELSE 0 END)
-$$;
-
 -- Create the next run of each of these series of one shard, as the chain
--- computed it: due p_due[i] (NULL: no fire time within the horizon, look
+-- computed it (a flexible series' run at its stable offset in the window,
+-- mh_series_offset, counted in the planned load): due p_due[i] (NULL: no fire time within the horizon, look
 -- again in a day), dropped at p_deadline[i] if not claimed by then (misfire
 -- skip; NULL: never). Only where the series is still marked p_after[i]
 -- (compare and set: a control call or another dispatcher that got there
@@ -97,6 +88,7 @@ DECLARE
     v_id    bigint;
     v_run   timestamptz;
     v_stats stats_delta[] := '{}';
+    v_runs  timestamptz[] := '{}';
 BEGIN
     FOR v_item IN
         SELECT k.id, k.after, k.due, k.deadline
@@ -133,10 +125,12 @@ BEGIN
         UPDATE series s SET last_job_id = v_id, last_due_at = v_item.due, chain_after = NULL, updated_at = v_now
          WHERE s.shard = p_shard AND s.id = v_s.id;
         v_stats := v_stats || mh_submitted(p_shard::smallint, v_s.team_id, v_s.name);
+        v_runs := v_runs || v_run;
         series_id := v_s.id; job_id := v_id; run_at := v_run;
         RETURN NEXT;
     END LOOP;
     IF cardinality(v_stats) > 0 THEN
         PERFORM mh_add_stats(v_now, v_stats);
+        PERFORM mh_count_load(v_runs);
     END IF;
 END $$;

@@ -200,10 +200,26 @@ BEGIN
     RETURN v_n;
 END $$;
 
+-- The planned load of minutes more than an hour back is not read again
+-- (placement never looks before now): dropped, oldest first, at most
+-- p_limit rows per call.
+CREATE OR REPLACE FUNCTION purge_load(p_limit int DEFAULT 10000) RETURNS bigint
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+DECLARE v_n bigint;
+BEGIN
+    DELETE FROM load_minutes l
+     WHERE (l.minute, l.stripe) IN (
+           SELECT o.minute, o.stripe FROM load_minutes o
+            WHERE o.minute < mh_now() - interval '1 hour'
+            ORDER BY o.minute LIMIT p_limit);
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n;
+END $$;
+
 -- Every duty once, over every shard: for operators, the demo and tests.
 CREATE OR REPLACE FUNCTION maintain(OUT from_far bigint, OUT from_hours bigint, OUT swept_buckets int, OUT carried bigint,
                          OUT claims_returned bigint, OUT claims_dead bigint, OUT keys_purged bigint,
-                         OUT stats_rolled bigint, OUT stats_purged bigint)
+                         OUT stats_rolled bigint, OUT stats_purged bigint, OUT load_purged bigint)
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
     s int;
@@ -222,4 +238,5 @@ BEGIN
     END LOOP;
     stats_rolled := roll_up_stats();
     stats_purged := purge_stats();
+    load_purged := purge_load();
 END $$;

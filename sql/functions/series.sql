@@ -65,12 +65,18 @@ $$;
 -- the fire time after the first run's, when that run is dropped if not
 -- claimed by then (NULL: the first run is never dropped).
 --
+-- p_flex_s omitted (NULL) and not strict: the default window of the name,
+-- else for a cron series on round minutes the round-cron default
+-- (mh_default_flex). A flexible series is not placed by load: every run is
+-- due + mh_series_offset(series, flex_s), a stable offset from the series
+-- id (never before now); its runs are counted in the planned load all the same.
+--
 -- Returns the series id, the first run's job id and run time, and whether
 -- they were created (false: the idempotency key named an earlier series,
 -- whose first run is returned).
 CREATE OR REPLACE FUNCTION submit_series(
     p_team text, p_name text, p_due_at timestamptz DEFAULT NULL, p_payload jsonb DEFAULT '{}',
-    p_priority int DEFAULT 0, p_max_attempts int DEFAULT 3, p_flex_s int DEFAULT 0,
+    p_priority int DEFAULT 0, p_max_attempts int DEFAULT 3, p_flex_s int DEFAULT NULL,
     p_strict boolean DEFAULT false, p_idempotency_key text DEFAULT NULL,
     p_backoff_base_s real DEFAULT 1, p_backoff_cap_s real DEFAULT 3600,
     p_every_s int DEFAULT NULL, p_cron text DEFAULT NULL, p_timezone text DEFAULT NULL,
@@ -83,6 +89,7 @@ DECLARE
     v_team    int := mh_team_id(p_team);
     v_payload jsonb := coalesce(p_payload, '{}');
     v_zone    text := CASE WHEN p_cron IS NOT NULL THEN coalesce(p_timezone, 'UTC') ELSE p_timezone END;
+    v_flex    int := mh_flex_of(v_team, p_name, p_flex_s, p_strict, p_cron);
     v_first   timestamptz;
     v_problem text;
     v_shard   smallint;
@@ -97,7 +104,7 @@ BEGIN
         v_problem := 'repeat.misfire must be run_once or skip';
     END IF;
     IF v_problem IS NULL THEN
-        v_problem := mh_job_problem(p_name, p_due_at, p_priority, p_max_attempts, p_flex_s, p_strict,
+        v_problem := mh_job_problem(p_name, p_due_at, p_priority, p_max_attempts, v_flex, p_strict,
                                     p_backoff_base_s, p_backoff_cap_s, p_idempotency_key, v_now);
     END IF;
     IF v_problem IS NULL THEN
@@ -143,21 +150,23 @@ BEGIN
 
     created := true;
     series_id := mh_new_id(v_shard);
-    run_at := mh_run_at(v_first, p_flex_s, p_strict, v_now);
+    run_at := greatest(v_first + CASE WHEN p_strict THEN interval '0' ELSE mh_series_offset(series_id, v_flex) END,
+                       v_now);
     INSERT INTO series (shard, id, team_id, name, payload, priority, max_attempts, backoff_base_s, backoff_cap_s,
                         flex_s, strict, every_s, cron, timezone, idempotency_key, first_due_at, last_job_id,
                         last_due_at, created_at, updated_at, misfire)
     VALUES (v_shard, series_id, v_team, p_name, v_payload, p_priority, p_max_attempts, p_backoff_base_s,
-            p_backoff_cap_s, p_flex_s, p_strict, p_every_s, p_cron, v_zone, p_idempotency_key, v_first, job_id,
+            p_backoff_cap_s, v_flex, p_strict, p_every_s, p_cron, v_zone, p_idempotency_key, v_first, job_id,
             v_first, v_now, v_now, p_misfire);
     INSERT INTO jobs (shard, id, team_id, name, payload, priority, due_at, flex_s, strict, run_at, state,
                       max_attempts, backoff_base_s, backoff_cap_s, idempotency_key, series_id, created_at, updated_at,
                       agreed_at, deadline)
-    VALUES (v_shard, job_id, v_team, p_name, v_payload, p_priority, v_first, p_flex_s, p_strict, run_at, 'scheduled',
+    VALUES (v_shard, job_id, v_team, p_name, v_payload, p_priority, v_first, v_flex, p_strict, run_at, 'scheduled',
             p_max_attempts, p_backoff_base_s, p_backoff_cap_s, p_idempotency_key, series_id, v_now, v_now, run_at,
             CASE WHEN p_misfire = 'skip' THEN p_deadline END);
     PERFORM mh_enqueue(v_shard, job_id, run_at, p_strict, p_priority::smallint, v_team, v_now);
     PERFORM mh_add_stats(v_now, ARRAY[mh_submitted(v_shard, v_team, p_name)]);
+    PERFORM mh_count_load(ARRAY[run_at]);
 END $$;
 
 -- ---------------------------------------------------------------- control

@@ -79,14 +79,14 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
                                  p_flex_s, p_strict, p_backoff_base_s, p_backoff_cap_s)::text)
 $$;
 
--- Strict: the due time. Flexible: a point spread uniformly inside the
--- window, decided once, here. Never earlier than now.
+-- The run time of one job. Strict: the due time. Flexible: a point of the
+-- window where the planned load is lowest (mh_place, sql/functions/spread.sql),
+-- decided once, here. Never earlier than now. A batch places its jobs
+-- together with mh_place instead. Not counted: the caller adds what it
+-- creates to the load (mh_count_load).
 CREATE OR REPLACE FUNCTION mh_run_at(p_due_at timestamptz, p_flex_s int, p_strict boolean, p_now timestamptz)
-RETURNS timestamptz LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
-    SELECT greatest(coalesce(p_due_at, p_now)
-                    + CASE WHEN p_strict OR p_flex_s = 0 THEN interval '0'
-                           ELSE make_interval(secs => random() * p_flex_s) END,
-                    p_now)
+RETURNS timestamptz LANGUAGE sql VOLATILE AS $$
+    SELECT (mh_place(ARRAY[p_due_at], ARRAY[p_flex_s], ARRAY[p_strict], p_now))[1]
 $$;
 
 CREATE OR REPLACE FUNCTION mh_team_id(p_team text) RETURNS int
@@ -100,13 +100,14 @@ BEGIN
     RETURN v_id;
 END $$;
 
--- A validated job becomes a record and a row on the wheel.
+-- A validated job becomes a record and a row on the wheel, at p_run_at
+-- (NULL: placed now, mh_run_at). The caller counts it (mh_count_load).
 CREATE OR REPLACE FUNCTION mh_write_job(p_shard smallint, p_id bigint, p_team int, p_name text,
                                         p_due_at timestamptz, p_payload jsonb, p_priority int, p_max_attempts int,
                                         p_flex_s int, p_strict boolean, p_key text, p_base real, p_cap real,
-                                        p_now timestamptz)
+                                        p_now timestamptz, p_run_at timestamptz DEFAULT NULL)
 RETURNS timestamptz LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
-DECLARE v_run_at timestamptz := mh_run_at(p_due_at, p_flex_s, p_strict, p_now);
+DECLARE v_run_at timestamptz := coalesce(p_run_at, mh_run_at(p_due_at, p_flex_s, p_strict, p_now));
 BEGIN
     INSERT INTO jobs (shard, id, team_id, name, payload, priority, due_at, flex_s, strict, run_at, state,
                       max_attempts, backoff_base_s, backoff_cap_s, idempotency_key, created_at, updated_at, agreed_at)
@@ -163,10 +164,13 @@ END $$;
 
 -- A validated job with an idempotency key. The same key from the same team
 -- within 24 h names the first job (created false) and writes nothing; with a
--- different request it is a conflict (job_id NULL).
+-- different request it is a conflict (job_id NULL). p_flex_s is the window
+-- the job gets, p_sent_flex_s the one sent (NULL: omitted), which the key
+-- compares; p_run_at the run time placed for it (NULL: placed here).
 CREATE OR REPLACE FUNCTION mh_submit_keyed(p_team int, p_name text, p_due_at timestamptz, p_payload jsonb,
                                            p_priority int, p_max_attempts int, p_flex_s int, p_strict boolean,
                                            p_key text, p_base real, p_cap real, p_now timestamptz,
+                                           p_sent_flex_s int, p_run_at timestamptz,
                                            OUT job_id bigint, OUT run_at timestamptz, OUT created boolean,
                                            OUT conflict text)
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
@@ -178,7 +182,8 @@ BEGIN
     job_id := mh_new_id(v_shard);
     SELECT * INTO v_key FROM mh_take_key(
         v_shard, p_team, p_key, job_id,
-        mh_request_hash(p_name, p_due_at, p_payload, p_priority, p_max_attempts, p_flex_s, p_strict, p_base, p_cap),
+        mh_request_hash(p_name, p_due_at, p_payload, p_priority, p_max_attempts, p_sent_flex_s, p_strict, p_base,
+                        p_cap),
         p_now);
     IF v_key.conflict IS NOT NULL OR v_key.existing IS NOT NULL THEN
         created := false;
@@ -189,14 +194,16 @@ BEGIN
     END IF;
     created := true;
     run_at := mh_write_job(v_shard, job_id, p_team, p_name, p_due_at, p_payload, p_priority, p_max_attempts,
-                           p_flex_s, p_strict, p_key, p_base, p_cap, p_now);
+                           p_flex_s, p_strict, p_key, p_base, p_cap, p_now, p_run_at);
 END $$;
 
 -- One job. Returns its id, assigned run time, and whether it was created
 -- (false: the idempotency key named an earlier job, whose id is returned).
+-- p_flex_s omitted (NULL) and not strict: the default window of its name
+-- (mh_default_flex).
 CREATE OR REPLACE FUNCTION submit_job_detail(
     p_team text, p_name text, p_due_at timestamptz DEFAULT NULL, p_payload jsonb DEFAULT '{}',
-    p_priority int DEFAULT 0, p_max_attempts int DEFAULT 3, p_flex_s int DEFAULT 0,
+    p_priority int DEFAULT 0, p_max_attempts int DEFAULT 3, p_flex_s int DEFAULT NULL,
     p_strict boolean DEFAULT false, p_idempotency_key text DEFAULT NULL,
     p_backoff_base_s real DEFAULT 1, p_backoff_cap_s real DEFAULT 3600,
     OUT job_id bigint, OUT run_at timestamptz, OUT created boolean)
@@ -205,6 +212,7 @@ DECLARE
     v_now     timestamptz := mh_now();
     v_team    int := mh_team_id(p_team);
     v_payload jsonb := coalesce(p_payload, '{}');
+    v_flex    int := mh_flex_of(v_team, p_name, p_flex_s, p_strict);
     v_problem text;
     v_shard   smallint;
     v_keyed   record;
@@ -213,7 +221,7 @@ BEGIN
     IF v_problem IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'MH413', MESSAGE = v_problem;
     END IF;
-    v_problem := mh_job_problem(p_name, p_due_at, p_priority, p_max_attempts, p_flex_s, p_strict,
+    v_problem := mh_job_problem(p_name, p_due_at, p_priority, p_max_attempts, v_flex, p_strict,
                                 p_backoff_base_s, p_backoff_cap_s, p_idempotency_key, v_now);
     IF v_problem IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = v_problem;
@@ -223,26 +231,28 @@ BEGIN
         job_id := mh_new_id(v_shard);
         created := true;
         run_at := mh_write_job(v_shard, job_id, v_team, p_name, p_due_at, v_payload, p_priority, p_max_attempts,
-                               p_flex_s, p_strict, NULL, p_backoff_base_s, p_backoff_cap_s, v_now);
+                               v_flex, p_strict, NULL, p_backoff_base_s, p_backoff_cap_s, v_now);
         PERFORM mh_add_stats(v_now, ARRAY[mh_submitted(v_shard, v_team, p_name)]);
+        PERFORM mh_count_load(ARRAY[run_at]);
         RETURN;
     END IF;
     SELECT * INTO v_keyed FROM mh_submit_keyed(v_team, p_name, p_due_at, v_payload, p_priority, p_max_attempts,
-                                               p_flex_s, p_strict, p_idempotency_key, p_backoff_base_s,
-                                               p_backoff_cap_s, v_now);
+                                               v_flex, p_strict, p_idempotency_key, p_backoff_base_s,
+                                               p_backoff_cap_s, v_now, p_flex_s, NULL);
     IF v_keyed.conflict IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'MH409', MESSAGE = v_keyed.conflict;
     END IF;
     job_id := v_keyed.job_id; run_at := v_keyed.run_at; created := v_keyed.created;
     IF created THEN
         PERFORM mh_add_stats(v_now, ARRAY[mh_submitted(mh_shard_of(job_id), v_team, p_name)]);
+        PERFORM mh_count_load(ARRAY[run_at]);
     END IF;
 END $$;
 
 -- The SQL-level interface: enqueue inside your own transaction, get the id.
 CREATE OR REPLACE FUNCTION submit_job(
     p_team text, p_name text, p_due_at timestamptz DEFAULT NULL, p_payload jsonb DEFAULT '{}',
-    p_priority int DEFAULT 0, p_max_attempts int DEFAULT 3, p_flex_s int DEFAULT 0,
+    p_priority int DEFAULT 0, p_max_attempts int DEFAULT 3, p_flex_s int DEFAULT NULL,
     p_strict boolean DEFAULT false, p_idempotency_key text DEFAULT NULL,
     p_backoff_base_s real DEFAULT 1, p_backoff_cap_s real DEFAULT 3600)
 RETURNS bigint LANGUAGE sql SECURITY DEFINER SET search_path = minutehand, pg_temp AS $$
@@ -250,36 +260,48 @@ RETURNS bigint LANGUAGE sql SECURITY DEFINER SET search_path = minutehand, pg_te
                               p_strict, p_idempotency_key, p_backoff_base_s, p_backoff_cap_s)).job_id
 $$;
 
--- The items of a batch, defaults filled in and each checked: problem is
--- NULL for a valid item.
+-- The items of a batch of team p_team, defaults filled in (a flex window
+-- omitted: mh_flex_of; sent_flex_s keeps what was sent, for idempotency
+-- keys) and each checked: problem is NULL for a valid item.
 CREATE OR REPLACE FUNCTION mh_batch_items(
-    p_names text[], p_due_ats timestamptz[], p_payloads jsonb[], p_priorities int[], p_max_attempts int[],
-    p_flex_s int[], p_stricts boolean[], p_keys text[], p_backoff_base_s real[], p_backoff_cap_s real[],
-    p_now timestamptz)
+    p_team int, p_names text[], p_due_ats timestamptz[], p_payloads jsonb[], p_priorities int[],
+    p_max_attempts int[], p_flex_s int[], p_stricts boolean[], p_keys text[], p_backoff_base_s real[],
+    p_backoff_cap_s real[], p_now timestamptz)
 RETURNS TABLE (idx int, name text, due_at timestamptz, payload jsonb, priority int, max_attempts int,
-               flex_s int, is_strict boolean, key text, base real, cap real, problem text)
+               flex_s int, is_strict boolean, key text, base real, cap real, sent_flex_s int, problem text)
 LANGUAGE sql STABLE AS $$
     SELECT i.*, coalesce(mh_payload_problem(i.payload),
                          mh_job_problem(i.name, i.due_at, i.priority, i.max_attempts, i.flex_s,
                                         i.strict, i.base, i.cap, i.key, p_now))
       FROM (SELECT (u.ord - 1)::int AS idx, u.name, u.due_at, coalesce(u.payload, '{}') AS payload,
                    coalesce(u.priority, 0) AS priority, coalesce(u.max_attempts, 3) AS max_attempts,
-                   coalesce(u.flex_s, 0) AS flex_s, coalesce(u.strict, false) AS strict, u.key,
-                   coalesce(u.base, 1) AS base, coalesce(u.cap, 3600) AS cap
+                   CASE WHEN u.flex_s IS NOT NULL THEN u.flex_s WHEN u.strict IS NOT false THEN 0
+                        ELSE coalesce(d.flex_s, 0) END AS flex_s,
+                   coalesce(u.strict, false) AS strict, u.key,
+                   coalesce(u.base, 1) AS base, coalesce(u.cap, 3600) AS cap, u.flex_s AS sent_flex_s
               FROM unnest(p_names, p_due_ats, p_payloads, p_priorities, p_max_attempts, p_flex_s,
                           p_stricts, p_keys, p_backoff_base_s, p_backoff_cap_s)
                    WITH ORDINALITY AS u(name, due_at, payload, priority, max_attempts, flex_s, strict, key,
-                                        base, cap, ord)) i
+                                        base, cap, ord)
+              -- the name rules of the team and the operator's, read once for the batch
+              -- (mh_default_flex, set-based; a plain job is no cron series)
+              LEFT JOIN (SELECT DISTINCT ON (r.job_name) r.job_name, r.flex_s FROM flex_defaults r
+                          WHERE r.team_id IN (p_team, 0) AND r.job_name <> ''
+                          ORDER BY r.job_name, r.team_id DESC) d
+                ON d.job_name = u.name AND u.flex_s IS NULL) i
 $$;
 
 -- Many jobs of one team in one call: parallel arrays, each as long as
 -- p_names or NULL (NULL array or element: the default). Each item is
 -- validated; valid items are written together, invalid ones are reported
 -- (error) and written nowhere. idx is the 0-based array position; rows come
--- in no particular order. Jobs without a key are written set-based (one
--- INSERT per table, no loop); keyed ones one by one through the same path
--- as submit_job_detail, taking their key rows in (shard, key) order, the
--- order every procedure locks keys in.
+-- in no particular order. The valid items' run times are placed together
+-- (mh_place: flexible ones where the window is least loaded, keyed ones
+-- included). Jobs without a key are written set-based (one INSERT per
+-- table, no loop); keyed ones one by one through the same path as
+-- submit_job_detail, taking their key rows in (shard, key) order, the order
+-- every procedure locks keys in. Every job created is added to the counters
+-- and to the planned load, one upsert each.
 CREATE OR REPLACE FUNCTION submit_jobs(
     p_team text, p_names text[], p_due_ats timestamptz[] DEFAULT NULL, p_payloads jsonb[] DEFAULT NULL,
     p_priorities int[] DEFAULT NULL, p_max_attempts int[] DEFAULT NULL, p_flex_s int[] DEFAULT NULL,
@@ -294,6 +316,8 @@ DECLARE
     v_due     due_row[];
     v_results submit_result[];
     v_stats   stats_delta[];
+    v_placed  timestamptz[];          -- by idx + 1: the run time placed for each valid item
+    v_load    timestamptz[];          -- run times of the jobs created
     v_keyed   record;
     v_label   text;
     r         record;
@@ -312,13 +336,22 @@ BEGIN
                              v_label, v_n);
     END IF;
     WITH checked AS (
-        SELECT * FROM mh_batch_items(p_names, p_due_ats, p_payloads, p_priorities, p_max_attempts, p_flex_s,
-                                     p_stricts, p_keys, p_backoff_base_s, p_backoff_cap_s, v_now)
+        SELECT * FROM mh_batch_items(v_team, p_names, p_due_ats, p_payloads, p_priorities, p_max_attempts,
+                                     p_flex_s, p_stricts, p_keys, p_backoff_base_s, p_backoff_cap_s, v_now)
+    ), placed AS (
+        SELECT p.idx, p.run_at
+          FROM (SELECT array_agg(c.idx ORDER BY c.idx) AS idxs,
+                       CASE WHEN bool_or(c.flex_s > 0 AND NOT c.is_strict)
+                            THEN mh_place(array_agg(c.due_at ORDER BY c.idx), array_agg(c.flex_s ORDER BY c.idx),
+                                          array_agg(c.is_strict ORDER BY c.idx), v_now)
+                            ELSE array_agg(greatest(coalesce(c.due_at, v_now), v_now) ORDER BY c.idx) END AS runs
+                  FROM checked c WHERE c.problem IS NULL) a,
+               unnest(a.idxs, a.runs) p(idx, run_at)
     ), sharded AS (
         SELECT c.*, mh_random_shard() AS shard FROM checked c WHERE c.problem IS NULL AND c.key IS NULL
     ), fresh AS (
-        SELECT s.*, mh_new_id(s.shard) AS id, mh_run_at(s.due_at, s.flex_s, s.is_strict, v_now) AS run_at
-          FROM sharded s
+        SELECT s.*, mh_new_id(s.shard) AS id, p.run_at
+          FROM sharded s JOIN placed p ON p.idx = s.idx
     ), new_jobs AS (
         INSERT INTO jobs (shard, id, team_id, name, payload, priority, due_at, flex_s, strict, run_at, state,
                           max_attempts, backoff_base_s, backoff_cap_s, created_at, updated_at, agreed_at)
@@ -330,23 +363,31 @@ BEGIN
            (SELECT array_agg(ROW(c.idx, f.id, f.run_at, f.id IS NOT NULL, c.problem)::submit_result)
               FROM checked c LEFT JOIN fresh f ON f.idx = c.idx
              WHERE c.key IS NULL OR c.problem IS NOT NULL),
-           (SELECT array_agg(mh_submitted(f.shard, v_team, f.name)) FROM fresh f)
-      INTO v_due, v_results, v_stats;
+           (SELECT array_agg(mh_submitted(f.shard, v_team, f.name)) FROM fresh f),
+           (SELECT array_agg(f.run_at) FROM fresh f),
+           (SELECT array_agg(p.run_at ORDER BY c.idx) FROM checked c LEFT JOIN placed p ON p.idx = c.idx
+             WHERE EXISTS (SELECT 1 FROM checked k WHERE k.key IS NOT NULL AND k.problem IS NULL))
+      INTO v_due, v_results, v_stats, v_load, v_placed;
     PERFORM mh_enqueue_many(v_due, v_now);
     RETURN QUERY SELECT * FROM unnest(v_results);
 
-    FOR r IN SELECT * FROM mh_batch_items(p_names, p_due_ats, p_payloads, p_priorities, p_max_attempts, p_flex_s,
-                                          p_stricts, p_keys, p_backoff_base_s, p_backoff_cap_s, v_now) c
-              WHERE c.key IS NOT NULL AND c.problem IS NULL
-              ORDER BY mh_key_shard(v_team, c.key), c.key, c.idx
-    LOOP
-        SELECT * INTO v_keyed FROM mh_submit_keyed(v_team, r.name, r.due_at, r.payload, r.priority, r.max_attempts,
-                                                   r.flex_s, r.is_strict, r.key, r.base, r.cap, v_now);
-        IF v_keyed.created THEN
-            v_stats := v_stats || mh_submitted(mh_shard_of(v_keyed.job_id), v_team, r.name);
-        END IF;
-        RETURN NEXT ROW(r.idx, v_keyed.job_id, v_keyed.run_at, v_keyed.created, v_keyed.conflict)::submit_result;
-    END LOOP;
-    -- Every job created, in one upsert.
+    IF v_placed IS NOT NULL THEN
+        FOR r IN SELECT * FROM mh_batch_items(v_team, p_names, p_due_ats, p_payloads, p_priorities, p_max_attempts,
+                                              p_flex_s, p_stricts, p_keys, p_backoff_base_s, p_backoff_cap_s, v_now) c
+                  WHERE c.key IS NOT NULL AND c.problem IS NULL
+                  ORDER BY mh_key_shard(v_team, c.key), c.key, c.idx
+        LOOP
+            SELECT * INTO v_keyed FROM mh_submit_keyed(v_team, r.name, r.due_at, r.payload, r.priority,
+                                                       r.max_attempts, r.flex_s, r.is_strict, r.key, r.base, r.cap,
+                                                       v_now, r.sent_flex_s, v_placed[r.idx + 1]);
+            IF v_keyed.created THEN
+                v_stats := v_stats || mh_submitted(mh_shard_of(v_keyed.job_id), v_team, r.name);
+                v_load := v_load || v_keyed.run_at;
+            END IF;
+            RETURN NEXT ROW(r.idx, v_keyed.job_id, v_keyed.run_at, v_keyed.created, v_keyed.conflict)::submit_result;
+        END LOOP;
+    END IF;
+    -- Every job created, in one upsert each: the counters and the planned load.
     PERFORM mh_add_stats(v_now, v_stats);
+    PERFORM mh_count_load(v_load);
 END $$;
