@@ -51,7 +51,10 @@ class MaintenanceSchedule:
         self.scheduler = BackgroundScheduler(
             daemon=True, timezone="UTC",
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None})
-                 stats_every_s: float = 300.0, chain_every_s: float = 0.25, load_every_s: float = 60.0):
+        for duty, every in ((self.continue_series, chain_every_s),
+                            (self.expire_claims, expire_every_s), (self.purge_keys, purge_every_s),
+                            (self.turn_wheel, wheel_every_s), (self.fold_stats, stats_every_s),
+                            (self.purge_load, load_every_s)):
             self.scheduler.add_job(_logged(duty), "interval", seconds=every, id=duty.__name__,
                                    next_run_time=None if duty in (self.purge_keys, self.fold_stats, self.purge_load)
                                    else _now())
