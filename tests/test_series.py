@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import time
 
 import psycopg
 import pytest
@@ -22,6 +23,7 @@ from psycopg.types.json import Jsonb
 from minutehand.api.app import create_app
 from minutehand.settings import Settings
 from minutehand.store import errors, migrate
+from minutehand.store import repeat as repeats
 from minutehand.store.records import JobSpec, Repeat
 from minutehand.store.store import hash_token
 from tests.support import T0, due_rows, minute_part, pin
@@ -216,6 +218,7 @@ def assert_problem(r, status: int, slug: str, detail: str = "") -> dict:
     ({"cron": "0 3 * * *", "timezone": "CEST"}, "IANA time zone"),
     ({"cron": "0 0 31 2 *"}, "does not fire within 366 days"),   # never: searched to the horizon only
     ({"cron": "0 0 29 2 *"}, "does not fire within 366 days"),   # the next 29 February is in 2032
+    ({"every_s": 60, "misfire": "later"}, "Invalid enum value 'later' - at `$.repeat.misfire`"),
     ({"every_s": "60"}, "expected `int`, got `str`"),
     ({"every_s": 60, "day": 1}, "unknown field `day`"),
 ])
@@ -428,3 +431,17 @@ def test_sql_refusals_write_nothing(pinned_conn, kw, sqlstate, msg):
 def test_sql_zones_by_iana_name(pinned_conn):
     for zone in ("UTC", "Europe/Berlin", "America/Argentina/Buenos_Aires", "Etc/GMT+5", "EST5EDT", "Japan"):
         assert submit_series_sql(pinned_conn, cron="0 3 * * *", timezone=zone, first_due_at=T0 + H)[3] is True, zone
+
+
+@pytest.mark.parametrize("cron", ["0 0 31 2 *", "0 0 30 2 *", "59 23 31 11 *"])
+def test_a_cron_that_never_fires_is_refused_in_milliseconds(client, pinned_conn, cron):
+    """Its search stops at the horizon: under 50 ms of CPU for the search,
+    and the request refused (422) writing nothing."""
+    spent = time.thread_time()
+    with pytest.raises(ValueError, match="does not fire within 366 days"):
+        repeats.first_due(Repeat(cron=cron), None, T0)
+    assert time.thread_time() - spent < 0.05
+    before = counts(pinned_conn)
+    assert_problem(client.post("/v1/jobs", headers=T, json={"name": "a", "repeat": {"cron": cron}}), 422,
+                   "invalid-input", "does not fire within 366 days")
+    assert counts(pinned_conn) == before
