@@ -694,3 +694,53 @@ def test_team_stats_read_uses_its_keys_and_never_jobs(conn):
         # the window's rows through the time index (an index scan, or a bitmap over that index)
         assert {n["Node Type"] for n in nodes_on(plan, "team_stats")} <= {"Index Scan", "Bitmap Heap Scan"}
         assert "team_stats_minute" in {n.get("Index Name") for n in plan_nodes(plan)}
+
+
+# ---------------------------------------------------------------- the chain of repeating series
+
+def series_indexes(ae: AutoExplain) -> set[str]:
+    """The indexes the recorded plans reach series through; none reads it whole."""
+    nodes = [n for p in ae.plans for n in plan_nodes(p["Plan"])]
+    assert not [n for n in nodes if n.get("Relation Name") == "series" and n["Node Type"] == "Seq Scan"]
+    return {n["Index Name"] for n in nodes if n.get("Index Name", "").startswith("series")}
+
+
+def test_the_chain_reaches_series_by_their_keys(conn, layout):
+    """Among 20,000 series, a claim of a series' newest run marks its series
+    through series_pkey; the chain reads the marked series through
+    series_chain and creates the next run through its keys and one minute
+    partition; nothing reads jobs but by its primary key."""
+    with conn.transaction(force_rollback=True):
+        conn.execute("""INSERT INTO series (shard, id, team_id, name, payload, priority, max_attempts,
+                                            backoff_base_s, backoff_cap_s, flex_s, strict, every_s,
+                                            first_due_at, last_job_id, last_due_at, created_at, updated_at)
+                        SELECT g % 256, g, 1, 'filler', '{}', 0, 3, 1, 3600, 0, false, 60, now(), g, now(), now(), now()
+                          FROM generate_series(1, 20000) g""")
+        conn.execute("ANALYZE series")
+        series_id, job_id = conn.execute(
+            "SELECT series_id, job_id FROM submit_series(%s, 'tick', %s, p_every_s => 60)",
+            (TEAM, T0 - dt.timedelta(seconds=5))).fetchone()
+        shard = series_id & 1023
+        epoch = conn.execute("SELECT take_shard_lease(%s, 'explain-chain', 60)", (shard,)).fetchone()[0]
+        ae = AutoExplain(conn)
+        with ae:
+            claimed = conn.execute("SELECT job_id FROM claim_due(%s, 10000, 'explain-chain', %s, 30)",
+                                   (shard, epoch)).fetchall()
+            conn.execute("SELECT 1")                 # the last plans' notices arrive with the next answer
+        assert (job_id,) in claimed
+        assert series_indexes(ae) == {"series_pkey"}
+        with ae:
+            [row] = conn.execute("SELECT series_id, chain_after FROM series_to_chain(%s, 1000)",
+                                 (list(range(256)),)).fetchall()
+            conn.execute("SELECT 1")
+        assert row[0] == series_id
+        assert series_indexes(ae) == {"series_chain"}
+        with ae:
+            made = conn.execute("SELECT * FROM chain_series(%s, %s, %s, %s, %s)",
+                                (shard, [series_id], [row[1]], [T0 + dt.timedelta(seconds=55)], [None])).fetchall()
+            conn.execute("SELECT 1")
+        assert len(made) == 1
+        for p in ae.plans:
+            assert_no_scan_beyond(p["Plan"], layout["cur"], "series")
+        assert series_indexes(ae) and series_indexes(ae) <= {"series_pkey", "series_chain"}
+        assert ae.due_relations() == {layout["cur"]}
