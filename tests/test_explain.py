@@ -743,4 +743,7 @@ def test_the_chain_reaches_series_by_their_keys(conn, layout):
         for p in ae.plans:
             assert_no_scan_beyond(p["Plan"], layout["cur"], "series")
         assert series_indexes(ae) and series_indexes(ae) <= {"series_pkey", "series_chain"}
-        assert ae.due_relations() == {layout["cur"]}
+        assert ae.due_relations() == {"due_minutes"}           # an INSERT names the parent ...
+        where = conn.execute("SELECT tableoid::regclass::text FROM due_minutes WHERE job_id = %s",
+                             (made[0][1],)).fetchall()
+        assert where == [(minute_part(conn, T0 + dt.timedelta(seconds=55)),)]   # ... and its row to one leaf
