@@ -273,3 +273,14 @@ def test_a_cancelled_series_makes_no_further_run_even_if_its_mark_was_read(store
     pinned_conn.execute("SELECT * FROM chain_series(%s, %s, %s, %s, %s)",
                         (sid & 1023, [sid], [after], [T0 + MIN], [None]))
     assert len(runs(pinned_conn, sid)) == 1
+
+
+def test_cancelling_a_waiting_run_skips_one_occurrence_not_the_series(store, pinned_conn):
+    sid = submit(store, Repeat(every_s=60), due_at=T0)
+    leases = lease_all(store)
+    turn(store, leases, T0)
+    (waiting,) = pinned_conn.execute("SELECT last_job_id FROM series WHERE id = %s", (sid,)).fetchone()
+    assert pinned_conn.execute("SELECT ok FROM cancel(%s, 't')", (waiting,)).fetchone() == (True,)
+    turn(store, leases, T0 + MIN)                    # the cancelled run's time: the chain goes on from it
+    rows = runs(pinned_conn, sid)
+    assert [(r[0], r[1]) for r in rows] == [(T0, "claimed"), (T0 + MIN, "cancelled"), (T0 + 2 * MIN, "scheduled")]

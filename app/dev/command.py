@@ -46,7 +46,7 @@ from minutehand.dev.demo_worker import NAMES as DEMO_NAMES
 from minutehand.dev.localpg import LocalCluster
 from minutehand.settings import Settings
 from minutehand.store import migrate
-from minutehand.store.records import JobSpec, quantile_bound
+from minutehand.store.records import JobSpec, Repeat, quantile_bound
 from minutehand.store.store import Store
 
 DB_NAME = "minutehand"
@@ -222,6 +222,14 @@ def _bound(s: float | None) -> str:
     return "over 1 h" if s is None else f"{s:g}s"
 
 
+def start_demo_series(store: Store) -> None:
+    """A repeating job, every 30 s (a run a period late is folded into the
+    next: misfire run_once), made once per database: a later run finds it
+    (the leftover run cancel_leftovers cancelled only skips one occurrence)."""
+    if not any(s.name == "demo.tick" and s.state != "cancelled" for s in store.list_series(TEAM).series):
+        store.submit(TEAM, JobSpec(name="demo.tick", repeat=Repeat(every_s=30)))
+
+
 def demo_jobs(n: int) -> list[JobSpec]:
     """Mostly due now; some soon with a flex window; a few far ahead (they wait in the far levels)."""
     now = dt.datetime.now(UTC)
@@ -279,6 +287,7 @@ def run(settings: Settings, args) -> None:
         demo_token = store.create_worker_token(DEMO_WORKER)
         user_token = store.create_worker_token(USER_WORKER)
         cancel_leftovers(store)
+        start_demo_series(store)
 
         base = f"http://{settings.http_host}:{settings.http_port}"
         children.append(start_child(settings, {"MINUTEHAND_DATABASE_URL": url}, "serve"))

@@ -9,7 +9,7 @@ import random
 
 from minutehand.worker import Job, Worker
 
-NAMES = ("demo.now", "demo.soon", "demo.later")
+NAMES = ("demo.now", "demo.soon", "demo.later", "demo.tick")
 
 worker = Worker()
 

@@ -302,11 +302,12 @@ LANGUAGE sql SET search_path = minutehand, pg_temp AS $$ SELECT * FROM fail_many
 CREATE OR REPLACE FUNCTION mh_cancel_job(p_job bigint, p_team int, p_states job_state[]) RETURNS outcome
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
-    v_now   timestamptz := mh_now();
-    v_state job_state;
-    v_name  text;
+    v_now    timestamptz := mh_now();
+    v_state  job_state;
+    v_name   text;
+    v_series bigint;
 BEGIN
-    SELECT j.state, j.name INTO v_state, v_name FROM jobs j
+    SELECT j.state, j.name, j.series_id INTO v_state, v_name, v_series FROM jobs j
      WHERE j.shard = mh_shard_of(p_job) AND j.id = p_job AND j.team_id = p_team
        FOR UPDATE;
     IF NOT FOUND THEN
@@ -318,6 +319,14 @@ BEGIN
          WHERE j.shard = mh_shard_of(p_job) AND j.id = p_job;
         IF v_state = 'claimed' THEN
             PERFORM mh_not_running(ARRAY[mh_shard_of(p_job)], ARRAY[p_team]);
+        END IF;
+        IF v_series IS NOT NULL THEN
+            -- A series' newest run cancelled skips one occurrence, it does not end the
+            -- series: the series is marked for its next run, as a claim marks it (a
+            -- pause or cancel of the series has already cleared what it would mark).
+            UPDATE series s SET chain_after = s.last_due_at, updated_at = v_now
+             WHERE s.shard = mh_shard_of(p_job)
+               AND s.id IN (SELECT mh_series_to_chain(mh_shard_of(p_job), ARRAY[v_series], ARRAY[p_job]));
         END IF;
         PERFORM mh_add_stats(v_now, ARRAY[ROW(16 + mh_shard_of(p_job) % 16, p_team, v_name, 0, 0, 0, 0, 0, 1,
                                               NULL, NULL)::stats_delta]);
