@@ -34,17 +34,21 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 4 $$;
 -- batches wait for each other instead of deadlocking). Every procedure that
 -- creates a job calls it once per transaction (per batch) with the run
 -- times it created, in its own transaction: submissions, series runs and
--- the chain. Approximate by design: never decremented.
+-- the chain. Approximate by design: never decremented. Runs in the current
+-- minute (or before: due at once) are not counted: placement reads the
+-- current minute only for a window starting in its first 30 s, and most
+-- jobs are due now, so their submissions write no counter row.
 CREATE OR REPLACE FUNCTION mh_count_load(p_run_ats timestamptz[]) RETURNS void
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+DECLARE v_from timestamptz := mh_minute(mh_now()) + interval '1 minute';
 BEGIN
-    IF coalesce(cardinality(p_run_ats), 0) = 0 THEN
+    IF NOT EXISTS (SELECT 1 FROM unnest(p_run_ats) t WHERE t >= v_from AND isfinite(t)) THEN
         RETURN;
     END IF;
     INSERT INTO load_minutes AS l (minute, stripe, jobs)
     SELECT mh_minute(t), mh_load_stripe(), count(*)
       FROM unnest(p_run_ats) t
-     WHERE t IS NOT NULL AND isfinite(t)
+     WHERE t >= v_from AND isfinite(t)
      GROUP BY 1
      ORDER BY 1
     ON CONFLICT (minute, stripe) DO UPDATE SET jobs = l.jobs + excluded.jobs;

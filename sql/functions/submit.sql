@@ -86,7 +86,8 @@ $$;
 -- creates to the load (mh_count_load).
 CREATE OR REPLACE FUNCTION mh_run_at(p_due_at timestamptz, p_flex_s int, p_strict boolean, p_now timestamptz)
 RETURNS timestamptz LANGUAGE sql VOLATILE AS $$
-    SELECT (mh_place(ARRAY[p_due_at], ARRAY[p_flex_s], ARRAY[p_strict], p_now))[1]
+    SELECT CASE WHEN p_strict OR coalesce(p_flex_s, 0) <= 0 THEN greatest(coalesce(p_due_at, p_now), p_now)
+                ELSE (mh_place(ARRAY[p_due_at], ARRAY[p_flex_s], ARRAY[p_strict], p_now))[1] END
 $$;
 
 CREATE OR REPLACE FUNCTION mh_team_id(p_team text) RETURNS int
