@@ -284,3 +284,13 @@ def test_cancelling_a_waiting_run_skips_one_occurrence_not_the_series(store, pin
     turn(store, leases, T0 + MIN)                    # the cancelled run's time: the chain goes on from it
     rows = runs(pinned_conn, sid)
     assert [(r[0], r[1]) for r in rows] == [(T0, "claimed"), (T0 + MIN, "cancelled"), (T0 + 2 * MIN, "scheduled")]
+
+
+def test_skip_drops_even_the_first_run_once_the_next_fire_time_came(store, pinned_conn):
+    sid = submit(store, Repeat(cron="*/5 * * * *", misfire="skip"))       # first fire 12:05, deadline 12:10
+    leases = lease_all(store)
+    got = turn(store, leases, dt.datetime(2030, 1, 1, 12, 12, tzinfo=UTC))
+    assert got == []
+    rows = runs(pinned_conn, sid)
+    assert [(r[0].astimezone(UTC).strftime("%H:%M"), r[1]) for r in rows] == [("12:05", "cancelled"),
+                                                                              ("12:15", "scheduled")]

@@ -124,7 +124,7 @@ $$;
 -- deadline that never started (a repeating run that misfired under the
 -- skip policy) is cancelled instead. When the newest run of a series is
 -- claimed or dropped, its series is marked for its next run (chain_after),
--- and the shard's dispatcher creates it (app/dispatch/chain.py). A series
+-- and the shard's dispatcher creates it (sql/functions/chain.sql). A series
 -- row locked by a control call (pause, cancel, a new spec) is not waited
 -- for: that call decides the series' next run itself. Each job names
 -- its team and carries the result stored under its idempotency key within

@@ -3,7 +3,7 @@
 -- (shard, series_id, due_at), the unique index jobs_series_run, stops any
 -- run from being created twice. Submission creates the first run; the claim
 -- of the newest run marks the series (chain_after) and the dispatcher that
--- owns the shard creates the next run (app/dispatch/chain.py), advancing
+-- owns the shard creates the next run (sql/functions/chain.sql), advancing
 -- the columns marked "chain" below. Citus-ready like jobs: distributed by
 -- shard, colocated with the runs.
 CREATE TABLE series (
