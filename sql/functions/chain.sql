@@ -43,8 +43,7 @@ BEGIN
            AND s.id IN (SELECT mh_series_to_chain(p_shard, ARRAY(SELECT d.series_id FROM dropped d),
                                                   ARRAY(SELECT d.id FROM dropped d)))
     )
-    SELECT array_agg(ROW(16 + p_shard % 16, d.team_id, d.name, 0, 0, 0, 0, 0, 1, NULL, NULL)::stats_delta)
-      INTO v_stats FROM dropped d;
+    SELECT array_agg(mh_cancelled(p_shard::smallint, d.team_id, d.name)) INTO v_stats FROM dropped d;
     IF v_stats IS NOT NULL THEN
         PERFORM mh_add_stats(p_now, v_stats);
     END IF;
@@ -67,9 +66,9 @@ $$;
 
 -- Create the next run of each of these series of one shard, as the chain
 -- computed it (a flexible series' run at its stable offset in the window,
--- mh_series_offset, counted in the planned load): due p_due[i] (NULL: no fire time within the horizon, look
--- again in a day), dropped at p_deadline[i] if not claimed by then (misfire
--- skip; NULL: never). Only where the series is still marked p_after[i]
+-- mh_series_offset, counted in the planned load): due p_due[i] (NULL: no
+-- fire time within the horizon, look again in a day), dropped at
+-- p_deadline[i] if not claimed by then (misfire skip; NULL: never). Only where the series is still marked p_after[i]
 -- (compare and set: a control call or another dispatcher that got there
 -- first wins, and this one writes nothing for it). A paused or cancelled
 -- series gets no run, and its mark is cleared. A run already there at that

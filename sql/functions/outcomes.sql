@@ -328,8 +328,7 @@ BEGIN
              WHERE s.shard = mh_shard_of(p_job)
                AND s.id IN (SELECT mh_series_to_chain(mh_shard_of(p_job), ARRAY[v_series], ARRAY[p_job]));
         END IF;
-        PERFORM mh_add_stats(v_now, ARRAY[ROW(16 + mh_shard_of(p_job) % 16, p_team, v_name, 0, 0, 0, 0, 0, 1,
-                                              NULL, NULL)::stats_delta]);
+        PERFORM mh_add_stats(v_now, ARRAY[mh_cancelled(mh_shard_of(p_job), p_team, v_name)]);
         RETURN ROW(p_job, true, 'cancelled'::job_state, NULL::text)::outcome;
     END IF;
     RETURN ROW(p_job, false, v_state, format('job is %s: only a job that has not started can be cancelled', v_state))::outcome;

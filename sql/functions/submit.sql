@@ -124,6 +124,13 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT ROW(p_shard % 16, p_team, p_name, 1, 0, 0, 0, 0, 0, NULL, NULL)::stats_delta
 $$;
 
+-- A cancellation row of team_stats for one job that ended cancelled (stripe
+-- 16 + shard % 16: events of a finished job count apart from submissions).
+CREATE OR REPLACE FUNCTION mh_cancelled(p_shard smallint, p_team int, p_name text) RETURNS stats_delta
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT ROW(16 + p_shard % 16, p_team, p_name, 0, 0, 0, 0, 0, 1, NULL, NULL)::stats_delta
+$$;
+
 -- Take an idempotency key for a new job (p_job_id), for jobs and series
 -- alike: both NULL, the key is now this job's; existing, the same request
 -- (p_hash) within 24 h made that job; conflict, another request used the
