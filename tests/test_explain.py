@@ -444,16 +444,21 @@ def assert_series_by_primary_key(plan: dict, rows: int, *, index: bool = True) -
         assert node["Actual Loops"] <= 1 and node["Actual Rows"] == rows, node
 
 
+def _fill_series(conn: psycopg.Connection) -> None:
+    """20,000 series (inside the caller's rolled-back transaction), analyzed."""
+    conn.execute("""INSERT INTO series (shard, id, team_id, name, payload, priority, max_attempts,
+                                        backoff_base_s, backoff_cap_s, flex_s, strict, every_s,
+                                        first_due_at, last_job_id, last_due_at, created_at, updated_at)
+                    SELECT g % 256, g, 1, 'filler', '{}', 0, 3, 1, 3600, 0, false, 60, now(), g, now(), now(), now()
+                      FROM generate_series(1, 20000) g""")
+    conn.execute("ANALYZE series")
+
+
 def test_job_status_reaches_a_series_by_its_primary_key(conn, layout):
     """With many series stored, the status of a series run adds one series_pkey
     lookup, and that of a job that runs once finds no series row the same way."""
     with conn.transaction(force_rollback=True):
-        conn.execute("""INSERT INTO series (shard, id, team_id, name, payload, priority, max_attempts,
-                                            backoff_base_s, backoff_cap_s, flex_s, strict, every_s,
-                                            first_due_at, last_job_id, last_due_at, created_at, updated_at)
-                        SELECT g % 256, g, 1, 'filler', '{}', 0, 3, 1, 3600, 0, false, 60, now(), g, now(), now(), now()
-                          FROM generate_series(1, 20000) g""")
-        conn.execute("ANALYZE series")
+        _fill_series(conn)
         job_id = conn.execute("SELECT job_id FROM submit_series(%s, 'tick', p_every_s => 60)",
                               (TEAM,)).fetchone()[0]
         for which, rows in ((job_id, 1), (layout["far_id"], 0)):
@@ -711,12 +716,7 @@ def test_the_chain_reaches_series_by_their_keys(conn, layout):
     series_chain and creates the next run through its keys and one minute
     partition; nothing reads jobs but by its primary key."""
     with conn.transaction(force_rollback=True):
-        conn.execute("""INSERT INTO series (shard, id, team_id, name, payload, priority, max_attempts,
-                                            backoff_base_s, backoff_cap_s, flex_s, strict, every_s,
-                                            first_due_at, last_job_id, last_due_at, created_at, updated_at)
-                        SELECT g % 256, g, 1, 'filler', '{}', 0, 3, 1, 3600, 0, false, 60, now(), g, now(), now(), now()
-                          FROM generate_series(1, 20000) g""")
-        conn.execute("ANALYZE series")
+        _fill_series(conn)
         series_id, job_id = conn.execute(
             "SELECT series_id, job_id FROM submit_series(%s, 'tick', %s, p_every_s => 60)",
             (TEAM, T0 - dt.timedelta(seconds=5))).fetchone()

@@ -140,6 +140,7 @@ def next_run(repeat: Repeat, anchor: dt.datetime, after: dt.datetime, now: dt.da
         return None, None
     return due, next_fire(repeat, anchor, due, now) if repeat.misfire == "skip" else None
 
+
 def fire_times(repeat: Repeat, after: dt.datetime, count: int, now: dt.datetime, *,
                anchor: dt.datetime | None = None) -> list[dt.datetime]:
     """The next `count` fire times (UTC) of a valid repeat spec strictly after
