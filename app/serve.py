@@ -15,6 +15,7 @@ from litestar import Litestar
 from psycopg.conninfo import make_conninfo
 
 from minutehand.api.app import create_app
+from minutehand.api.admission import Admission
 from minutehand.api.coalesce import SubmitCoalescer
 from minutehand.api.limits import protocol_class
 from minutehand.dispatch.dispatcher import Dispatcher
@@ -89,7 +90,7 @@ def build(settings: Settings, store: Store | None, dispatch_store: Store | None 
         services.append(parts)
     submitter = None
     if submit_api and settings.api_submit_workers > 0:
-        submitter = SubmitCoalescer(store, workers=settings.api_submit_workers)
+        submitter = SubmitCoalescer(store, Admission(store, settings), workers=settings.api_submit_workers)
         services.append(submitter)
     lifecycle = Services(*services)
     app = create_app(settings, store, head=head, submit_api=submit_api, dispatcher=dispatcher,

@@ -11,6 +11,8 @@ from minutehand import envconfig
 
 # teams.quota and teams.weight are int columns: the bounds the API documents.
 TEAM_LIMIT_MIN, TEAM_LIMIT_MAX = 1, 2**31 - 1
+# teams.submit_rate: jobs per second, above 0 and at most this.
+SUBMIT_RATE_MAX = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,17 @@ class Settings:
     # its creation names none.
     default_team_quota: int = 1000
     default_team_weight: int = 1
+    # Admission control (app/api/admission.py). A new team's submission rate
+    # limit, when its creation names none: jobs per second (0: none) and the
+    # most at once (0: one second's worth). The admin sets each team's own.
+    default_team_submit_rate: float = 0.0
+    default_team_submit_burst: int = 0
+    # The most jobs a team may have submitted and not finished, for every
+    # team without a max_pending of its own (0: no ceiling).
+    max_pending_per_team: int = 0
+    # How long a server process remembers that a team has no admission limit
+    # (a limit set through another process applies within this time).
+    admission_cache_s: float = 5.0
 
     def __post_init__(self) -> None:
         for name in ("default_team_quota", "default_team_weight"):
@@ -76,6 +89,15 @@ class Settings:
             if type(value) is not int or not TEAM_LIMIT_MIN <= value <= TEAM_LIMIT_MAX:
                 raise ValueError(f"setting {name}: {value!r} is not a whole number from {TEAM_LIMIT_MIN} "
                                  f"to {TEAM_LIMIT_MAX}")
+        for name in ("default_team_submit_burst", "max_pending_per_team"):
+            value = getattr(self, name)
+            if type(value) is not int or not 0 <= value <= TEAM_LIMIT_MAX:
+                raise ValueError(f"setting {name}: {value!r} is not a whole number from 0 to {TEAM_LIMIT_MAX}")
+        if not 0 <= self.default_team_submit_rate <= SUBMIT_RATE_MAX:
+            raise ValueError(f"setting default_team_submit_rate: {self.default_team_submit_rate!r} is not a number "
+                             f"of jobs per second from 0 (none) to {SUBMIT_RATE_MAX:,}")
+        if self.default_team_submit_burst and not self.default_team_submit_rate:
+            raise ValueError("setting default_team_submit_burst: set default_team_submit_rate too")
 
     @classmethod
     def load(cls, argv: list[str] | None = None, env: dict[str, str] | None = None) -> Settings:

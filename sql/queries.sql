@@ -94,29 +94,48 @@ SELECT t.name AS team FROM jobs j JOIN teams t ON t.id = j.team_id
  WHERE j.shard = mh_shard_of(%(job_id)s::bigint) AND j.id = %(job_id)s::bigint
 
 -- name: create_team
--- A new team with its token's hash; no row if the name is taken.
-INSERT INTO teams (name, quota, weight, token_hash) VALUES (%(name)s, %(quota)s, %(weight)s, %(token_hash)s)
+-- A new team with its token's hash; no row if the name is taken. A rate
+-- without a burst gets one second's worth (at least 1).
+INSERT INTO teams (name, quota, weight, token_hash, submit_rate, submit_burst, max_pending)
+VALUES (%(name)s, %(quota)s, %(weight)s, %(token_hash)s, %(submit_rate)s::float8,
+        coalesce(%(submit_burst)s::int, CASE WHEN %(submit_rate)s::float8 IS NOT NULL
+                                             THEN greatest(ceil(%(submit_rate)s::float8), 1)::int END),
+        %(max_pending)s::int)
 ON CONFLICT (name) DO NOTHING
 RETURNING id
 
 -- name: update_team
--- Set a team's quota and/or weight (NULL keeps the value), one statement;
--- no row if there is no such team. The dispatcher rereads teams periodically.
-UPDATE teams SET quota = coalesce(%(quota)s::int, quota), weight = coalesce(%(weight)s::int, weight)
+-- Set a team's quota and/or weight (NULL keeps the value), and its admission
+-- limits where set_* is true (to the value given, NULL included), one
+-- statement; no row if there is no such team. A rate set without a burst
+-- keeps the team's burst, or gets one second's worth (at least 1); a rate
+-- cleared clears the burst. The dispatcher rereads teams periodically.
+UPDATE teams SET quota = coalesce(%(quota)s::int, quota), weight = coalesce(%(weight)s::int, weight),
+       submit_rate = CASE WHEN %(set_rate)s THEN %(submit_rate)s::float8 ELSE submit_rate END,
+       submit_burst = CASE WHEN %(set_burst)s THEN %(submit_burst)s::int
+                           WHEN NOT %(set_rate)s THEN submit_burst
+                           WHEN %(submit_rate)s::float8 IS NULL THEN NULL
+                           ELSE coalesce(submit_burst, greatest(ceil(%(submit_rate)s::float8), 1)::int) END,
+       max_pending = CASE WHEN %(set_max_pending)s THEN %(max_pending)s::int ELSE max_pending END
  WHERE name = %(name)s::text
-RETURNING name, quota, weight, created_at
+RETURNING name, quota, weight, created_at, submit_rate, submit_burst, max_pending
 
 -- name: team
 -- A team's settings; no row if there is no such team.
-SELECT name, quota, weight, created_at FROM teams WHERE name = %(name)s::text
+SELECT name, quota, weight, created_at, submit_rate, submit_burst, max_pending FROM teams WHERE name = %(name)s::text
 
 -- name: list_teams
 -- One page of teams by name, after `after` (NULL: from the first): keyset on
 -- the name's unique index, never OFFSET.
-SELECT name, quota, weight, created_at FROM teams
+SELECT name, quota, weight, created_at, submit_rate, submit_burst, max_pending FROM teams
  WHERE %(after)s::text IS NULL OR name > %(after)s::text
  ORDER BY name
  LIMIT %(limit)s::int
+
+-- name: admit
+-- How many of a submission's jobs the team may write now (sql/functions/admission.sql).
+SELECT admitted, limited_by, retry_after_s, pending, ceiling, rate, burst
+  FROM mh_admit(%(team)s::text, %(jobs)s::int, %(at_least)s::int, %(default_ceiling)s::int)
 
 -- name: team_exists
 -- Whether a team of this name exists.

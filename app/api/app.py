@@ -18,6 +18,7 @@ from litestar.openapi.spec import Components, Link, SecurityScheme
 from minutehand import protocol
 from minutehand.api import health, jobs, problems, series, teams, windows
 from minutehand.api import workers as worker_routes
+from minutehand.api.admission import Admission
 from minutehand.api.auth import TokenCache, authenticator, checked_before_body
 from minutehand.api.bodies import JobIdSchema, StrictBody
 from minutehand.api.coalesce import SubmitCoalescer
@@ -40,8 +41,9 @@ def create_app(settings: Settings, store: Store, *, head: str | None = None, sub
     (app/api/workers.py) from it. lifecycle: the process's background
     components (app/serve.py builds them), started when the app starts and
     stopped when it stops; the app starts nothing of its own."""
+    admission = submitter.admission if submitter is not None else Admission(store, settings)
     ctx = Context(settings=settings, store=store, tokens=TokenCache(settings.api_token_cache_s),
-                  head=head or migrate.head(), submitter=submitter if submit_api else None)
+                  head=head or migrate.head(), admission=admission, submitter=submitter if submit_api else None)
     on_startup, on_shutdown = ([lifecycle.start], [lifecycle.stop]) if lifecycle is not None else ([], [])
 
     @get("/problems/{slug:str}", include_in_schema=False)

@@ -15,6 +15,10 @@ as a whole for a reason other than the database being away (one item's
 value PostgreSQL cannot hold) is likewise retried item by item. Items with the same
 idempotency key in one batch are matched by the procedure itself (the
 second names the first's job).
+
+Each team's share of a batch is admitted first (admission.py): the jobs
+its rate limit and pending ceiling let in now go on, in the order they
+arrived; each of the others gets its own refusal (429) and is written nowhere.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from typing import Any
 
 import psycopg
 
+from minutehand.api.admission import Admission
 from minutehand.futures import BatchThreads, settle
 from minutehand.store.records import JobSpec, Submitted
 from minutehand.store.store import Store
@@ -38,8 +43,9 @@ class _Pending:
 
 
 class SubmitCoalescer:
-    def __init__(self, store: Store, workers: int = 4, max_batch: int = 1000):
+    def __init__(self, store: Store, admission: Admission, workers: int = 4, max_batch: int = 1000):
         self.store = store
+        self.admission = admission
         self._threads = BatchThreads("submit", workers, self._send, max_batch)
 
     async def submit(self, team: str, spec: JobSpec) -> Submitted:
@@ -61,7 +67,13 @@ class SubmitCoalescer:
         for p in batch:
             by_team.setdefault(p.team, []).append(p)
         for team, group in by_team.items():
-            self._settle(group, self._submit(team, group))
+            try:
+                admitted, refusal = self.admission.admit_some(team, len(group))
+            except Exception as exc:              # the database is away, an unknown team: the group's fate
+                self._settle(group, [(None, exc)] * len(group))
+                continue
+            outcomes = self._submit(team, group[:admitted]) if admitted else []
+            self._settle(group, outcomes + [(None, refusal)] * (len(group) - admitted))
 
     def _submit(self, team: str, group: list[_Pending]) -> list[tuple[Any, BaseException | None]]:
         """(result, exception) per item of the group, in order."""

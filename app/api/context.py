@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import anyio.to_thread
 
+from minutehand.api.admission import Admission
 from minutehand.api.auth import TokenCache
 from minutehand.api.coalesce import SubmitCoalescer
 from minutehand.settings import Settings
@@ -28,7 +29,8 @@ class Context:
     store: Store
     tokens: TokenCache
     head: str                                   # the migrations' head revision
-    submitter: SubmitCoalescer | None = None     # single submissions, coalesced
+    admission: Admission                        # teams' submission rates and pending ceilings
+    submitter: SubmitCoalescer | None = None     # single submissions, coalesced (and admitted there)
     _checking: threading.Lock = field(default_factory=threading.Lock)
 
     async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -53,8 +55,10 @@ class Context:
         threading.Thread(target=check, name="pool-check", daemon=True).start()
 
     async def submit(self, team: str, spec: JobSpec) -> Submitted:
+        """One job (no repeat), admitted first."""
         if self.submitter is not None:
             return await self.submitter.submit(team, spec)
+        await self.db(self.admission.admit_all, team, 1)
         return await self.db(self.store.submit, team, spec)
 
     async def lookup_token(self, token_hash: str) -> str | None:

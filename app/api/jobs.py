@@ -33,8 +33,8 @@ from minutehand.api import problems
 from minutehand.api.auth import Principal
 from minutehand.api.bodies import RawBody
 from minutehand.api.context import Context
-from minutehand.api.problems import (COMMON, CONFLICT, INVALID, MALFORMED, NOT_CANCELLABLE, NOT_FOUND, TOO_LARGE,
-                              ApiProblem)
+from minutehand.api.problems import (ADMISSION, COMMON, CONFLICT, INVALID, MALFORMED, NOT_CANCELLABLE, NOT_FOUND,
+                                    TOO_LARGE, ApiProblem)
 from minutehand.api.schemas import (KEY_RULE, BatchIn, BatchItemOut, BatchJobIn, BatchOut, CancelledOut, JobCreated, JobIn,
                              JobOut, JobPageOut, JobSummaryOut, Repeat, State, decoder, key_problem, text_problem)
 from minutehand.protocol import JobId
@@ -251,9 +251,11 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
                       "by this team within 24 h for the same request: the first job, status 200. With "
                       "`repeat`: a series and its first run, an ordinary job whose id, run time and "
                       "`series_id` are returned (each later run is created when the one before it is "
-                      "claimed); the key then names the series' first run.",
+                      "claimed); the key then names the series' first run. Over the team's submission "
+                      "rate: 429 with Retry-After; over its ceiling of pending jobs: 429. Nothing is "
+                      "written then.",
           responses={200: ResponseSpec(JobCreated, description="the job the Idempotency-Key named"),
-                     **problems.responses(*COMMON, CONFLICT, TOO_LARGE, INVALID, NOT_FOUND)})
+                     **problems.responses(*COMMON, CONFLICT, TOO_LARGE, INVALID, NOT_FOUND, *ADMISSION)})
     async def submit_job(request: Request, data: JSONBody[JobIn], principal: NamedDependency[Principal],
                          idempotency_key: IdempotencyKey = None, team: TeamParam = None) -> Response[JobCreated]:
         spec = to_spec(data, header_key(request) if idempotency_key is not None else None)
@@ -261,6 +263,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
             raise ApiProblem(INVALID, spec)
         owner = principal.own_team(team)
         if spec.repeat is not None:
+            await ctx.db(ctx.admission.admit_all, owner, 1)
             submitted = await ctx.db(store.submit_series, owner, spec)
         else:
             submitted = await ctx.submit(owner, spec)
@@ -274,8 +277,10 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
                       "items are committed together, invalid ones are reported (error) and written nowhere, "
                       "including an item of the wrong shape or types (its decoding error, located at "
                       "`$.jobs[i]`). An item with `repeat` makes a series and its first run, as POST "
-                      "/v1/jobs does, in the same transaction as the other items.",
-          responses=problems.responses(*COMMON, TOO_LARGE, INVALID, NOT_FOUND))
+                      "/v1/jobs does, in the same transaction as the other items. The batch's valid items "
+                      "count against the team's submission rate and pending ceiling all together: over "
+                      "either, 429 and nothing is written (over the rate: Retry-After).",
+          responses=problems.responses(*COMMON, TOO_LARGE, INVALID, NOT_FOUND, *ADMISSION))
     async def submit_batch(data: JSONBody[BatchBody], principal: NamedDependency[Principal], team: TeamParam = None) -> BatchOut:
         owner = principal.own_team(team)
         body = data.raw
@@ -285,6 +290,8 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
             parsed = parse_batch(body, settings.api_max_batch)
         del body, data
         send = [i for i, p in enumerate(parsed) if not isinstance(p, str)]
+        if send:                                 # all of them or none (429: nothing written)
+            await ctx.db(ctx.admission.admit_all, owner, len(send))
         results = await ctx.db(store.submit_many, owner, [parsed[i] for i in send]) if send else []
         items: list[BatchItemOut | None] = [None] * len(parsed)
         for i, p in enumerate(parsed):

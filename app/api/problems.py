@@ -11,6 +11,7 @@ shown). Handlers raise ApiProblem for refusals of their own.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -54,13 +55,15 @@ NOT_CANCELLABLE = Kind("not-cancellable", 409, "Job cannot be cancelled")
 STALE_CLAIM = Kind("stale-claim", 409, "Lease token is not the job's current claim")
 TOO_LARGE = Kind("too-large", 413, "Request too large")
 INVALID = Kind("invalid-input", 422, "Invalid input")
+RATE_LIMITED = Kind("rate-limited", 429, "Over the team's submission rate")
+PENDING_CEILING = Kind("pending-ceiling", 429, "Over the team's ceiling of pending jobs")
 HEADERS_TOO_LARGE = Kind("headers-too-large", 431, "Request headers too large")
 UNAVAILABLE = Kind("unavailable", 503, "Database unavailable")
 INTERNAL = Kind("internal-error", 500, "Internal error")
 
 KINDS = {k.slug: k for k in (MALFORMED, UNAUTHORIZED, FORBIDDEN, NOT_FOUND, METHOD, TIMEOUT, CONFLICT,
-                             NOT_CANCELLABLE, STALE_CLAIM, TOO_LARGE, INVALID, HEADERS_TOO_LARGE, UNAVAILABLE,
-                             INTERNAL)}
+                             NOT_CANCELLABLE, STALE_CLAIM, TOO_LARGE, INVALID, RATE_LIMITED, PENDING_CEILING,
+                             HEADERS_TOO_LARGE, UNAVAILABLE, INTERNAL)}
 
 # The store's refusals by class. Invalid input is 422 here (the request was
 # well-formed JSON of the right types, but its values are refused), as are
@@ -68,6 +71,7 @@ KINDS = {k.slug: k for k in (MALFORMED, UNAUTHORIZED, FORBIDDEN, NOT_FOUND, METH
 _BY_STORE_ERROR: list[tuple[type[errors.StoreError], Kind]] = [
     (errors.InvalidInput, INVALID), (errors.NotFound, NOT_FOUND), (errors.Conflict, CONFLICT),
     (errors.PayloadTooLarge, TOO_LARGE), (errors.StaleLease, FORBIDDEN), (errors.Contention, UNAVAILABLE),
+    (errors.RateLimited, RATE_LIMITED), (errors.PendingCeiling, PENDING_CEILING),
 ]
 
 
@@ -82,9 +86,20 @@ class ApiProblem(ProblemDetailsException):
 
 def _store_error(exc: errors.StoreError, retry_after_s: int) -> ApiProblem:
     kind = next((k for cls, k in _BY_STORE_ERROR if isinstance(exc, cls)), INTERNAL)
+    if isinstance(exc, errors.RateLimited):
+        return rate_limited(exc)
+    if isinstance(exc, errors.PendingCeiling):
+        return ApiProblem(kind, exc.message, pending=exc.pending, ceiling=exc.ceiling)
     # Contention: the database aborted the transaction each time it was tried.
     headers = {"Retry-After": str(retry_after_s)} if kind is UNAVAILABLE else None
     return ApiProblem(kind, exc.message, headers=headers)
+
+
+def rate_limited(exc: errors.RateLimited) -> ApiProblem:
+    """429 with Retry-After: whole seconds (what HTTP allows), rounded up, so
+    a client that waits that long finds the tokens there."""
+    wait = max(1, math.ceil(exc.retry_after_s - 1e-9))
+    return ApiProblem(RATE_LIMITED, exc.message, headers={"Retry-After": str(wait)}, retry_after_s=wait)
 
 
 def _http_exception(exc: HTTPException) -> ApiProblem:
@@ -240,3 +255,5 @@ def responses(*kinds: Kind) -> dict[int, ResponseSpec]:
 
 # Every authenticated endpoint may answer these.
 COMMON = (MALFORMED, UNAUTHORIZED, UNAVAILABLE, INTERNAL)
+# Every submission may answer these (app/api/admission.py).
+ADMISSION = (RATE_LIMITED, PENDING_CEILING)

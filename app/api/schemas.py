@@ -180,19 +180,43 @@ Quota = Annotated[Integer | msgspec.UnsetType, _int_doc(QUOTA_DOC, minimum=1, ma
 Weight = Annotated[Integer | msgspec.UnsetType, _int_doc(WEIGHT_DOC, minimum=1, maximum=INT32_MAX)]
 
 
+SUBMIT_RATE_DOC = ("jobs per second the team may submit (a token bucket refilled at this rate; a batch counts "
+                   "its jobs); over it: 429 with Retry-After. null: no rate limit")
+SUBMIT_BURST_DOC = ("most jobs the team may submit at once (the bucket's size); omitted with a submit_rate: the "
+                    "burst the team had, or one second's worth")
+MAX_PENDING_DOC = ("most jobs of the team submitted and not finished; a submission past it: 429. null: the "
+                   "server's max_pending_per_team")
+# null is a value here: it clears the limit.
+SubmitRate = Annotated[Annotated[float, Meta(gt=0, le=1_000_000)] | None | msgspec.UnsetType,
+                       Meta(description=SUBMIT_RATE_DOC)]
+SubmitBurst = Annotated[Annotated[Integer, _int_doc(SUBMIT_BURST_DOC, minimum=1, maximum=INT32_MAX)] | None
+                        | msgspec.UnsetType, Meta(description=SUBMIT_BURST_DOC)]
+MaxPending = Annotated[Annotated[Integer, _int_doc(MAX_PENDING_DOC, minimum=1, maximum=INT32_MAX)] | None
+                       | msgspec.UnsetType, Meta(description=MAX_PENDING_DOC)]
+
+
 class TeamIn(Struct, forbid_unknown_fields=True):
     """quota and weight omitted: the server's default_team_quota and
-    default_team_weight settings (1000 and 1 unless set)."""
+    default_team_weight settings (1000 and 1 unless set); submit_rate
+    omitted: default_team_submit_rate (none unless set); max_pending
+    omitted: the server's max_pending_per_team applies."""
     name: Annotated[str, _doc("1 to 63 characters: lowercase letters, digits, _ . -", pattern=TEAM_NAME_PATTERN)]
     quota: Quota = msgspec.UNSET
     weight: Weight = msgspec.UNSET
+    submit_rate: SubmitRate = msgspec.UNSET
+    submit_burst: SubmitBurst = msgspec.UNSET
+    max_pending: MaxPending = msgspec.UNSET
 
 
 class TeamSettingsIn(Struct, forbid_unknown_fields=True):
-    """Either or both; a field omitted keeps its value. The dispatcher
-    applies a change within a few seconds."""
+    """At least one field; a field omitted keeps its value. The dispatcher
+    applies a new quota or weight within a few seconds; the API a new
+    admission limit within admission_cache_s on every server process."""
     quota: Quota = msgspec.UNSET
     weight: Weight = msgspec.UNSET
+    submit_rate: SubmitRate = msgspec.UNSET
+    submit_burst: SubmitBurst = msgspec.UNSET
+    max_pending: MaxPending = msgspec.UNSET
 
 
 FLEX_DOC = "seconds of the default flex window, 0 to 86400"
@@ -297,6 +321,9 @@ class TeamOut(Struct):
     quota: int
     weight: int
     created_at: dt.datetime
+    submit_rate: float | None       # jobs per second; null: no rate limit
+    submit_burst: int | None        # most jobs at once; null: no rate limit
+    max_pending: int | None         # null: the server's max_pending_per_team (0 there: no ceiling)
 
 
 class TeamPageOut(Struct):

@@ -3,7 +3,7 @@ rotate a team's token (admin); a team's settings and statistics, and the
 fleet's (admin)."""
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 from litestar import get, patch, post
@@ -16,14 +16,16 @@ from minutehand.api.auth import Principal
 from minutehand.api.context import Context
 from minutehand.api.problems import COMMON, CONFLICT, FORBIDDEN, INVALID, NOT_FOUND, ApiProblem
 from minutehand.api.schemas import (TEAM_NAME_PATTERN, BucketOut, CountsOut, DistributionOut, FleetStatsOut,
-                                    FleetTeamOut, NameStatsOut, OtherStatsOut, StatsOut, TeamIn, TeamOut, TeamPageOut,
-                                    TeamSettingsIn, TeamTokenOut, text_problem)
+                                    FleetTeamOut, Integer, NameStatsOut, OtherStatsOut, StatsOut, TeamIn, TeamOut,
+                                    TeamPageOut, TeamSettingsIn, TeamTokenOut, text_problem)
 from minutehand.store.records import STATS_BOUNDS_S, Tally, TeamSettings, quantile_bound
-from minutehand.store.store import Store
+from minutehand.store.store import KEEP, Store
 
 SECURITY = [{"bearer": []}]
 TEAMS_PAGE_MAX = 1000
 APPLIED = "The dispatcher applies a new quota or weight within a few seconds (it rereads teams periodically)."
+ADMITTED = ("A new admission limit applies at once on the server process that set it, within the "
+            "admission_cache_s setting on the others.")
 STATS_WINDOW_S = 86400
 WindowParam = Annotated[int, QueryParameter(
     ge=60, le=Store.STATS_MAX_WINDOW_S,
@@ -49,7 +51,15 @@ def counts_out(t: Tally) -> CountsOut:
 
 
 def team_out(team: TeamSettings) -> TeamOut:
-    return TeamOut(team.name, team.quota, team.weight, team.created_at)
+    return TeamOut(team.name, team.quota, team.weight, team.created_at, team.submit_rate, team.submit_burst,
+                   team.max_pending)
+
+
+def _given(value: Any) -> Any:
+    """A body field for update_team: omitted keeps (KEEP), null clears (None)."""
+    if value is msgspec.UNSET:
+        return KEEP
+    return int(value) if isinstance(value, Integer) else value
 
 
 def routes(ctx: Context) -> list[HTTPRouteHandler]:
@@ -66,9 +76,20 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
         team = data
         if reason := text_problem("name", team.name):
             raise ApiProblem(INVALID, reason)
-        quota = ctx.settings.default_team_quota if team.quota is msgspec.UNSET else int(team.quota)
-        weight = ctx.settings.default_team_weight if team.weight is msgspec.UNSET else int(team.weight)
-        token = await ctx.db(store.create_team, team.name, quota=quota, weight=weight)
+        settings = ctx.settings
+        quota = settings.default_team_quota if team.quota is msgspec.UNSET else int(team.quota)
+        weight = settings.default_team_weight if team.weight is msgspec.UNSET else int(team.weight)
+        # Omitted: the defaults (a burst omitted: one second's worth); null: none.
+        rate = settings.default_team_submit_rate or None if team.submit_rate is msgspec.UNSET else team.submit_rate
+        if team.submit_burst is not msgspec.UNSET:
+            burst = _given(team.submit_burst)
+        elif team.submit_rate is msgspec.UNSET:
+            burst = settings.default_team_submit_burst or None
+        else:
+            burst = None
+        max_pending = None if team.max_pending is msgspec.UNSET else _given(team.max_pending)
+        token = await ctx.db(store.create_team, team.name, quota=quota, weight=weight, submit_rate=rate,
+                             submit_burst=burst, max_pending=max_pending)
         return TeamTokenOut(team.name, token)
 
     @post("/v1/teams/{name:str}/token", operation_id="rotateToken", status_code=200, security=SECURITY, tags=["teams"],
@@ -101,22 +122,26 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
     @patch("/v1/teams/{name:str}", operation_id="setTeam", status_code=200, security=SECURITY, tags=["teams"],
            request_max_body_size=4096,
            opt={"admin_only": True},                 # a team's token is refused before its body is read
-           summary="Set a team's quota and/or weight (admin)",
-           description="A field omitted keeps its value; at least one is required. Answers the team's "
-                       "settings. " + APPLIED,
+           summary="Set a team's quota, weight and admission limits (admin)",
+           description="A field omitted keeps its value; at least one is required; null clears an admission "
+                       "limit (submit_rate null: no rate limit; max_pending null: the server's "
+                       "max_pending_per_team). Answers the team's settings. " + APPLIED + " " + ADMITTED,
            responses=problems.responses(*COMMON, FORBIDDEN, NOT_FOUND, INVALID))
     async def set_team(data: JSONBody[TeamSettingsIn], principal: NamedDependency[Principal],
                        name: FromPath[str]) -> TeamOut:
         principal.require_admin()
-        if data.quota is msgspec.UNSET and data.weight is msgspec.UNSET:
-            raise ApiProblem(INVALID, "request body: give quota, weight or both")
+        if all(getattr(data, f) is msgspec.UNSET for f in data.__struct_fields__):
+            raise ApiProblem(INVALID, "request body: give at least one of " + ", ".join(data.__struct_fields__))
         team = await ctx.db(store.update_team, name,
                             quota=None if data.quota is msgspec.UNSET else int(data.quota),
-                            weight=None if data.weight is msgspec.UNSET else int(data.weight))
+                            weight=None if data.weight is msgspec.UNSET else int(data.weight),
+                            submit_rate=_given(data.submit_rate), submit_burst=_given(data.submit_burst),
+                            max_pending=_given(data.max_pending))
+        ctx.admission.forget(name)
         return team_out(team)
 
     @get("/v1/teams/{name:str}", operation_id="getTeam", security=SECURITY, tags=["teams"],
-         summary="A team's quota and weight",
+         summary="A team's quota, weight and admission limits",
          description="The admin names any team; a team's token only its own (by its name or `me`).",
          responses=problems.responses(*COMMON, NOT_FOUND, INVALID))
     async def get_team(principal: NamedDependency[Principal], name: FromPath[str]) -> TeamOut:

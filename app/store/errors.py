@@ -33,6 +33,27 @@ class PayloadTooLarge(StoreError):
     status = 413
 
 
+class RateLimited(StoreError):
+    """Over the team's submission rate: nothing was written; enough tokens
+    for the refused jobs are there after retry_after_s."""
+    status = 429
+
+    def __init__(self, message: str, retry_after_s: float):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class PendingCeiling(StoreError):
+    """The jobs would take the team past its ceiling of jobs submitted and
+    not finished: nothing was written."""
+    status = 429
+
+    def __init__(self, message: str, pending: int, ceiling: int):
+        super().__init__(message)
+        self.pending = pending
+        self.ceiling = ceiling
+
+
 class Contention(StoreError):
     """The database aborted the transaction (deadlock, serialization failure)
     every time it was tried: nothing was written, and trying again later is

@@ -291,11 +291,31 @@ class Tally:
 
 @dataclass(frozen=True)
 class TeamSettings:
-    """A team as an administrator sees it (never its token)."""
+    """A team as an administrator sees it (never its token). submit_rate and
+    submit_burst: its token bucket (None: no rate limit); max_pending: its
+    pending ceiling (None: the server's max_pending_per_team)."""
     name: str
     quota: int
     weight: int
     created_at: dt.datetime
+    submit_rate: float | None = None
+    submit_burst: int | None = None
+    max_pending: int | None = None
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """How many of a submission's jobs a team may write now (mh_admit).
+    limited_by: 'pending', 'rate' or 'burst' when fewer than asked, else
+    None; retry_after_s under 'rate'; pending and ceiling when the team has
+    a ceiling; rate and burst: its token bucket (None: no rate limit)."""
+    admitted: int
+    limited_by: str | None
+    retry_after_s: float | None
+    pending: int | None
+    ceiling: int | None
+    rate: float | None
+    burst: int | None
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from psycopg_pool import ConnectionPool
 
 from minutehand.store import errors, repeat, schema
 from minutehand.store.queries import q
-from minutehand.store.records import (BatchItem, ClaimRequest, Complete, EdgeCell, Fail, FlexDefault, FleetStats,
-                                     FleetTeam, Heartbeat, JobPage, JobSpec, JobStatus, JobSummary, Maintenance,
+from minutehand.store.records import (Admitted, BatchItem, ClaimRequest, Complete, EdgeCell, Fail, FlexDefault,
+                                     FleetStats, FleetTeam, Heartbeat, JobPage, JobSpec, JobStatus, JobSummary, Maintenance,
                                      Outcome, PlannedClaim, Release, Report, Repeat, SeriesControl, SeriesDetail,
                                      SeriesPage, SeriesRun, SeriesSummary, Start, Submitted, Tally, TeamPage,
                                      TeamSettings, TeamStats, TeamTerms)
@@ -40,6 +40,9 @@ FIRE_TIME_BUDGET_S = 1.0
 # A series' first run: its due time and its deadline (misfire skip), as
 # computed before the transaction; (None, None): the procedure decides.
 FirstRun = tuple[dt.datetime | None, dt.datetime | None]
+
+# update_team: a limit left as it is (None clears one).
+KEEP: Any = object()
 
 _DEFAULTS = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
              for f in dataclasses.fields(JobSpec)}
@@ -165,32 +168,73 @@ class Store:
         raise AssertionError("unreachable")
 
     # ------------------------------------------------------------ teams
-    def create_team(self, name: str, *, quota: int = 1000, weight: int = 1) -> str:
-        """Create a team; returns its bearer token (only its hash is stored)."""
+    # Why teams refused a value, by the constraint it broke.
+    TEAM_CHECKS = {
+        "teams_name_check": "a team name must be 1 to 63 characters: lowercase letters, digits, _ . -, starting "
+                            "with a letter or digit",
+        "teams_quota_check": f"quota must be a whole number from 1 to {2**31 - 1}",
+        "teams_weight_check": f"weight must be a whole number from 1 to {2**31 - 1}",
+        "teams_submit_rate_check": "submit_rate must be a number of jobs per second above 0, at most 1,000,000 "
+                                   "(null: no rate limit)",
+        "teams_submit_burst_check": f"submit_burst must be a whole number from 1 to {2**31 - 1}",
+        "teams_max_pending_check": f"max_pending must be a whole number from 1 to {2**31 - 1} (null: the "
+                                   "server's max_pending_per_team)",
+        "teams_submit_limit_check": "submit_burst goes with a submit_rate: set a rate too (or clear both: "
+                                    "submit_rate null)",
+    }
+
+    def _team_refusal(self, exc: psycopg.Error) -> errors.InvalidInput:
+        constraint = getattr(exc.diag, "constraint_name", None)
+        return errors.InvalidInput(self.TEAM_CHECKS.get(
+            constraint, f"quota, weight, submit_burst and max_pending must be whole numbers from 1 to {2**31 - 1}"))
+
+    def create_team(self, name: str, *, quota: int = 1000, weight: int = 1, submit_rate: float | None = None,
+                    submit_burst: int | None = None, max_pending: int | None = None) -> str:
+        """Create a team; returns its bearer token (only its hash is stored).
+        submit_rate None: no rate limit; a rate without a burst gets one
+        second's worth. max_pending None: the server's setting applies."""
         token = "mh_" + secrets.token_urlsafe(24)
         try:
             row = self._one("create_team", {"name": name, "quota": quota, "weight": weight,
-                                            "token_hash": hash_token(token)})
-        except (psycopg.errors.CheckViolation, psycopg.errors.NumericValueOutOfRange):
-            raise errors.InvalidInput(
-                f"team name {name!r} must be 1 to 63 characters: lowercase letters, digits, _ . -, "
-                f"starting with a letter or digit; quota and weight must be positive (at most {2**31 - 1})") from None
+                                            "token_hash": hash_token(token), "submit_rate": submit_rate,
+                                            "submit_burst": submit_burst, "max_pending": max_pending})
+        except (psycopg.errors.CheckViolation, psycopg.errors.NumericValueOutOfRange) as exc:
+            raise self._team_refusal(exc) from None
         if row is None:
             raise errors.Conflict(f"team {name!r} already exists")
         return token
 
-    def update_team(self, name: str, *, quota: int | None = None, weight: int | None = None) -> TeamSettings:
-        """Set a team's quota and/or weight (None keeps it), in one statement;
-        raises NotFound, or InvalidInput for a value the columns refuse."""
-        if quota is None and weight is None:
-            raise errors.InvalidInput("give a quota, a weight or both")
+    def update_team(self, name: str, *, quota: int | None = None, weight: int | None = None,
+                    submit_rate: float | None | object = KEEP, submit_burst: int | None | object = KEEP,
+                    max_pending: int | None | object = KEEP) -> TeamSettings:
+        """Set a team's quota and/or weight (None keeps it) and its admission
+        limits (KEEP keeps one, None clears it), in one statement; raises
+        NotFound, or InvalidInput for a value the columns refuse. A rate
+        set without a burst keeps the burst the team had, or gets one
+        second's worth; a rate cleared clears the burst."""
+        limits = {"submit_rate": submit_rate, "submit_burst": submit_burst, "max_pending": max_pending}
+        if quota is None and weight is None and all(v is KEEP for v in limits.values()):
+            raise errors.InvalidInput("give a quota, a weight or an admission limit")
+        params = {"name": name, "quota": quota, "weight": weight,
+                  "set_rate": submit_rate is not KEEP, "set_burst": submit_burst is not KEEP,
+                  "set_max_pending": max_pending is not KEEP,
+                  **{k: (None if v is KEEP else v) for k, v in limits.items()}}
         try:
-            row = self._one("update_team", {"name": name, "quota": quota, "weight": weight})
-        except (psycopg.errors.CheckViolation, psycopg.errors.NumericValueOutOfRange):
-            raise errors.InvalidInput(f"quota and weight must be whole numbers from 1 to {2**31 - 1}") from None
+            row = self._one("update_team", params)
+        except (psycopg.errors.CheckViolation, psycopg.errors.NumericValueOutOfRange) as exc:
+            raise self._team_refusal(exc) from None
         if row is None:
             raise errors.NotFound(f"no such team {name!r}")
         return TeamSettings(**row)
+
+    def admit(self, team: str, jobs: int, *, at_least: int, default_ceiling: int = 0) -> Admitted:
+        """How many of `jobs` the team may submit now, at least `at_least` or
+        none, their tokens taken (sql/functions/admission.sql); default_ceiling:
+        the pending ceiling of a team without its own (0: none). Raises
+        NotFound for an unknown team."""
+        row = self._one("admit", {"team": team, "jobs": jobs, "at_least": at_least,
+                                  "default_ceiling": default_ceiling})
+        return Admitted(**row)
 
     def team(self, name: str) -> TeamSettings | None:
         row = self._one("team", {"name": name})

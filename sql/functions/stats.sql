@@ -46,7 +46,10 @@ $$;
 
 -- Add a batch's events to the counters of the minute of p_now: grouped per
 -- row, rows taken in key order (team, stripe, name: the minute is one), so
--- concurrent batches wait for each other instead of deadlocking.
+-- concurrent batches wait for each other instead of deadlocking. Then the
+-- jobs each team has submitted and not finished (team_pending, what the
+-- pending ceiling is checked against), on the same stripes, also in key
+-- order: one place counts every way a job is created or finishes.
 CREATE OR REPLACE FUNCTION mh_add_stats(p_now timestamptz, p_rows stats_delta[]) RETURNS void
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 BEGIN
@@ -67,6 +70,13 @@ BEGIN
            dead = s.dead + excluded.dead, cancelled = s.cancelled + excluded.cancelled,
            lateness_hist = mh_hist_add(s.lateness_hist, excluded.lateness_hist),
            runtime_hist = mh_hist_add(s.runtime_hist, excluded.runtime_hist);
+    INSERT INTO team_pending AS p (team_id, stripe, pending)
+    SELECT d.team_id, d.stripe, sum(d.submitted - d.succeeded - d.dead - d.cancelled)
+      FROM unnest(p_rows) d
+     GROUP BY d.team_id, d.stripe
+    HAVING sum(d.submitted - d.succeeded - d.dead - d.cancelled) <> 0
+     ORDER BY d.team_id, d.stripe
+    ON CONFLICT (team_id, stripe) DO UPDATE SET pending = p.pending + excluded.pending;
 END $$;
 
 -- Seconds of an interval (NULL stays NULL).

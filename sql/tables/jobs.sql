@@ -21,7 +21,14 @@ CREATE TABLE teams (
     quota       int  NOT NULL DEFAULT 1000 CHECK (quota > 0),
     weight      int  NOT NULL DEFAULT 1 CHECK (weight > 0),
     token_hash  text,                       -- sha256 hex of the bearer token
-    created_at  timestamptz NOT NULL DEFAULT now()
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    -- Admission (sql/functions/admission.sql): submissions per second and
+    -- the most at once (a token bucket; NULL: no rate limit), and the most
+    -- jobs submitted and not finished (NULL: the server's setting).
+    submit_rate  float8 CONSTRAINT teams_submit_rate_check CHECK (submit_rate > 0 AND submit_rate <= 1000000),
+    submit_burst int CONSTRAINT teams_submit_burst_check CHECK (submit_burst > 0),
+    max_pending  int CONSTRAINT teams_max_pending_check CHECK (max_pending > 0),
+    CONSTRAINT teams_submit_limit_check CHECK ((submit_rate IS NULL) = (submit_burst IS NULL))
 );
 
 -- The job record: one row per job, read by (shard, id) for status.
