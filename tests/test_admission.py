@@ -122,10 +122,14 @@ def test_the_bucket_is_written_without_waiting_for_a_wal_flush(conn):
     """Tokens are not worth a flush: the call's own transaction commits with
     synchronous_commit off (a crash may forget the last tokens taken)."""
     limit(conn, rate=1, burst=5)
-    with conn.transaction():
-        assert conn.execute("SELECT admitted FROM mh_admit('t', 2, 2, 0)").fetchone()[0] == 2
-        assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "off"
-    assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"
+    conn.execute("SET synchronous_commit = on")
+    try:
+        with conn.transaction():
+            assert conn.execute("SELECT admitted FROM mh_admit('t', 2, 2, 0)").fetchone()[0] == 2
+            assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "off"
+        assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"      # that transaction's alone
+    finally:
+        conn.execute("RESET synchronous_commit")
     assert conn.execute("SELECT tokens FROM team_buckets").fetchone()[0] == 3
 
 
