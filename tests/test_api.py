@@ -509,7 +509,7 @@ def test_admin_creates_a_team_whose_token_works_and_rotates_it(client, conn):
     (T, {"name": "Bad Name", "owner": "me"}, 403, "forbidden", "admin token"),   # before the body
     (A, {"name": "t"}, 409, "conflict", "already exists"),
     (A, {"name": "Bad Name"}, 422, "invalid-input", "team name"),
-    (A, {"name": "ok", "quota": 0}, 422, "invalid-input", "positive"),
+    (A, {"name": "ok", "quota": 0}, 422, "invalid-input", "quota must be a whole number from 1"),
     (A, {"name": "ok", "owner": "me"}, 422, "invalid-input", "unknown field"),
 ])
 def test_team_creation_refusals_write_nothing(client, conn, headers, body, status, slug, detail):
