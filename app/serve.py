@@ -14,8 +14,8 @@ import uvicorn
 from litestar import Litestar
 from psycopg.conninfo import make_conninfo
 
-from minutehand.api.app import create_app
 from minutehand.api.admission import Admission
+from minutehand.api.app import create_app
 from minutehand.api.coalesce import SubmitCoalescer
 from minutehand.api.limits import protocol_class
 from minutehand.dispatch.dispatcher import Dispatcher

@@ -54,12 +54,20 @@ class Context:
 
         threading.Thread(target=check, name="pool-check", daemon=True).start()
 
+    async def admitted(self, team: str, jobs: int, fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args), which submits `jobs` jobs of the team, once admission
+        has let all of them in (else its refusal: nothing written); in one
+        worker thread."""
+        def run() -> T:
+            self.admission.admit_all(team, jobs)
+            return fn(*args)
+        return await anyio.to_thread.run_sync(run)
+
     async def submit(self, team: str, spec: JobSpec) -> Submitted:
         """One job (no repeat), admitted first."""
         if self.submitter is not None:
             return await self.submitter.submit(team, spec)
-        await self.db(self.admission.admit_all, team, 1)
-        return await self.db(self.store.submit, team, spec)
+        return await self.admitted(team, 1, self.store.submit, team, spec)
 
     async def lookup_token(self, token_hash: str) -> str | None:
         return await self.db(self.store.team_for_token, token_hash)

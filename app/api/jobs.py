@@ -263,8 +263,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
             raise ApiProblem(INVALID, spec)
         owner = principal.own_team(team)
         if spec.repeat is not None:
-            await ctx.db(ctx.admission.admit_all, owner, 1)
-            submitted = await ctx.db(store.submit_series, owner, spec)
+            submitted = await ctx.admitted(owner, 1, store.submit_series, owner, spec)
         else:
             submitted = await ctx.submit(owner, spec)
         return Response(JobCreated(JobId(submitted.job_id), submitted.run_at, submitted.created,
@@ -290,9 +289,9 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
             parsed = parse_batch(body, settings.api_max_batch)
         del body, data
         send = [i for i, p in enumerate(parsed) if not isinstance(p, str)]
-        if send:                                 # all of them or none (429: nothing written)
-            await ctx.db(ctx.admission.admit_all, owner, len(send))
-        results = await ctx.db(store.submit_many, owner, [parsed[i] for i in send]) if send else []
+        # Admitted all together or none (429: nothing written).
+        results = await ctx.admitted(owner, len(send), store.submit_many, owner,
+                                     [parsed[i] for i in send]) if send else []
         items: list[BatchItemOut | None] = [None] * len(parsed)
         for i, p in enumerate(parsed):
             if isinstance(p, str):

@@ -166,6 +166,10 @@ def main() -> None:
                     help="the server's api_submit_workers (default: the setting's default)")
     ap.add_argument("--flex-s", type=int, default=None,
                     help="give every job this flex window (default: none, the jobs run at their due time)")
+    ap.add_argument("--limits", action="store_true",
+                    help="give the team a submission rate limit and a pending ceiling too high to refuse "
+                         "anything, so every submission goes through admission control (README, "
+                         "\"Admission control\")")
     ap.add_argument("--quick", action="store_true", help="short runs: check the script, not the numbers")
     args = ap.parse_args()
     if args.quick:
@@ -183,7 +187,8 @@ def run(args) -> None:
     url = recreate(args.dsn, "mh_bench_api")
     migrate.upgrade(url)
     with Store(url) as store:
-        token = store.create_team(TEAM, quota=1_000_000)
+        limits = dict(submit_rate=1_000_000, submit_burst=1_000_000, max_pending=2**31 - 1) if args.limits else {}
+        token = store.create_team(TEAM, quota=1_000_000, **limits)
     workers = args.submit_workers if args.submit_workers is not None else Settings().api_submit_workers
     port = _free_port()
     server = start_server(url, port, token, workers)
@@ -196,7 +201,8 @@ def run(args) -> None:
     stored = count_jobs(url, "bench.single")
     print(f"floor (pgbench, same server): enqueue {fl['floor_enqueue_single_per_s']:,} single-row inserts/s")
     print(f"server: one process (minutehand serve), api_submit_workers={workers}"
-          + (f"; every job flexible, flex_s={args.flex_s}" if args.flex_s is not None else ""))
+          + (f"; every job flexible, flex_s={args.flex_s}" if args.flex_s is not None else "")
+          + ("; the team's rate limit and pending ceiling checked on every submission" if args.limits else ""))
     print(f"POST /v1/jobs, {args.connections} connections (wrk), {args.seconds} s: "
           f"{single['rps']:,.0f} requests/s, p50 {single['p50_ms']:.1f} ms, p99 {single['p99_ms']:.1f} ms, "
           f"non-2xx {single['non_2xx']} {single['socket_errors']}  "
