@@ -18,6 +18,7 @@ from litestar.testing import TestClient
 
 from minutehand.api.admission import Admission
 from minutehand.api.coalesce import SubmitCoalescer, _Pending
+from minutehand.cli import main as cli
 from minutehand.serve import build
 from minutehand.settings import Settings
 from minutehand.store import errors, migrate
@@ -352,6 +353,22 @@ def test_a_team_cannot_set_its_own_limits(client, conn):
     for body in ({"submit_rate": None}, {"max_pending": None}, {"submit_rate": 1000, "submit_burst": 1000}):
         assert_problem(client.patch("/v1/teams/t", json=body, headers=T), 403, "forbidden")
     assert conn.execute(LIMITS).fetchone() == before
+
+
+def test_cli_sets_and_clears_the_limits(conn, module_dsn, capsys):
+    cli.main(["team", "set", "t", "--submit-rate", "0.5", "--max-pending-jobs", "100", "--database-url", module_dsn])
+    assert "submit rate 0.5/s, burst 1, max pending 100" in capsys.readouterr().out
+    assert conn.execute(LIMITS).fetchone() == (0.5, 1, 100)
+    cli.main(["team", "set", "t", "--submit-burst", "20", "--database-url", module_dsn])
+    assert conn.execute(LIMITS).fetchone() == (0.5, 20, 100)
+    cli.main(["team", "set", "t", "--submit-rate", "none", "--max-pending-jobs", "none", "--database-url", module_dsn])
+    assert conn.execute(LIMITS).fetchone() == (None, None, None)
+    with pytest.raises(SystemExit, match="submit_burst goes with a submit_rate"):
+        cli.main(["team", "set", "t", "--submit-burst", "20", "--database-url", module_dsn])
+    with pytest.raises(SystemExit):
+        cli.main(["team", "set", "t", "--submit-rate", "0", "--database-url", module_dsn])
+    assert "is not above 0" in capsys.readouterr().err
+    assert conn.execute(LIMITS).fetchone() == (None, None, None)
 
 
 def test_the_limits_and_refusals_are_in_the_schema(client):

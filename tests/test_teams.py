@@ -317,7 +317,7 @@ def test_cli_list_pages(conn, module_dsn, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["team", "set", "t"], "give --quota, --weight or both"),
+    (["team", "set", "t"], "give --quota, --weight, --submit-rate, --submit-burst or --max-pending-jobs"),
     (["team", "set", "nobody", "--quota", "5"], "no such team 'nobody'"),
 ])
 def test_cli_set_refusals_change_nothing(conn, module_dsn, argv, message):

@@ -13,8 +13,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import NamedTuple
 
-from minutehand.settings import TEAM_LIMIT_MAX, TEAM_LIMIT_MIN, Settings
+from minutehand.settings import SUBMIT_RATE_MAX, TEAM_LIMIT_MAX, TEAM_LIMIT_MIN, Settings
 
 # The server's dependencies (the `server` extra): a subcommand that fails to
 # import one of them says how to install them rather than show a traceback.
@@ -51,7 +52,9 @@ def cmd_team_create(settings: Settings, args: argparse.Namespace) -> None:
     weight = settings.default_team_weight if args.weight is None else args.weight
     with _store(settings) as store:
         try:
-            token = store.create_team(args.name, quota=quota, weight=weight)
+            token = store.create_team(args.name, quota=quota, weight=weight,
+                                      submit_rate=settings.default_team_submit_rate or None,
+                                      submit_burst=settings.default_team_submit_burst or None)
         except StoreError as exc:
             raise SystemExit(f"team {args.name!r} not created: {exc.message}") from None
     print(f"team {args.name} created (quota {quota}, weight {weight}); its token (shown once, only its hash "
@@ -60,15 +63,21 @@ def cmd_team_create(settings: Settings, args: argparse.Namespace) -> None:
 
 def cmd_team_set(settings: Settings, args: argparse.Namespace) -> None:
     from minutehand.store.errors import StoreError
-    if args.quota is None and args.weight is None:
-        raise SystemExit("team set: give --quota, --weight or both")
+    from minutehand.store.store import KEEP
+    limits = {k: getattr(args, k) for k in ("submit_rate", "submit_burst", "max_pending")}
+    if args.quota is None and args.weight is None and all(v is None for v in limits.values()):
+        raise SystemExit("team set: give --quota, --weight, --submit-rate, --submit-burst or --max-pending-jobs")
     with _store(settings) as store:
         try:
-            team = store.update_team(args.name, quota=args.quota, weight=args.weight)
+            team = store.update_team(args.name, quota=args.quota, weight=args.weight,
+                                     **{k: KEEP if v is None else v.value for k, v in limits.items()})
         except StoreError as exc:
             raise SystemExit(f"team {args.name!r} not changed: {exc.message}") from None
-    print(f"team {team.name}: quota {team.quota}, weight {team.weight} (the dispatcher applies it within a "
-          "few seconds)")
+    rate = "none" if team.submit_rate is None else f"{team.submit_rate:g}/s, burst {team.submit_burst}"
+    ceiling = "the server's" if team.max_pending is None else team.max_pending
+    print(f"team {team.name}: quota {team.quota}, weight {team.weight}, submit rate {rate}, max pending "
+          f"{ceiling} (the dispatcher applies a quota or weight within a few seconds, other API processes "
+          "an admission limit within admission_cache_s)")
 
 
 def cmd_team_list(settings: Settings, args: argparse.Namespace) -> None:
@@ -138,6 +147,27 @@ def cmd_series_show(settings: Settings, args: argparse.Namespace) -> None:
     for r in s.runs:
         print(f"  {r.job_id:>20}  {r.due_at.isoformat()}  {r.state:<9}  attempts {r.attempts}"
               f"{'  ' + r.last_error if r.last_error else ''}")
+
+
+class _Limit(NamedTuple):
+    value: float | int | None          # None: cleared
+
+
+def _or_none(parse):
+    """An argparse type: `none` (clears the limit: a _Limit of None) or what `parse` reads."""
+    def read(text: str) -> _Limit:
+        return _Limit(None if text.lower() == "none" else parse(text))
+    return read
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value <= SUBMIT_RATE_MAX:
+        raise argparse.ArgumentTypeError(f"{value:g} is not above 0 and at most {SUBMIT_RATE_MAX:,}")
+    return value
 
 
 def _bounded(low: int, high: int):
@@ -228,10 +258,16 @@ def build_parser() -> argparse.ArgumentParser:
                                                "due work waiting (default: the default_team_quota setting)")
     p.add_argument("--weight", type=limit, help="its share of the fleet when teams compete (default: the "
                                                 "default_team_weight setting)")
-    p = team_command("set", cmd_team_set, "set a team's quota and/or weight (applied within a few seconds)")
+    p = team_command("set", cmd_team_set, "set a team's quota, weight and admission limits")
     p.add_argument("name")
     p.add_argument("--quota", type=limit, help="most jobs of the team running at once while others wait")
     p.add_argument("--weight", type=limit, help="its share of the fleet when teams compete")
+    p.add_argument("--submit-rate", type=_or_none(_rate),
+                   help="jobs per second it may submit through the API (none: no rate limit)")
+    p.add_argument("--submit-burst", type=_or_none(limit), help="most jobs it may submit at once")
+    # (Not --max-pending: the settings' flags are read apart, and that is a prefix of --max-pending-per-team.)
+    p.add_argument("--max-pending-jobs", dest="max_pending", type=_or_none(limit),
+                   help="most jobs submitted and not finished (none: the max_pending_per_team setting)")
     p = team_command("list", cmd_team_list, "list teams by name with their quota and weight")
     p.add_argument("--after", help="start after this team name (a page's last)")
     p.add_argument("--limit", type=_bounded(1, 1000), default=1000, help="most teams listed (at most 1000)")

@@ -23,10 +23,10 @@ from psycopg_pool import ConnectionPool
 from minutehand.store import errors, repeat, schema
 from minutehand.store.queries import q
 from minutehand.store.records import (Admitted, BatchItem, ClaimRequest, Complete, EdgeCell, Fail, FlexDefault,
-                                     FleetStats, FleetTeam, Heartbeat, JobPage, JobSpec, JobStatus, JobSummary, Maintenance,
-                                     Outcome, PlannedClaim, Release, Report, Repeat, SeriesControl, SeriesDetail,
-                                     SeriesPage, SeriesRun, SeriesSummary, Start, Submitted, Tally, TeamPage,
-                                     TeamSettings, TeamStats, TeamTerms)
+                                     FleetStats, FleetTeam, Heartbeat, JobPage, JobSpec, JobStatus, JobSummary,
+                                     Maintenance, Outcome, PlannedClaim, Release, Report, Repeat, SeriesControl,
+                                     SeriesDetail, SeriesPage, SeriesRun, SeriesSummary, Start, Submitted, Tally,
+                                     TeamPage, TeamSettings, TeamStats, TeamTerms)
 
 
 log = logging.getLogger(__name__)
