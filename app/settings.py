@@ -69,6 +69,17 @@ class Settings:
     # its creation names none.
     default_team_quota: int = 1000
     default_team_weight: int = 1
+    # Webhooks (README "Dead jobs"): how long a receiver has to answer, the
+    # backoff after failed attempts (a random wait in [d/2, d], d = min(cap,
+    # base * 2^(failures - 1))), the most events per POST, how often the
+    # dispatcher holding the `webhooks` duty looks for new events, and how
+    # many webhooks it POSTs to at once.
+    webhook_timeout_s: float = 10.0
+    webhook_backoff_base_s: float = 1.0
+    webhook_backoff_cap_s: float = 600.0
+    webhook_batch: int = 100
+    webhook_every_s: float = 1.0
+    webhook_concurrency: int = 8
 
     def __post_init__(self) -> None:
         for name in ("default_team_quota", "default_team_weight"):
