@@ -27,7 +27,7 @@ from minutehand.api import problems
 from minutehand.api.auth import Principal
 from minutehand.api.context import Context
 from minutehand.api.jobs import JobIdParam, TeamParam
-from minutehand.api.problems import COMMON, INVALID, NOT_DEAD, NOT_FOUND, ApiProblem
+from minutehand.api.problems import COMMON, INVALID, NOT_DEAD, NOT_FOUND, TOO_LARGE, ApiProblem
 from minutehand.api.schemas import (DeadDiscardedOut, DeadDiscardIn, DeadRequeuedOut, DeadRequeueIn, EventOut,
                                     EventPageOut, SettledOut)
 from minutehand.protocol import JobId
@@ -104,7 +104,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
           request_max_body_size=SETTLE_BODY_BYTES, summary="Run every dead job of a name again",
           description="Each dead job of the team with this name, as POST /v1/jobs/{id}/requeue does, up to "
                       "`limit` per call; `more` true: call again for the rest.",
-          responses=problems.responses(*COMMON, NOT_FOUND, INVALID))
+          responses=problems.responses(*COMMON, NOT_FOUND, INVALID, TOO_LARGE))
     async def requeue_dead(data: JSONBody[DeadRequeueIn], principal: NamedDependency[Principal],
                            team: TeamParam = None) -> DeadRequeuedOut:
         done = await ctx.db(store.requeue_dead, principal.own_team(team), data.name,
@@ -116,7 +116,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
           request_max_body_size=SETTLE_BODY_BYTES, summary="Set every dead job of a name aside",
           description="Each dead job of the team with this name, as POST /v1/jobs/{id}/discard does, up to "
                       "`limit` per call; `more` true: call again for the rest.",
-          responses=problems.responses(*COMMON, NOT_FOUND, INVALID))
+          responses=problems.responses(*COMMON, NOT_FOUND, INVALID, TOO_LARGE))
     async def discard_dead(data: JSONBody[DeadDiscardIn], principal: NamedDependency[Principal],
                            team: TeamParam = None) -> DeadDiscardedOut:
         done = await ctx.db(store.discard_dead, principal.own_team(team), data.name, limit=int(data.limit))

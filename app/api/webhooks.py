@@ -23,7 +23,7 @@ from litestar.params import FromPath, JSONBody, QueryParameter
 from minutehand.api import problems
 from minutehand.api.auth import Principal
 from minutehand.api.context import Context
-from minutehand.api.problems import COMMON, FORBIDDEN, INVALID, NOT_FOUND, ApiProblem
+from minutehand.api.problems import COMMON, FORBIDDEN, INVALID, NOT_FOUND, TOO_LARGE, ApiProblem
 from minutehand.api.schemas import DeliveriesOut, DeliveryOut, WebhookIn, WebhookOut, WebhookSetOut
 
 SECURITY = [{"bearer": []}]
@@ -67,7 +67,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
                      "`Minutehand-Signature`, README \"Dead jobs\"), at least once, retried with exponential "
                      "backoff until a 2xx. A new webhook starts with the oldest events kept; a changed one "
                      "goes on where delivery was. The answer shows the secret, once.",
-         responses=problems.responses(*COMMON, FORBIDDEN, NOT_FOUND, INVALID))
+         responses=problems.responses(*COMMON, FORBIDDEN, NOT_FOUND, INVALID, TOO_LARGE))
     async def set_webhook(data: JSONBody[WebhookIn], principal: NamedDependency[Principal],
                           name: FromPath[str]) -> WebhookSetOut:
         principal.require_admin()
