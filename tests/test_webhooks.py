@@ -147,18 +147,18 @@ def test_a_500_and_a_timeout_are_retried_with_backoff_until_a_2xx(pinned):
         pinned.set_webhook("t", receiver.url, SECRET)
         assert d.deliver() == 0                         # 500
         hook = pinned.webhook("t")
-        assert hook.failures == 1 and T0 + 0.5 * S <= hook.next_attempt_at <= T0 + 1 * S
+        assert hook.failures == 1 and T0 + 0.5 * S <= hook.next_attempt_at <= T0 + 1 * S   # [d/2, d], d = 1 s
+        pinned.clock = hook.next_attempt_at - 0.01 * S
         assert d.deliver() == 0 and receiver.count() == 1   # backing off: not tried again yet
 
-        pinned.clock = T0 + 1 * S
+        failed_at = pinned.clock = hook.next_attempt_at
         assert d.deliver() == 0                         # no answer within 0.5 s
         hook = pinned.webhook("t")
-        assert hook.failures == 2 and T0 + 2 * S <= hook.next_attempt_at <= T0 + 3 * S
-        pinned.clock = T0 + 2.2 * S
-        if hook.next_attempt_at > pinned.clock:         # a wait in [d/2, d]: d doubled to 2 s
-            assert d.deliver() == 0 and receiver.count() == 2
+        assert hook.failures == 2 and failed_at + 1 * S <= hook.next_attempt_at <= failed_at + 2 * S   # d = 2 s
+        pinned.clock = hook.next_attempt_at - 0.01 * S
+        assert d.deliver() == 0 and receiver.count() == 2
 
-        pinned.clock = T0 + 3 * S
+        pinned.clock = hook.next_attempt_at
         assert d.deliver() == 1                         # 200
         hook = pinned.webhook("t")
         assert hook.failures == 0 and hook.next_attempt_at is None
