@@ -586,3 +586,63 @@ def test_the_feed_reads_its_index_from_the_position(conn):
     assert "job_events_feed" in plan and "Sort" not in plan, plan
     assert "Index Cond: ((team_id = 1) AND (ROW(xid, id) > ROW('123'::xid8, '456'::bigint)) AND " \
            "(xid < pg_snapshot_xmin(pg_current_snapshot())))" in plan, plan
+
+
+# ---------------------------------------------------------------- at the same time
+def test_single_and_bulk_requeues_and_discards_at_once_settle_each_job_once(store, conn, module_dsn):
+    """Threads requeue every dead job of the name in pages, requeue and
+    discard them one by one, all at once: no deadlock, and each job ends
+    requeued once (one wheel row, counted once) or discarded."""
+    import random
+    import threading
+
+    from tests.support import lease_all, make_store
+
+    n = 60
+    ids = [b.job_id for b in store.submit_many("t", [JobSpec(name="a", max_attempts=1)] * n)]
+    claimed = claim_shards(store, lease_all(store), 1000, "d1").jobs
+    assert len(claimed) == n
+    assert {o.state for o in store.fail([Fail(c.job_id, c.lease_token, "boom") for c in claimed])} == {"dead"}
+    deadlocks = "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+    deadlocks_before = conn.execute(deadlocks).fetchone()[0]
+    racers = make_store(module_dsn, max_size=8)
+    results: dict[str, list] = {"bulk": [], "single": [], "discard": []}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(5)
+
+    def bulk() -> None:
+        while (done := racers.requeue_dead("t", "a", limit=7)).count or done.more:
+            results["bulk"].append(done.count)
+
+    def one_by_one(action: str) -> None:
+        for job_id in random.sample(ids, len(ids)):
+            outcome = racers.requeue(job_id, "t") if action == "single" else racers.discard(job_id, "t")
+            if outcome.ok:
+                results[action].append(job_id)
+
+    def run(target, *args) -> None:
+        try:
+            barrier.wait(30)
+            target(*args)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=a, daemon=True)
+               for a in ((bulk,), (bulk,), (one_by_one, "single"), (one_by_one, "single"), (one_by_one, "discard"))]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+            assert not t.is_alive(), "a racer hung"
+    finally:
+        racers.close()
+    assert not errors, errors
+    requeued = sum(results["bulk"]) + len(results["single"])
+    assert requeued + len(results["discard"]) == n
+    states = dict(conn.execute("SELECT state::text, count(*) FROM jobs GROUP BY 1").fetchall())
+    assert states == {k: v for k, v in (("scheduled", requeued), ("discarded", len(results["discard"]))) if v}
+    assert conn.execute("SELECT count(*) FROM due_minutes").fetchone()[0] == requeued
+    assert submitted_count(conn, "a") == n + requeued
+    assert conn.execute("SELECT count(*) FROM dead_jobs").fetchone()[0] == 0
+    assert conn.execute(deadlocks).fetchone()[0] == deadlocks_before
