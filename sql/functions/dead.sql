@@ -114,17 +114,19 @@ RETURNS outcome LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
     v_now      timestamptz := mh_now();
     v_shard    smallint := mh_shard_of(p_job);
+    v_team     int;
     v_state    job_state;
     v_requeued timestamptz;
 BEGIN
     IF p_team IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = 'a requeue or discard needs the team the job belongs to';
     END IF;
+    v_team := mh_team_id(p_team);
     IF mh_budget_problem(p_max_attempts) IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = mh_budget_problem(p_max_attempts);
     END IF;
     SELECT j.state, j.requeued_at INTO v_state, v_requeued FROM jobs j
-     WHERE j.shard = v_shard AND j.id = p_job AND j.team_id = mh_team_id(p_team)
+     WHERE j.shard = v_shard AND j.id = p_job AND j.team_id = v_team
        FOR UPDATE;
     IF NOT FOUND THEN
         RETURN ROW(p_job, false, NULL::job_state, 'no such job')::outcome;
