@@ -646,3 +646,17 @@ def test_single_and_bulk_requeues_and_discards_at_once_settle_each_job_once(stor
     assert submitted_count(conn, "a") == n + requeued
     assert conn.execute("SELECT count(*) FROM dead_jobs").fetchone()[0] == 0
     assert conn.execute(deadlocks).fetchone()[0] == deadlocks_before
+
+
+def test_the_maintenance_duty_and_maintain_purge_old_events(store, conn):
+    from minutehand.maintenance.schedule import MaintenanceSchedule
+
+    old, recent = dead_job(store), None
+    store.clock = T0 + dt.timedelta(days=3)
+    recent = dead_job(store)
+    store.clock = T0 + dt.timedelta(days=7, seconds=1)
+    MaintenanceSchedule(store, "d1", lambda: list(range(256))).purge_events()
+    assert [e.job_id for e in store.events("t")] == [recent]
+    store.clock = T0 + dt.timedelta(days=10, seconds=1)
+    assert store.maintain().events_purged == 1
+    assert store.events("t") == [] and dead_listed(conn, old) and dead_listed(conn, recent)
