@@ -122,7 +122,6 @@ class MaintenanceSchedule:
         if total:
             log.info("load: %d rows of planned load older than an hour dropped", total)
 
-
     def purge_events(self) -> None:
         if shards := self.shards():
             if purged := self.store.purge_events(shards):

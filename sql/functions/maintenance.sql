@@ -6,8 +6,8 @@
 -- attempt expired is dead: a job that kills its workers must not loop, and
 -- the reason it records says the claim lapsed and the job may have run
 -- (at-least-once); it is listed in dead_jobs and reported to its team
--- (sql/functions/dead.sql). Driven by the due reminders in claim_checks (at most
--- p_limit per call), so it never scans the jobs; claims renewed since are
+-- (sql/functions/dead.sql). Driven by the due reminders in claim_checks (at
+-- most p_limit per call), so it never scans the jobs; claims renewed since are
 -- filed again for the time they now expire. One shard per call (a
 -- row-locking statement names one).
 CREATE OR REPLACE FUNCTION expire_claims(p_shard int, p_limit int DEFAULT 1000, OUT returned bigint, OUT dead bigint)
@@ -18,12 +18,13 @@ DECLARE
     v_rows   due_row[];
     v_teams  int[];
     v_stats  stats_delta[];
-    v_dead   bigint[];
-    v_dteams int[];
-    v_dnames text[];
+    -- the dead ones, for mh_record_dead
+    v_dead      bigint[];
+    v_dteams    int[];
+    v_dnames    text[];
     v_dattempts int[];
-    v_dmax   int[];
-    v_derrors text[];
+    v_dmax      int[];
+    v_derrors   text[];
 BEGIN
     returned := 0; dead := 0;
     WITH due AS (
