@@ -22,6 +22,7 @@ from minutehand.dispatch.dispatcher import Dispatcher
 from minutehand.dispatch.outcomes import OutcomeWriter
 from minutehand.lifecycle import Service, Services
 from minutehand.maintenance.schedule import MaintenanceSchedule
+from minutehand.maintenance.webhooks import WebhookDeliverer
 from minutehand.settings import Settings
 from minutehand.store.store import Store
 
@@ -69,12 +70,20 @@ class Process:
 def dispatcher_parts(settings: Settings, store: Store | None) -> tuple[Dispatcher, Services]:
     """A dispatcher and what runs with it, in start order: its outcome writer
     (before it: a round's give-backs go through the writer), the dispatcher
-    (its threads, then its shard keeper), its maintenance (after it: the
-    duties work on the shards it leases)."""
+    (its threads, then its shard keeper), the webhook deliverer, its
+    maintenance (after them: the duties work on the shards it leases and
+    deliver through the deliverer)."""
     writer = OutcomeWriter(store, extend_s=settings.claim_lease_s)
     dispatcher = Dispatcher(settings, store, writer=writer)
-    maintenance = MaintenanceSchedule(store, dispatcher.name, dispatcher.owned_shards)
-    return dispatcher, Services(writer, dispatcher, maintenance)
+    # Webhooks are delivered from the dispatcher's maintenance, under a duty
+    # lease; the deliverer's client and threads start before it, stop after.
+    webhooks = WebhookDeliverer(store, timeout_s=settings.webhook_timeout_s,
+                                backoff_base_s=settings.webhook_backoff_base_s,
+                                backoff_cap_s=settings.webhook_backoff_cap_s, batch=settings.webhook_batch,
+                                concurrency=settings.webhook_concurrency)
+    maintenance = MaintenanceSchedule(store, dispatcher.name, dispatcher.owned_shards, webhooks=webhooks,
+                                      webhook_every_s=settings.webhook_every_s)
+    return dispatcher, Services(writer, dispatcher, webhooks, maintenance)
 
 
 def build(settings: Settings, store: Store | None, dispatch_store: Store | None = None, *,

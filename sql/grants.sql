@@ -7,8 +7,10 @@
 --                         table and procedure
 --   minutehand_submitter  another service that enqueues and cancels jobs
 --                         inside its own transactions: submit_job,
---                         submit_job_detail, submit_jobs, submit_series and
---                         cancel only. These run as their owner, so the role
+--                         submit_job_detail, submit_jobs, submit_series,
+--                         cancel, and for dead jobs requeue_job, discard_job,
+--                         requeue_dead and discard_dead only. These run as
+--                         their owner, so the role
 --                         needs no right on any table; it acts for whichever
 --                         team it names, so grant it only to services trusted
 --                         with those teams (HTTP callers are held to their
@@ -58,6 +60,10 @@ BEGIN
                                real[]),
         minutehand.submit_series(text, text, timestamptz, jsonb, int, int, int, boolean, text, real, real, int, text,
                                  text, timestamptz, text, timestamptz),
-        minutehand.cancel(bigint, text)
+        minutehand.cancel(bigint, text),
+        minutehand.requeue_job(bigint, text, int),
+        minutehand.discard_job(bigint, text),
+        minutehand.requeue_dead(text, text, int, int),
+        minutehand.discard_dead(text, text, int)
     TO minutehand_submitter;
 END $$;

@@ -1,7 +1,8 @@
 """The HTTP app: wiring only. create_app(settings, store, ...) -> Litestar,
 from components it is given (the process is built in app/serve.py).
 
-Routes live in jobs.py, teams.py, series.py and health.py; authentication in auth.py;
+Routes live in jobs.py, teams.py, series.py, dead.py (dead jobs and the
+events feed), webhooks.py and health.py; authentication in auth.py;
 errors in problems.py; bodies and responses in schemas.py. The OpenAPI
 schema is served at /schema/openapi.json (and browsable at /schema).
 """
@@ -16,7 +17,7 @@ from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.openapi.spec import Components, Link, SecurityScheme
 
 from minutehand import protocol
-from minutehand.api import health, jobs, problems, series, teams, windows
+from minutehand.api import dead, health, jobs, problems, series, teams, webhooks, windows
 from minutehand.api import workers as worker_routes
 from minutehand.api.admission import Admission
 from minutehand.api.auth import TokenCache, authenticator, checked_before_body
@@ -54,7 +55,8 @@ def create_app(settings: Settings, store: Store, *, head: str | None = None, sub
         "principal", authenticator(settings.admin_token, ctx.tokens, ctx.lookup_token))
     handlers: list = [*health.routes(ctx), problem_type]
     if submit_api:
-        handlers += [*jobs.routes(ctx), *teams.routes(ctx), *series.routes(ctx), *windows.routes(ctx)]
+        handlers += [*jobs.routes(ctx), *teams.routes(ctx), *series.routes(ctx), *windows.routes(ctx),
+                     *dead.routes(ctx), *webhooks.routes(ctx)]
     if dispatcher is not None:
         handlers.append(worker_routes.router(ctx, dispatcher))
 

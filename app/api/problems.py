@@ -52,6 +52,7 @@ METHOD = Kind("method-not-allowed", 405, "Method not allowed")
 TIMEOUT = Kind("request-timeout", 408, "Request not received in time")
 CONFLICT = Kind("conflict", 409, "Conflict")
 NOT_CANCELLABLE = Kind("not-cancellable", 409, "Job cannot be cancelled")
+NOT_DEAD = Kind("not-dead", 409, "Job is not dead")
 STALE_CLAIM = Kind("stale-claim", 409, "Lease token is not the job's current claim")
 TOO_LARGE = Kind("too-large", 413, "Request too large")
 INVALID = Kind("invalid-input", 422, "Invalid input")
@@ -62,8 +63,8 @@ UNAVAILABLE = Kind("unavailable", 503, "Database unavailable")
 INTERNAL = Kind("internal-error", 500, "Internal error")
 
 KINDS = {k.slug: k for k in (MALFORMED, UNAUTHORIZED, FORBIDDEN, NOT_FOUND, METHOD, TIMEOUT, CONFLICT,
-                             NOT_CANCELLABLE, STALE_CLAIM, TOO_LARGE, INVALID, RATE_LIMITED, PENDING_CEILING,
-                             HEADERS_TOO_LARGE, UNAVAILABLE, INTERNAL)}
+                             NOT_CANCELLABLE, NOT_DEAD, STALE_CLAIM, TOO_LARGE, INVALID, RATE_LIMITED,
+                             PENDING_CEILING, HEADERS_TOO_LARGE, UNAVAILABLE, INTERNAL)}
 
 # The store's refusals by class. Invalid input is 422 here (the request was
 # well-formed JSON of the right types, but its values are refused), as are

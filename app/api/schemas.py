@@ -30,7 +30,7 @@ from minutehand.protocol.jsontext import MAX_JSON_DEPTH
 
 # RFC 3339 with an offset: a naive time is refused, not guessed.
 AwareTime = Annotated[dt.datetime, Meta(tz=True, description="RFC 3339 date-time with a UTC offset")]
-State = Literal["scheduled", "claimed", "running", "retrying", "succeeded", "dead", "cancelled"]
+State = Literal["scheduled", "claimed", "running", "retrying", "succeeded", "dead", "cancelled", "discarded"]
 
 
 def _doc(description: str, **limits: Any) -> Meta:
@@ -526,3 +526,93 @@ class WindowPageOut(Struct):
     team: str | None
     windows: list[WindowOut]     # the round-cron rule (job_name null) first, then by job name
     next_cursor: str | None
+
+
+# ---------------------------------------------------------------- dead jobs
+BUDGET_DOC = "the new attempt budget, 1 to 100 (omitted: the job's own max_attempts)"
+SETTLE_LIMIT_DOC = "at most this many jobs per call, 1 to 100,000 (default 10,000); `more` says if some are left"
+
+
+class DeadRequeueIn(Struct, forbid_unknown_fields=True):
+    """Every dead job of the team with this name, oldest first per shard."""
+    name: Annotated[str, Meta(description="the job name")]
+    max_attempts: Annotated[Integer, _int_doc(BUDGET_DOC, minimum=1, maximum=100)] | None = None
+    limit: Annotated[Integer, _int_doc(SETTLE_LIMIT_DOC, minimum=1, maximum=100000)] = 10000
+
+
+class DeadDiscardIn(Struct, forbid_unknown_fields=True):
+    name: Annotated[str, Meta(description="the job name")]
+    limit: Annotated[Integer, _int_doc(SETTLE_LIMIT_DOC, minimum=1, maximum=100000)] = 10000
+
+
+class SettledOut(Struct):
+    """A job requeued (state scheduled, due now) or discarded."""
+    job_id: JobId
+    state: State
+
+
+class DeadRequeuedOut(Struct):
+    requeued: int
+    more: bool            # some are left past the limit: call again
+
+
+class DeadDiscardedOut(Struct):
+    discarded: int
+    more: bool
+
+
+class EventOut(Struct):
+    """A job of the team that became dead: failed on its last attempt, or
+    its last claim expired. event_id: unique, for deduplication (delivery is
+    at least once)."""
+    event_id: str
+    kind: Literal["dead"]
+    job_id: JobId
+    name: str
+    attempts: int
+    max_attempts: int
+    error: str | None
+    at: dt.datetime
+
+
+class EventPageOut(Struct):
+    """next_cursor: pass it as ?after= to read on (the same cursor when
+    nothing new has come: poll with it)."""
+    events: list[EventOut]
+    next_cursor: str
+
+
+class WebhookIn(Struct, forbid_unknown_fields=True):
+    url: Annotated[str, Meta(description="http(s) URL the team's events are POSTed to", max_length=2000)]
+    secret: Annotated[str | msgspec.UnsetType, Meta(
+        description="the HMAC-SHA256 key, 16 to 200 printable ASCII characters (omitted: one is made and "
+                    "returned)")] = msgspec.UNSET
+
+
+class WebhookOut(Struct):
+    url: str
+    failures: int                        # failed attempts of the batch now being delivered
+    next_attempt_at: dt.datetime | None  # backing off until then
+    updated_at: dt.datetime
+
+
+class WebhookSetOut(Struct):
+    url: str
+    secret: str                          # the signing key: shown here, never read back
+    updated_at: dt.datetime
+
+
+class DeliveryOut(Struct):
+    at: dt.datetime
+    url: str
+    events: int
+    first_event: str
+    last_event: str
+    attempt: int                         # of this batch: 1, 2, ... (reset after a success)
+    status_code: int | None              # the receiver's answer; null: no answer (error says why)
+    error: str | None
+    duration_ms: int
+
+
+class DeliveriesOut(Struct):
+    deliveries: list[DeliveryOut]

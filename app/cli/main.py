@@ -170,6 +170,68 @@ def _rate(text: str) -> float:
     return value
 
 
+def cmd_dead_settle(settings: Settings, args: argparse.Namespace) -> None:
+    """requeue or discard one dead job (args.job_id) or every dead job of a name (args.name)."""
+    from minutehand.store.errors import StoreError
+    requeue = args.action.startswith("requeue")
+    with _store(settings) as store:
+        try:
+            if args.action in ("requeue", "discard"):
+                got = (store.requeue(args.job_id, args.team, args.max_attempts) if requeue
+                       else store.discard(args.job_id, args.team))
+                if not got.ok:
+                    raise SystemExit(f"job {args.job_id}: {got.reason}")
+                print(f"job {args.job_id}: {got.state}")
+                return
+            total, more = 0, True
+            while more:               # in bounded calls, each its own transaction
+                done = (store.requeue_dead(args.team, args.name, max_attempts=args.max_attempts) if requeue
+                        else store.discard_dead(args.team, args.name))
+                total, more = total + done.count, done.more
+        except StoreError as exc:
+            raise SystemExit(exc.message) from None
+    print(f"{total} dead jobs of {args.team}/{args.name} {'requeued' if requeue else 'discarded'}")
+
+
+def cmd_dead_events(settings: Settings, args: argparse.Namespace) -> None:
+    from minutehand.api.dead import START, decode_cursor, encode_cursor
+    from minutehand.api.problems import ApiProblem
+    try:
+        position = decode_cursor(args.after) if args.after else START
+    except ApiProblem as exc:
+        raise SystemExit(f"--after: {exc.detail}") from None
+    with _store(settings) as store:
+        events = store.events(args.team, after=position, limit=args.limit)
+    for e in events:
+        print(f"{e.at.isoformat()}  {e.kind}  job {e.job_id}  {e.name}  attempt {e.attempts}/{e.max_attempts}  "
+              f"{e.error or ''}")
+    last = (events[-1].xid, events[-1].id) if events else position
+    print(f"(next: minutehand dead events --team {args.team} --after {encode_cursor(*last)})")
+
+
+def cmd_team_webhook(settings: Settings, args: argparse.Namespace) -> None:
+    import secrets
+    from minutehand.api.webhooks import secret_problem, url_problem
+    from minutehand.store.errors import StoreError
+    with _store(settings) as store:
+        if args.remove:
+            print(f"team {args.name}: webhook {'removed' if store.delete_webhook(args.name) else 'none to remove'}")
+            return
+        if args.url is None:
+            hook = store.webhook(args.name)
+            print(f"team {args.name}: " + (f"webhook {hook.url}, {hook.failures} failed attempts of the current "
+                                           f"batch" if hook else "no webhook"))
+            return
+        secret = args.secret or secrets.token_urlsafe(32)
+        if reason := url_problem(args.url) or secret_problem(secret):
+            raise SystemExit(reason)
+        try:
+            store.set_webhook(args.name, args.url, secret)
+        except StoreError as exc:
+            raise SystemExit(exc.message) from None
+    print(f"team {args.name}: events are POSTed to {args.url}, signed with this secret (shown once):\n{secret}")
+
+
 def _bounded(low: int, high: int):
     """An argparse type: a whole number within [low, high]."""
     def parse(text: str) -> int:
@@ -268,6 +330,11 @@ def build_parser() -> argparse.ArgumentParser:
     # (Not --max-pending: the settings' flags are read apart, and that is a prefix of --max-pending-per-team.)
     p.add_argument("--max-pending-jobs", dest="max_pending", type=_or_none(limit),
                    help="most jobs submitted and not finished (none: the max_pending_per_team setting)")
+    p = team_command("webhook", cmd_team_webhook, "show, set (--url, --secret) or --remove a team's webhook")
+    p.add_argument("name")
+    p.add_argument("--url", help="where the team's events are POSTed")
+    p.add_argument("--secret", help="the HMAC-SHA256 signing key, 16 to 200 characters (default: one is made)")
+    p.add_argument("--remove", action="store_true", help="remove the team's webhook")
     p = team_command("list", cmd_team_list, "list teams by name with their quota and weight")
     p.add_argument("--after", help="start after this team name (a page's last)")
     p.add_argument("--limit", type=_bounded(1, 1000), default=1000, help="most teams listed (at most 1000)")
@@ -290,6 +357,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--team", required=True, help="the team whose series are listed")
     p.add_argument("--after", type=_bounded(-(2**63), 2**63 - 1), help="start after this series id (a page's last)")
     p.add_argument("--limit", type=_bounded(1, 1000), default=100, help="most series listed (at most 1000)")
+    dead = command("dead", None, "requeue or discard dead jobs; a team's events").add_subparsers(
+        dest="action", required=True)
+    budget = _bounded(1, 100)
+    for name, help_ in (("requeue", "put a dead job back on the wheel, due now"),
+                        ("discard", "set a dead job aside for good (state discarded)"),
+                        ("requeue-name", "requeue every dead job of a team and name"),
+                        ("discard-name", "discard every dead job of a team and name")):
+        p = dead.add_parser(name, help=help_, description=help_)
+        Settings.parser(p)
+        p.set_defaults(func=cmd_dead_settle)
+        if name.endswith("-name"):
+            p.add_argument("name", help="the job name")
+            p.add_argument("--team", required=True, help="the team of the jobs")
+        else:
+            p.add_argument("job_id", type=_bounded(-(2**63), 2**63 - 1))
+            p.add_argument("--team", help="the team of the job (default: the job's own)")
+        if name.startswith("requeue"):
+            p.add_argument("--max-attempts", type=budget, help="the new attempt budget (default: the job's own)")
+    p = dead.add_parser("events", help="a team's events (dead jobs), oldest first",
+                        description="a team's events (dead jobs), oldest first")
+    Settings.parser(p)
+    p.set_defaults(func=cmd_dead_events)
+    p.add_argument("--team", required=True)
+    p.add_argument("--after", help="the cursor the previous call printed")
+    p.add_argument("--limit", type=_bounded(1, 1000), default=100)
     command("worker", cmd_worker, "run a worker: minutehand worker module.path:worker").add_argument("target")
     p = command("worker-token", cmd_worker_token, "create (or rotate) a worker credential and print its token")
     p.add_argument("action", choices=["create"])

@@ -4,7 +4,9 @@ Per shard, by the shard's owner only (the shards this dispatcher leases):
 - continue_series four times a second: each repeating series whose newest
   run was claimed gets its next run (sql/functions/chain.sql);
 - expire_claims every second: claims past their expiry go back to the due pool;
-- purge_idempotency_keys every minute.
+- purge_idempotency_keys every minute;
+- purge_events every minute: events (dead jobs reported to their team) and
+  webhook delivery attempts past their retention (7 days).
 For the whole wheel, by one dispatcher at a time (the holder of the
 `wheel` duty lease, a row with an expiry: sql/functions/dispatch.sql):
 - cascade_wheel and sweep_passed every 30 s: far-future jobs move down as
@@ -17,6 +19,9 @@ By the holder of the `load` duty lease:
 - purge_load every minute: the planned load (jobs per run minute, which
   placement of flexible jobs reads) of minutes more than an hour back is
   dropped, in bounded batches.
+By the holder of the `webhooks` duty lease (given a deliverer):
+- deliver_webhooks every second: each team's new events POSTed to its
+  webhook (app/maintenance/webhooks.py).
 Each job runs at most once at a time and a late run is not repeated
 (coalesce), so a slow database does not pile runs up.
 """
@@ -28,6 +33,7 @@ from collections.abc import Callable
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from minutehand.maintenance.webhooks import WebhookDeliverer
 from minutehand.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -41,8 +47,11 @@ class MaintenanceSchedule:
 
     def __init__(self, store: Store, owner: str, shards: Callable[[], list[int]], *,
                  expire_every_s: float = 1.0, purge_every_s: float = 60.0, wheel_every_s: float = 30.0,
-                 stats_every_s: float = 300.0, chain_every_s: float = 0.25, load_every_s: float = 60.0):
+                 stats_every_s: float = 300.0, chain_every_s: float = 0.25, load_every_s: float = 60.0,
+                 webhooks: WebhookDeliverer | None = None, webhook_every_s: float = 1.0):
         self.store = store
+        self.webhooks = webhooks
+        self.webhook_every_s = webhook_every_s
         self.owner = owner
         self.shards = shards
         self.wheel_every_s = wheel_every_s
@@ -54,9 +63,11 @@ class MaintenanceSchedule:
         for duty, every in ((self.continue_series, chain_every_s),
                             (self.expire_claims, expire_every_s), (self.purge_keys, purge_every_s),
                             (self.turn_wheel, wheel_every_s), (self.fold_stats, stats_every_s),
-                            (self.purge_load, load_every_s)):
+                            (self.purge_load, load_every_s), (self.purge_events, purge_every_s),
+                            *([(self.deliver_webhooks, webhook_every_s)] if webhooks is not None else [])):
             self.scheduler.add_job(_logged(duty), "interval", seconds=every, id=duty.__name__,
-                                   next_run_time=None if duty in (self.purge_keys, self.fold_stats, self.purge_load)
+                                   next_run_time=None if duty in (self.purge_keys, self.fold_stats, self.purge_load,
+                                                                  self.purge_events)
                                    else _now())
 
     def start(self) -> None:
@@ -110,6 +121,23 @@ class MaintenanceSchedule:
             total += purged
         if total:
             log.info("load: %d rows of planned load older than an hour dropped", total)
+
+    def purge_events(self) -> None:
+        if shards := self.shards():
+            if purged := self.store.purge_events(shards):
+                log.info("events: %d events and delivery attempts past their retention dropped", purged)
+
+    def deliver_webhooks(self) -> None:
+        # The lease outlives a pass whose receivers all time out; should it
+        # lapse mid-pass anyway, another holder may send a batch twice (a
+        # receiver deduplicates by event_id), never skip one.
+        ttl = max(3 * self.webhook_every_s, 2 * self.webhooks.timeout_s + 5)
+        if not self.store.take_duty("webhooks", self.owner, ttl):
+            return
+        # Backlogs (many events, or many teams) go in passes that follow each other at once.
+        for _ in range(10):
+            if not self.webhooks.deliver():
+                break
 
 
 def _now() -> dt.datetime:

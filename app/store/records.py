@@ -210,6 +210,7 @@ class Maintenance:
     stats_rolled: int
     stats_purged: int
     load_purged: int
+    events_purged: int
 
 
 @dataclass(frozen=True)
@@ -436,3 +437,62 @@ class SeriesControl:
     state: str                     # after the call: active, paused or cancelled
     changed: bool                  # False: the series already was so (nothing written)
     cancelled_run: int | None      # the waiting run this call cancelled (None: none had not started)
+
+
+@dataclass(frozen=True)
+class DeadSettled:
+    """A requeue or discard of a team's dead jobs of one name: how many, and
+    whether more remain (call again)."""
+    count: int
+    more: bool
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """A job of the team that became dead (kind "dead"), from the team's feed.
+    position: (xid, id), where the feed goes on after it."""
+    id: int
+    xid: str
+    kind: str
+    job_id: int
+    name: str
+    attempts: int
+    max_attempts: int
+    error: str | None
+    at: dt.datetime
+
+
+@dataclass(frozen=True)
+class Webhook:
+    url: str
+    failures: int                      # failed attempts of the batch now being delivered
+    next_attempt_at: dt.datetime | None
+    updated_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class WebhookDelivery:
+    """One delivery attempt: its events (ids first..last), the answer or the error."""
+    at: dt.datetime
+    url: str
+    events: int
+    first_event: int
+    last_event: int
+    attempt: int
+    status_code: int | None
+    error: str | None
+    duration_ms: int
+
+
+@dataclass(frozen=True)
+class PendingDelivery:
+    """A webhook with events to deliver: from its position (from_xid,
+    from_id), the next events as JSON-ready dicts, oldest first."""
+    team_id: int
+    team: str
+    url: str
+    secret: str
+    from_xid: str
+    from_id: int
+    failures: int
+    events: list[dict[str, Any]]

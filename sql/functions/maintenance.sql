@@ -5,8 +5,9 @@
 -- count kept (the claim already counted the attempt). A job whose last
 -- attempt expired is dead: a job that kills its workers must not loop, and
 -- the reason it records says the claim lapsed and the job may have run
--- (at-least-once). Driven by the due reminders in claim_checks (at most
--- p_limit per call), so it never scans the jobs; claims renewed since are
+-- (at-least-once); it is listed in dead_jobs and reported to its team
+-- (sql/functions/dead.sql). Driven by the due reminders in claim_checks (at
+-- most p_limit per call), so it never scans the jobs; claims renewed since are
 -- filed again for the time they now expire. One shard per call (a
 -- row-locking statement names one).
 CREATE OR REPLACE FUNCTION expire_claims(p_shard int, p_limit int DEFAULT 1000, OUT returned bigint, OUT dead bigint)
@@ -17,6 +18,13 @@ DECLARE
     v_rows   due_row[];
     v_teams  int[];
     v_stats  stats_delta[];
+    -- the dead ones, for mh_record_dead
+    v_dead      bigint[];
+    v_dteams    int[];
+    v_dnames    text[];
+    v_dattempts int[];
+    v_dmax      int[];
+    v_derrors   text[];
 BEGIN
     returned := 0; dead := 0;
     WITH due AS (
@@ -48,21 +56,31 @@ BEGIN
           FROM unnest(v_ids) AS i(id)
          WHERE j.shard = p_shard AND j.id = i.id
            AND j.state IN ('claimed', 'running') AND j.claim_expires_at < v_now
-        RETURNING j.id, j.state, j.strict, j.priority, j.team_id, j.name, j.started_at
+        RETURNING j.id, j.state, j.strict, j.priority, j.team_id, j.name, j.started_at, j.attempts, j.max_attempts,
+                  j.last_error
     )
     SELECT array_agg(ROW(p_shard, e.strict, e.priority, v_now, e.id, e.team_id)::due_row) FILTER (WHERE e.state = 'scheduled'),
            count(*) FILTER (WHERE e.state = 'scheduled'),
            count(*) FILTER (WHERE e.state = 'dead'),
            array_agg(e.team_id),
            array_agg(ROW(16 + p_shard % 16, e.team_id, e.name, 0, 0, 0, 0, 1, 0, NULL,
-                         mh_seconds(v_now - e.started_at))::stats_delta) FILTER (WHERE e.state = 'dead')
-      INTO v_rows, returned, dead, v_teams, v_stats
+                         mh_seconds(v_now - e.started_at))::stats_delta) FILTER (WHERE e.state = 'dead'),
+           array_agg(e.id ORDER BY e.id) FILTER (WHERE e.state = 'dead'),
+           array_agg(e.team_id ORDER BY e.id) FILTER (WHERE e.state = 'dead'),
+           array_agg(e.name ORDER BY e.id) FILTER (WHERE e.state = 'dead'),
+           array_agg(e.attempts ORDER BY e.id) FILTER (WHERE e.state = 'dead'),
+           array_agg(e.max_attempts ORDER BY e.id) FILTER (WHERE e.state = 'dead'),
+           array_agg(e.last_error ORDER BY e.id) FILTER (WHERE e.state = 'dead')
+      INTO v_rows, returned, dead, v_teams, v_stats, v_dead, v_dteams, v_dnames, v_dattempts, v_dmax, v_derrors
       FROM expired e;
     -- Every expired claim leaves claimed/running; a dead one is counted (its
     -- run time too if it had started).
     PERFORM mh_not_running(array_fill(p_shard::smallint, ARRAY[coalesce(cardinality(v_teams), 0)]), v_teams);
     PERFORM mh_add_stats(v_now, v_stats);
     PERFORM mh_enqueue_many(v_rows, v_now);
+    -- The dead ones are listed by team and name and reported to their team.
+    PERFORM mh_record_dead(array_fill(p_shard::smallint, ARRAY[coalesce(cardinality(v_dead), 0)]), v_dead, v_dteams,
+                           v_dnames, v_dattempts, v_dmax, v_derrors, v_now);
 
     INSERT INTO claim_checks (shard, check_at, job_ids)
     SELECT p_shard, min(j.claim_expires_at), array_agg(j.id)
@@ -219,7 +237,8 @@ END $$;
 -- Every duty once, over every shard: for operators, the demo and tests.
 CREATE OR REPLACE FUNCTION maintain(OUT from_far bigint, OUT from_hours bigint, OUT swept_buckets int, OUT carried bigint,
                          OUT claims_returned bigint, OUT claims_dead bigint, OUT keys_purged bigint,
-                         OUT stats_rolled bigint, OUT stats_purged bigint, OUT load_purged bigint)
+                         OUT stats_rolled bigint, OUT stats_purged bigint, OUT load_purged bigint,
+                         OUT events_purged bigint)
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
     s int;
@@ -229,13 +248,15 @@ BEGIN
     from_far := r.from_far; from_hours := r.from_hours;
     SELECT * INTO r FROM sweep_passed();
     swept_buckets := r.buckets; carried := r.carried;
-    claims_returned := 0; claims_dead := 0; keys_purged := 0;
+    claims_returned := 0; claims_dead := 0; keys_purged := 0; events_purged := 0;
     FOR s IN 0 .. mh_shard_count() - 1 LOOP
         SELECT * INTO r FROM expire_claims(s);
         claims_returned := claims_returned + r.returned;
         claims_dead := claims_dead + r.dead;
         keys_purged := keys_purged + purge_idempotency_keys(s);
+        events_purged := events_purged + purge_events(s);
     END LOOP;
+    PERFORM purge_deliveries();
     stats_rolled := roll_up_stats();
     stats_purged := purge_stats();
     load_purged := purge_load();

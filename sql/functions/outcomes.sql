@@ -183,7 +183,8 @@ BEGIN
 END $$;
 
 -- Failure: retry after backoff while attempts remain and the error is
--- retryable; otherwise the job is dead (kept, with its last error).
+-- retryable; otherwise the job is dead (kept, with its last error; listed
+-- in dead_jobs and reported to its team, sql/functions/dead.sql).
 -- Per item, because each retry time is computed from that job's own
 -- attempts, base and cap (in a variable, not in UPDATE SET: Citus rule).
 CREATE OR REPLACE FUNCTION fail_many(p_ids bigint[], p_tokens uuid[], p_errors text[], p_retryable boolean[] DEFAULT NULL)
@@ -197,6 +198,7 @@ DECLARE
     v_shards  smallint[] := '{}';
     v_teams   int[] := '{}';
     v_stats   stats_delta[] := '{}';
+    v_dead    jobs[] := '{}';
     i         int;
 BEGIN
     FOR i IN SELECT u.ord FROM unnest(p_ids) WITH ORDINALITY AS u(id, ord) ORDER BY mh_shard_of(u.id), u.id, u.ord
@@ -233,11 +235,21 @@ BEGIN
                                       CASE WHEN v_job.started_at IS NULL
                                            THEN mh_seconds(v_job.claimed_at - v_job.agreed_at) END,
                                       mh_seconds(v_now - coalesce(v_job.started_at, v_job.claimed_at)))::stats_delta;
+            v_job.last_error := v_error;
+            v_dead := v_dead || v_job;
             v_answers[i] := ROW(v_job.id, true, 'dead'::job_state, NULL::text)::outcome;
         END IF;
     END LOOP;
     PERFORM mh_not_running(v_shards, v_teams);
     PERFORM mh_add_stats(v_now, v_stats);
+    -- The dead ones are listed by team and name and reported to their team.
+    IF cardinality(v_dead) > 0 THEN
+        PERFORM mh_record_dead(ARRAY(SELECT d.shard FROM unnest(v_dead) d), ARRAY(SELECT d.id FROM unnest(v_dead) d),
+                               ARRAY(SELECT d.team_id FROM unnest(v_dead) d), ARRAY(SELECT d.name FROM unnest(v_dead) d),
+                               ARRAY(SELECT d.attempts FROM unnest(v_dead) d),
+                               ARRAY(SELECT d.max_attempts FROM unnest(v_dead) d),
+                               ARRAY(SELECT d.last_error FROM unnest(v_dead) d), v_now);
+    END IF;
     RETURN QUERY SELECT * FROM unnest(v_answers);
 END $$;
 

@@ -8,7 +8,7 @@
 -- a reference table.
 
 CREATE TYPE job_state AS ENUM
-    ('scheduled', 'claimed', 'running', 'retrying', 'succeeded', 'dead', 'cancelled');
+    ('scheduled', 'claimed', 'running', 'retrying', 'succeeded', 'dead', 'cancelled', 'discarded');
 
 -- The sequence part of job ids (mh_new_id): 13 bits. No cache: a cached
 -- block could outlive a whole cycle and repeat a value.
@@ -68,6 +68,8 @@ CREATE TABLE jobs (
     -- not claimed by then: dropped, cancelled by the claim (a run of a
     -- repeating job with misfire skip: its series' next fire time)
     deadline         timestamptz,
+    -- when a dead job was last put back on the wheel (requeue_job)
+    requeued_at      timestamptz,
     PRIMARY KEY (shard, id)
 ) WITH (fillfactor = 30);
 -- No index covers a column that claim, start, heartbeat, complete or fail

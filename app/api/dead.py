@@ -1,0 +1,149 @@
+"""Dead jobs: requeue or discard one, or every dead job of a team and
+name; and the team's feed of terminal failures.
+
+    POST /v1/jobs/{id}/requeue?max_attempts=    a dead job due again now (a new attempt budget)
+    POST /v1/jobs/{id}/discard                  a dead job set aside for good (state discarded)
+    POST /v1/dead/requeue, /v1/dead/discard     every dead job of a name ({"name": ...})
+    GET  /v1/teams/{name}/events?after=&limit=  the team's events, oldest first (name: the team or `me`)
+
+What may be requeued is decided by the procedures (sql/functions/dead.sql);
+another team's job is "no such job" (404), as an unknown one. The feed's
+cursor is opaque to clients: it encodes the position (transaction id,
+event id) the next page starts after.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from typing import Annotated
+
+from litestar import get, post
+from litestar.di import NamedDependency
+from litestar.handlers import HTTPRouteHandler
+from litestar.params import FromPath, JSONBody, QueryParameter
+
+from minutehand.api import problems
+from minutehand.api.auth import Principal
+from minutehand.api.context import Context
+from minutehand.api.jobs import JobIdParam, TeamParam
+from minutehand.api.problems import COMMON, INVALID, NOT_DEAD, NOT_FOUND, TOO_LARGE, ApiProblem
+from minutehand.api.schemas import (DeadDiscardedOut, DeadDiscardIn, DeadRequeuedOut, DeadRequeueIn, EventOut,
+                                    EventPageOut, SettledOut)
+from minutehand.protocol import JobId
+from minutehand.store.records import JobEvent, Outcome
+
+SECURITY = [{"bearer": []}]
+TAGS = ["dead jobs"]
+EVENTS_PAGE_MAX = 1000
+SETTLE_BODY_BYTES = 4096
+_POSITION = re.compile(r"^([0-9]{1,20})\.([0-9]{1,19})$")
+# Where a feed read with no cursor starts: before every event kept.
+START = ("0", 0)
+
+
+def encode_cursor(xid: str, event_id: int) -> str:
+    return base64.urlsafe_b64encode(f"{xid}.{event_id}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[str, int]:
+    """The position a cursor this API returned encodes; 422 for any other text."""
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        text = ""
+    m = _POSITION.fullmatch(text)
+    if m is None or int(m.group(1)) >= 2**64 or int(m.group(2)) >= 2**63:
+        raise ApiProblem(INVALID, "after is not a cursor this API returned (pass next_cursor as it came)")
+    return m.group(1), int(m.group(2))
+
+
+def event_out(e: JobEvent) -> EventOut:
+    return EventOut(str(e.id), e.kind, JobId(e.job_id), e.name, e.attempts, e.max_attempts, e.error, e.at)
+
+
+def settled(job_id: int, outcome: Outcome) -> SettledOut:
+    """The answer to a requeue or discard, or its refusal: 404 (no such job
+    of this team) or 409 with the job's state, nothing written."""
+    if outcome.ok:
+        return SettledOut(JobId(job_id), outcome.state)
+    if outcome.state is None:
+        raise ApiProblem(NOT_FOUND, f"no job {job_id}")
+    raise ApiProblem(NOT_DEAD, outcome.reason or f"job is {outcome.state}", job_id=str(job_id),
+                     state=outcome.state)
+
+
+def routes(ctx: Context) -> list[HTTPRouteHandler]:
+    store = ctx.store
+    one_job = problems.responses(*COMMON, NOT_FOUND, NOT_DEAD, INVALID)
+
+    @post("/v1/jobs/{job_id:int}/requeue", operation_id="requeueJob", status_code=200, security=SECURITY,
+          tags=TAGS, summary="Run a dead job again",
+          description="The job goes back on the timing wheel, due now, its attempts counted from 0 against "
+                      "max_attempts (1 to 100; omitted: the job's own). A job that is not dead, including one "
+                      "requeued and waiting again, answers 409 with its state, unchanged.",
+          responses=one_job)
+    async def requeue_job(
+        principal: NamedDependency[Principal], job_id: JobIdParam, team: TeamParam = None,
+        max_attempts: Annotated[int | None, QueryParameter(
+            required=False, ge=-(2**31), le=2**31 - 1,
+            description="the new attempt budget, 1 to 100 (omitted: the job's own)")] = None,
+    ) -> SettledOut:
+        return settled(job_id, await ctx.db(store.requeue, job_id, principal.scope(team), max_attempts))
+
+    @post("/v1/jobs/{job_id:int}/discard", operation_id="discardJob", status_code=200, security=SECURITY,
+          tags=TAGS, summary="Set a dead job aside for good",
+          description="Its state becomes `discarded` (kept, with its last error; never requeued). A job that "
+                      "is not dead answers 409 with its state, unchanged.",
+          responses=one_job)
+    async def discard_job(principal: NamedDependency[Principal], job_id: JobIdParam,
+                          team: TeamParam = None) -> SettledOut:
+        return settled(job_id, await ctx.db(store.discard, job_id, principal.scope(team)))
+
+    @post("/v1/dead/requeue", operation_id="requeueDead", status_code=200, security=SECURITY, tags=TAGS,
+          request_max_body_size=SETTLE_BODY_BYTES, summary="Run every dead job of a name again",
+          description="Each dead job of the team with this name, as POST /v1/jobs/{id}/requeue does, up to "
+                      "`limit` per call; `more` true: call again for the rest.",
+          responses=problems.responses(*COMMON, NOT_FOUND, INVALID, TOO_LARGE))
+    async def requeue_dead(data: JSONBody[DeadRequeueIn], principal: NamedDependency[Principal],
+                           team: TeamParam = None) -> DeadRequeuedOut:
+        done = await ctx.db(store.requeue_dead, principal.own_team(team), data.name,
+                            max_attempts=int(data.max_attempts) if data.max_attempts is not None else None,
+                            limit=int(data.limit))
+        return DeadRequeuedOut(done.count, done.more)
+
+    @post("/v1/dead/discard", operation_id="discardDead", status_code=200, security=SECURITY, tags=TAGS,
+          request_max_body_size=SETTLE_BODY_BYTES, summary="Set every dead job of a name aside",
+          description="Each dead job of the team with this name, as POST /v1/jobs/{id}/discard does, up to "
+                      "`limit` per call; `more` true: call again for the rest.",
+          responses=problems.responses(*COMMON, NOT_FOUND, INVALID, TOO_LARGE))
+    async def discard_dead(data: JSONBody[DeadDiscardIn], principal: NamedDependency[Principal],
+                           team: TeamParam = None) -> DeadDiscardedOut:
+        done = await ctx.db(store.discard_dead, principal.own_team(team), data.name, limit=int(data.limit))
+        return DeadDiscardedOut(done.count, done.more)
+
+    @get("/v1/teams/{name:str}/events", operation_id="teamEvents", security=SECURITY, tags=TAGS,
+         summary="The team's terminal failures, oldest first",
+         description="Every job of the team that became dead (failed on its last attempt, or its last claim "
+                     "expired), in the order they were committed, kept 7 days. Pass next_cursor as ?after= "
+                     "to read on; with nothing new the same cursor comes back (poll with it). An event shows "
+                     "once no transaction older than it is still running (usually at once), so none can "
+                     "appear behind a cursor already handed out. `name`: the team, or `me`.",
+         responses=problems.responses(*COMMON, NOT_FOUND, INVALID), exception_handlers=problems.parameters())
+    async def team_events(
+        principal: NamedDependency[Principal], name: FromPath[str],
+        after: Annotated[str | None, QueryParameter(required=False, max_length=100,
+                                                    description="the next_cursor of the previous page")] = None,
+        limit: Annotated[int, QueryParameter(ge=1, le=EVENTS_PAGE_MAX)] = 100,
+    ) -> EventPageOut:
+        if principal.is_admin and name == "me":
+            raise ApiProblem(INVALID, "the admin token has no team of its own: name the team")
+        team = principal.own_team(None if name == "me" else name)
+        position = decode_cursor(after) if after is not None else START
+        if principal.is_admin and not await ctx.db(store.team_exists, team):
+            raise ApiProblem(NOT_FOUND, f"no such team {team!r}")
+        events = await ctx.db(store.events, team, after=position, limit=limit)
+        last = (events[-1].xid, events[-1].id) if events else position
+        return EventPageOut([event_out(e) for e in events], encode_cursor(*last))
+
+    return [requeue_job, discard_job, requeue_dead, discard_dead, team_events]
