@@ -69,6 +69,12 @@ class Settings:
     # its creation names none.
     default_team_quota: int = 1000
     default_team_weight: int = 1
+    # /metrics (README "Metrics"): how many job names of a team get a `name`
+    # label of their own (the first seen, by volume; the rest are counted as
+    # `(other)`), and how long what it reads from the database is reused
+    # between scrapes, in seconds.
+    metrics_names_per_team: int = 50
+    metrics_read_s: float = 10.0
 
     def __post_init__(self) -> None:
         for name in ("default_team_quota", "default_team_weight"):
