@@ -425,14 +425,19 @@ SELECT j.id FROM jobs j
 -- In this transaction only: plans without parallel workers.
 SET LOCAL max_parallel_workers_per_gather = 0
 
--- name: metrics_stats_line
+-- name: metrics_clock
 -- Where the Prometheus exposition (app/api/metrics.py) divides team_stats
--- into rows it has added up once and rows it reads on every refresh: the
--- hour two hours back. On an hour boundary, so a minute row and the hour row
--- roll_up_stats folds it into lie on the same side; purge_stats folds what
--- it drops into a row below it (stripe -2). Rows below it change only by a
--- transaction that began before it (mh_now() is a transaction's start).
-SELECT mh_hour(mh_now()) - interval '2 hours' AS line
+-- into rows it has added up once and rows it reads on every refresh (line):
+-- the hour two hours back. On an hour boundary, so a minute row and the hour
+-- row roll_up_stats folds it into lie on the same side; purge_stats folds
+-- what it drops into a row below it (stripe -2). Rows below it change only
+-- by a transaction that began before it (mh_now() is a transaction's start).
+-- And the minute slots of now and the next minute, for metrics_due_depth (as
+-- parameters there, so the plan names their partitions only: mh_now() is
+-- volatile, which no partition pruning takes).
+SELECT mh_hour(n) - interval '2 hours' AS line, mh_minute_slot(n) AS current_slot,
+       mh_minute_slot(n + interval '1 minute') AS next_slot
+  FROM (SELECT mh_now() AS n) now
 
 -- name: metrics_job_totals
 -- The counters of team_stats added up per team and job name over the rows
@@ -456,13 +461,13 @@ SELECT t.name AS team, t.quota, coalesce(r.running, 0)::bigint AS running
 
 -- name: metrics_due_depth
 -- How many jobs wait on the wheel: counted exactly in the current and the
--- next minute bucket (two partitions, the ones the dispatchers read), and
+-- next minute bucket (their slots from metrics_clock; two partitions, the
+-- ones the dispatchers read), and
 -- estimated for each whole level from the planner's statistics
 -- (pg_class.reltuples as of autovacuum's last ANALYZE of each partition;
 -- never analysed or just truncated: 0), so no read of the pending set.
-SELECT (SELECT count(*) FROM due_minutes d WHERE d.slot = mh_minute_slot(mh_now())) AS current_minute,
-       (SELECT count(*) FROM due_minutes d WHERE d.slot = mh_minute_slot(mh_now() + interval '1 minute'))
-           AS next_minute,
+SELECT (SELECT count(*) FROM due_minutes d WHERE d.slot = %(current_slot)s::smallint) AS current_minute,
+       (SELECT count(*) FROM due_minutes d WHERE d.slot = %(next_slot)s::smallint) AS next_minute,
        (SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint FROM pg_inherits i
           JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'due_minutes'::regclass) AS minutes,
        (SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint FROM pg_inherits i

@@ -92,7 +92,7 @@ class DatabaseMetrics(Collector):
       keeps minute rows, folds them into hour rows and, past retention, into
       one row per team and name (purge_stats), so the whole table adds up to
       every event ever counted; never read whole more than once: rows below
-      a line two hours back (metrics_stats_line says why they no longer
+      a line two hours back (metrics_clock says why they no longer
       change) are added up once and then only extended, the rows above it
       (a bounded number: two to three hours of minute rows) read each time.
       The roll-up keeps a row on its side of the line; the purge moves rows

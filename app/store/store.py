@@ -717,7 +717,7 @@ class Store:
         """What /metrics reads of the jobs, in one transaction with no
         parallel workers (a scrape's few small reads must not take the
         workers, or the shared memory, of the hot path): the line below
-        which team_stats rows no longer change (metrics_stats_line);
+        which team_stats rows no longer change (metrics_clock);
         team_stats added up per (team, job name) from counted_to (None: the
         first row) to the line, and from the line on; running and quota per
         team; the depth of the wheel (metrics_due_depth)."""
@@ -728,14 +728,15 @@ class Store:
 
         with self.connection() as conn, conn.transaction():
             conn.execute(q("no_parallel_workers"))
-            line = conn.execute(q("metrics_stats_line")).fetchone()["line"]
+            clock = conn.execute(q("metrics_clock")).fetchone()
+            line = clock["line"]
             if counted_to is not None and line <= counted_to:      # (a clock set back: tests)
                 line, below = counted_to, {}
             else:
                 below = totals(conn, counted_to, line)
             return MetricsRead(line, below, totals(conn, line, None),
                                {r["team"]: (r["running"], r["quota"]) for r in conn.execute(q("metrics_running"))},
-                               {k: int(v) for k, v in conn.execute(q("metrics_due_depth")).fetchone().items()})
+                               {k: int(v) for k, v in conn.execute(q("metrics_due_depth"), clock).fetchone().items()})
 
     # ------------------------------------------------------------ the local demo
     def due_unclaimed(self, team: str, names: list[str], cap: int) -> int:
