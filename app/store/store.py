@@ -24,10 +24,11 @@ from minutehand import metrics
 from minutehand.store import errors, repeat, schema
 from minutehand.store.queries import q
 from minutehand.store.records import (BatchItem, ClaimRequest, Complete, EdgeCell, Fail, FlexDefault, FleetStats,
-                                     FleetTeam, Heartbeat, JobPage, JobSpec, JobStatus, JobSummary, Maintenance, MetricsRead,
+                                     FleetTeam, Heartbeat, JobPage, JobSpec, JobStatus, JobSummary, Maintenance,
                                      Outcome, PlannedClaim, Release, Report, Repeat, SeriesControl, SeriesDetail,
                                      SeriesPage, SeriesRun, SeriesSummary, Start, Submitted, Tally, TeamPage,
                                      TeamSettings, TeamStats, TeamTerms)
+from minutehand.store.records import MetricsRead
 
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from prometheus_client import Counter, Gauge, Histogram
 
 JOBS = Counter("minutehand_worker_jobs", "Jobs this worker ran, by job name and outcome: succeeded, failed "
                "(reported; retried or dead as the server decides), replayed (a stored result under its "
-               "idempotency key), dropped (its claim was lost: not reported), refused (reported, and refused: the claim was gone, or the "
-               "outcome could not be delivered)", ["name", "outcome"])
+               "idempotency key), dropped (its claim was lost: not reported), refused (reported and refused: "
+               "the claim was gone; or not delivered)", ["name", "outcome"])
 JOB_SECONDS = Histogram("minutehand_worker_job_seconds", "From the job's arrival to its outcome, by job name",
                         ["name"], buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600))
 BUSY = Gauge("minutehand_worker_jobs_running", "Jobs this worker holds now (running, or done and reporting)")

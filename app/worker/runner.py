@@ -149,7 +149,8 @@ class JobRunner:
                                                      reason=f"{run.lost}: outcome not reported ({kind})"))
             return
         answer = await run.outbox.send(kind, outcome)
-        metrics.record(run.job.name, outcome_name if answer is not None and answer.ok else "refused", duration / 1000)
+        reported = outcome_name if answer is not None and answer.ok else "refused"
+        metrics.record(run.job.name, reported, duration / 1000)
         if answer is not None and answer.ok:
             level = logging.WARNING if kind == "fail" else logging.INFO
             if log.isEnabledFor(level):
