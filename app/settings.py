@@ -82,6 +82,9 @@ class Settings:
             if type(value) is not int or not TEAM_LIMIT_MIN <= value <= TEAM_LIMIT_MAX:
                 raise ValueError(f"setting {name}: {value!r} is not a whole number from {TEAM_LIMIT_MIN} "
                                  f"to {TEAM_LIMIT_MAX}")
+        for name in ("metrics_names_per_team", "metrics_read_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"setting {name}: {getattr(self, name)!r} is negative")
 
     @classmethod
     def load(cls, argv: list[str] | None = None, env: dict[str, str] | None = None) -> Settings:

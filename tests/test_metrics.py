@@ -7,6 +7,7 @@ and the purge of team_stats; a worker serves its own on worker_metrics_port;
 the Grafana dashboard names only families that exist."""
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import re
@@ -308,6 +309,23 @@ def test_the_due_index_depth_counts_the_current_and_next_bucket_and_estimates_th
         {"current_minute": 3, "next_minute": 2}
     assert {s.labels["level"]: s.value for s in families["minutehand_due_jobs_estimated"].samples} == \
         {"minutes": 9, "hours": 5, "far": 6}
+
+
+@pytest.mark.parametrize("flag", ["--metrics-names-per-team", "--metrics-read-s"])
+def test_a_negative_metrics_setting_is_refused_with_its_name(flag):
+    with pytest.raises(SystemExit, match=flag[2:].replace("-", "_")):
+        Settings.load([flag, "-1"], env={})
+
+
+def test_a_worker_metrics_port_out_of_range_is_refused():
+    from minutehand.worker import Worker
+    from minutehand.worker.settings import WorkerSettings
+
+    worker = Worker()
+    worker.job("x")(lambda job: None)
+    settings = WorkerSettings.load(["--worker-metrics-port", "70000"], env={})
+    with pytest.raises(ValueError, match="metrics port 70000"):
+        asyncio.run(worker.run_async(settings))
 
 
 def test_a_failed_read_of_the_database_says_so_and_leaves_the_job_families_out(db_dsn):

@@ -167,6 +167,8 @@ class Worker:
             raise ValueError("no dispatcher URLs: pass urls= or set MINUTEHAND_WORKER_URLS")
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics port {self.metrics_port} is not from 0 (no metrics server) to 65535")
         if not 0 <= self.wait_s <= MAX_WAIT_S:
             raise ValueError(f"wait_s must be between 0 and {MAX_WAIT_S}")
 
