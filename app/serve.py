@@ -36,14 +36,15 @@ def api_store(settings: Settings) -> Store:
     url = make_conninfo(settings.database_url, connect_timeout=5)
     return Store(url, min_size=min(2, settings.pool_size), max_size=settings.pool_size,
                  pool_options={"timeout": settings.api_db_wait_s,
-                               "reconnect_timeout": settings.api_db_wait_s})
+                               "reconnect_timeout": settings.api_db_wait_s}, pool_name="api")
 
 
 def dispatcher_store(settings: Settings) -> Store:
     """The dispatcher's own store: a connection attempt gives up after 5 s,
     and a lost connection is replaced on demand."""
     return Store(make_conninfo(settings.database_url, connect_timeout=5), min_size=min(2, settings.pool_size),
-                 max_size=settings.pool_size, pool_options={"timeout": 10.0, "reconnect_timeout": 10.0})
+                 max_size=settings.pool_size, pool_options={"timeout": 10.0, "reconnect_timeout": 10.0},
+                 pool_name="dispatcher")
 
 
 def quiet_gc() -> None:

@@ -93,6 +93,12 @@ class Settings:
     webhook_batch: int = 100
     webhook_every_s: float = 1.0
     webhook_concurrency: int = 8
+    # /metrics (README "Metrics"): how many job names of a team get a `name`
+    # label of their own (the first seen, by volume; the rest are counted as
+    # `(other)`), and how long what it reads from the database is reused
+    # between scrapes, in seconds.
+    metrics_names_per_team: int = 50
+    metrics_read_s: float = 10.0
 
     def __post_init__(self) -> None:
         for name in ("default_team_quota", "default_team_weight"):
@@ -109,6 +115,9 @@ class Settings:
                              f"of jobs per second from 0 (none) to {SUBMIT_RATE_MAX:,}")
         if self.default_team_submit_burst and not self.default_team_submit_rate:
             raise ValueError("setting default_team_submit_burst: set default_team_submit_rate too")
+        for name in ("metrics_names_per_team", "metrics_read_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"setting {name}: {getattr(self, name)!r} is negative")
 
     @classmethod
     def load(cls, argv: list[str] | None = None, env: dict[str, str] | None = None) -> Settings:

@@ -520,3 +520,56 @@ SELECT record_delivery(%(team_id)s::int, %(url)s::text, %(from_xid)s::text::xid8
                        %(xid)s::text::xid8, %(id)s::bigint, %(events)s::int, %(first)s::bigint,
                        %(attempt)s::int, %(status)s::int, %(error)s::text, %(duration_ms)s::int,
                        %(ok)s::boolean, %(retry_s)s::real) AS current
+
+-- name: no_parallel_workers
+-- In this transaction only: plans without parallel workers.
+SET LOCAL max_parallel_workers_per_gather = 0
+
+-- name: metrics_clock
+-- Where the Prometheus exposition (app/api/metrics.py) divides team_stats
+-- into rows it has added up once and rows it reads on every refresh (line):
+-- the hour two hours back. On an hour boundary, so a minute row and the hour
+-- row roll_up_stats folds it into lie on the same side; purge_stats folds
+-- what it drops into a row below it (stripe -2). Rows below it change only
+-- by a transaction that began before it (mh_now() is a transaction's start).
+-- And the minute slots of now and the next minute, for metrics_due_depth (as
+-- parameters there, so the plan names their partitions only: mh_now() is
+-- volatile, which no partition pruning takes).
+SELECT mh_hour(n) - interval '2 hours' AS line, mh_minute_slot(n) AS current_slot,
+       mh_minute_slot(n + interval '1 minute') AS next_slot
+  FROM (SELECT mh_now() AS n) now
+
+-- name: metrics_job_totals
+-- The counters of team_stats added up per team and job name over the rows
+-- with since <= minute < until (NULL: unbounded): every row, whatever its
+-- grain (minute, hour, purged). With since set, a range of team_stats_minute.
+SELECT t.name AS team, s.name, sum(s.submitted)::bigint AS submitted, sum(s.started)::bigint AS started,
+       sum(s.succeeded)::bigint AS succeeded, sum(s.failed)::bigint AS failed, sum(s.dead)::bigint AS dead,
+       sum(s.cancelled)::bigint AS cancelled,
+       mh_hist_sum(array_agg(s.lateness_hist)) AS lateness_hist, mh_hist_sum(array_agg(s.runtime_hist)) AS runtime_hist
+  FROM team_stats s JOIN teams t ON t.id = s.team_id
+ WHERE s.minute >= coalesce(%(since)s::timestamptz, '-infinity')
+   AND s.minute < coalesce(%(until)s::timestamptz, 'infinity')
+ GROUP BY t.name, s.name
+
+-- name: metrics_running
+-- Every team's quota and its jobs claimed and not finished now (team_running:
+-- a row per shard and team).
+SELECT t.name AS team, t.quota, coalesce(r.running, 0)::bigint AS running
+  FROM teams t
+  LEFT JOIN (SELECT team_id, sum(running) AS running FROM team_running GROUP BY team_id) r ON r.team_id = t.id
+
+-- name: metrics_due_depth
+-- How many jobs wait on the wheel: counted exactly in the current and the
+-- next minute bucket (their slots from metrics_clock; two partitions, the
+-- ones the dispatchers read), and
+-- estimated for each whole level from the planner's statistics
+-- (pg_class.reltuples as of autovacuum's last ANALYZE of each partition;
+-- never analysed or just truncated: 0), so no read of the pending set.
+SELECT (SELECT count(*) FROM due_minutes d WHERE d.slot = %(current_slot)s::smallint) AS current_minute,
+       (SELECT count(*) FROM due_minutes d WHERE d.slot = %(next_slot)s::smallint) AS next_minute,
+       (SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint FROM pg_inherits i
+          JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'due_minutes'::regclass) AS minutes,
+       (SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint FROM pg_inherits i
+          JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'due_hours'::regclass) AS hours,
+       (SELECT greatest(c.reltuples, 0)::bigint FROM pg_class c WHERE c.oid = 'due_far'::regclass) AS far

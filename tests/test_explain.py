@@ -727,6 +727,26 @@ def test_admission_reaches_its_rows_by_their_keys(conn):
         assert sum(n["Actual Rows"] * n.get("Actual Loops", 1) for n in reads) == 32
 
 
+def test_the_metrics_depth_counts_two_minute_partitions_and_reads_no_level(conn, layout):
+    """/metrics' depth of the wheel (metrics_due_depth): the current and the
+    next minute bucket counted, the other minute partitions removed when the
+    plan starts; each level's size from the catalog (pg_class), never read."""
+    nxt = minute_part(conn, CUR + MIN)
+    with conn.transaction(force_rollback=True):
+        conn.execute(q("no_parallel_workers"))
+        clock = conn.execute(q("metrics_clock")).fetchone()
+        slots = {"current_slot": clock[1], "next_slot": clock[2]}
+        plan = explain_json(conn, "EXPLAIN (ANALYZE, FORMAT JSON) " + q("metrics_due_depth"), slots)
+        assert due_relations(plan) == {layout["cur"], nxt}, due_relations(plan)
+        assert locked_due_relations(conn) - {"due_minutes", layout["cur"], nxt} == set()   # (the parent, and those)
+        depth = conn.execute(q("metrics_due_depth"), slots).fetchone()
+        assert depth[:2] == conn.execute(f"SELECT (SELECT count(*) FROM {layout['cur']}), "
+                                         f"(SELECT count(*) FROM {nxt})").fetchone()
+        # the fixture is analysed: the estimates are near the counts
+        assert abs(depth[4] - layout["far"]) < 0.05 * layout["far"], (depth, layout["far"])
+        assert abs(depth[3] - layout["hours"]) < 0.2 * layout["hours"] + 100, (depth, layout["hours"])
+
+
 # ---------------------------------------------------------------- the chain of repeating series
 
 def series_indexes(ae: AutoExplain) -> set[str]:

@@ -17,7 +17,7 @@ from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.openapi.spec import Components, Link, SecurityScheme
 
 from minutehand import protocol
-from minutehand.api import dead, health, jobs, problems, series, teams, webhooks, windows
+from minutehand.api import dead, health, jobs, metrics, problems, series, teams, webhooks, windows
 from minutehand.api import workers as worker_routes
 from minutehand.api.admission import Admission
 from minutehand.api.auth import TokenCache, authenticator, checked_before_body
@@ -53,7 +53,7 @@ def create_app(settings: Settings, store: Store, *, head: str | None = None, sub
 
     check_first, principal = checked_before_body(
         "principal", authenticator(settings.admin_token, ctx.tokens, ctx.lookup_token))
-    handlers: list = [*health.routes(ctx), problem_type]
+    handlers: list = [*health.routes(ctx), *metrics.routes(ctx), problem_type]
     if submit_api:
         handlers += [*jobs.routes(ctx), *teams.routes(ctx), *series.routes(ctx), *windows.routes(ctx),
                      *dead.routes(ctx), *webhooks.routes(ctx)]
@@ -81,6 +81,7 @@ def create_app(settings: Settings, store: Store, *, head: str | None = None, sub
             render_plugins=[SwaggerRenderPlugin()],
         ),
         request_max_body_size=settings.api_max_body_bytes,
+        middleware=[metrics.requests_middleware()],
         on_startup=on_startup, on_shutdown=on_shutdown,
         debug=False,
     )

@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 import msgspec
 import psycopg
 
+from minutehand import metrics
 from minutehand.dispatch import fairness
 from minutehand.dispatch.fairness import Budget, Class, DueIndex
 from minutehand.dispatch.outcomes import OutcomeWriter
@@ -271,6 +272,7 @@ class Dispatcher:
     def _drop(self, refused: dict[int, str]) -> None:
         log.warning("claims refused on %d shards (another dispatcher owns them now): %s",
                     len(refused), next(iter(refused.values())))
+        metrics.STALE_CLAIMS.inc(len(refused))
         self.keeper.drop(list(refused))
 
     # ------------------------------------------------------------ the claim loop
@@ -529,6 +531,7 @@ class Dispatcher:
         if not requests:
             return []
         results, refused = self.store.claim(requests, self.name, self.claim_s)
+        metrics.CLAIM_BATCH.observe(sum(len(rows) for rows in results if not isinstance(rows, Exception)))
         if refused:
             self._drop(refused)
         walked = []

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import psycopg
 
+from minutehand import metrics
 from minutehand.futures import BatchThreads, settle
 from minutehand.store.records import Complete, Fail, Heartbeat, Outcome, Release, Report, Start
 from minutehand.store.store import Store
@@ -74,6 +75,7 @@ class OutcomeWriter:
         items = [r for p in group for r in p.reports]
         try:
             outcomes = self._call(kind, items, extend_s)
+            metrics.OUTCOME_BATCH.labels(kind.__name__.lower()).observe(len(items))
         except psycopg.OperationalError as exc:   # the database is away: every request shares that fate
             log.warning("writing %d %s outcomes failed: %s", len(items), kind.__name__, exc)
             settle((p.future, p.loop, None, exc) for p in group if p.future is not None)

@@ -21,6 +21,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 
+from minutehand import metrics
 from minutehand.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,8 @@ class ShardKeeper:
 
     def _set(self, leases: dict[int, int]) -> None:
         if leases != self.leases:
+            metrics.SHARD_TAKEOVERS.inc(len(leases.keys() - self.leases.keys()))
+            metrics.SHARD_LEASES.set(len(leases))
             self.leases = leases
             self.on_change(dict(leases))
 

@@ -291,6 +291,16 @@ class Tally:
 
 
 @dataclass(frozen=True)
+class MetricsRead:
+    """One read of the jobs for /metrics (Store.metrics_read)."""
+    line: dt.datetime                                  # team_stats rows below it no longer change
+    below: dict[tuple[str, str], Tally]                # (team, name): added up from the last line to this one
+    recent: dict[tuple[str, str], Tally]               # (team, name): added up from this line on
+    running: dict[str, tuple[int, int]]                # team: (jobs claimed and not finished, quota)
+    depth: dict[str, int]                              # current_minute, next_minute (counted); minutes, hours, far
+
+
+@dataclass(frozen=True)
 class TeamSettings:
     """A team as an administrator sees it (never its token). submit_rate and
     submit_burst: its token bucket (None: no rate limit); max_pending: its

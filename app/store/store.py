@@ -20,14 +20,15 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
+from minutehand import metrics
 from minutehand.store import errors, repeat, schema
 from minutehand.store.queries import q
 from minutehand.store.records import (Admitted, BatchItem, ClaimRequest, Complete, DeadSettled, EdgeCell, Fail,
                                      FlexDefault, FleetStats, FleetTeam, Heartbeat, JobEvent, JobPage, JobSpec,
-                                     JobStatus, JobSummary, Maintenance, Outcome, PendingDelivery, PlannedClaim,
-                                     Release, Report, Repeat, SeriesControl, SeriesDetail, SeriesPage, SeriesRun,
-                                     SeriesSummary, Start, Submitted, Tally, TeamPage, TeamSettings, TeamStats,
-                                     TeamTerms, Webhook, WebhookDelivery)
+                                     JobStatus, JobSummary, Maintenance, MetricsRead, Outcome, PendingDelivery,
+                                     PlannedClaim, Release, Report, Repeat, SeriesControl, SeriesDetail, SeriesPage,
+                                     SeriesRun, SeriesSummary, Start, Submitted, Tally, TeamPage, TeamSettings,
+                                     TeamStats, TeamTerms, Webhook, WebhookDelivery)
 
 
 log = logging.getLogger(__name__)
@@ -98,18 +99,23 @@ def _batch_params(team: str, jobs: Sequence[JobSpec]) -> dict[str, Any]:
 
 class Store:
     def __init__(self, database_url: str, *, min_size: int = 1, max_size: int = 8,
-                 clock: dt.datetime | None = None, pool_options: dict[str, Any] | None = None):
+                 clock: dt.datetime | None = None, pool_options: dict[str, Any] | None = None,
+                 pool_name: str = "store"):
         """pool_options: more ConnectionPool arguments (timeout, reconnect_timeout, ...).
-        Every connection starts with search_path=minutehand (pool.conninfo says so too)."""
+        Every connection starts with search_path=minutehand (pool.conninfo says so too).
+        pool_name: the `pool` label of its metrics (minutehand.metrics)."""
         self.pool = ConnectionPool(schema.conninfo(database_url), min_size=min_size, max_size=max_size, open=True,
                                    kwargs={"autocommit": True, "row_factory": dict_row},
                                    **(pool_options or {}))
+        self._db_seconds = metrics.DB_SECONDS.labels(pool_name)
+        self._unwatch = metrics.POOLS.watch(pool_name, self.pool.get_stats)
         # A pinned clock (tests): every checkout sets it on its session, and
         # once it has been pinned, unpinning (None) is applied the same way.
         self.clock = clock
         self._clock_used = clock is not None
 
     def close(self) -> None:
+        self._unwatch()
         self.pool.close()
 
     def __enter__(self) -> Store:
@@ -121,7 +127,7 @@ class Store:
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection]:
         """A pooled connection, clock applied; procedure refusals become StoreErrors."""
-        with self.pool.connection() as conn:
+        with self.pool.connection() as conn, metrics.timed(self._db_seconds):
             self._apply_clock(conn)
             try:
                 yield conn
@@ -320,6 +326,7 @@ class Store:
 
     # ------------------------------------------------------------ submission
     def submit(self, team: str, job: JobSpec) -> Submitted:
+        metrics.SUBMIT_BATCH.observe(1)
         if job.repeat is not None:
             return self.submit_series(team, job)
         row = self._one("submit_job", {"team": team, "name": job.name, "due_at": job.due_at,
@@ -337,6 +344,7 @@ class Store:
         Repeating items (repeat set) are written in the same transaction, each
         through submit_series under a savepoint, so a refused one is reported
         (error) and written nowhere while the others commit together."""
+        metrics.SUBMIT_BATCH.observe(len(jobs))
         if all(j.repeat is None for j in jobs):
             rows = self._all("submit_jobs", _batch_params(team, jobs))
             return sorted((BatchItem(**r) for r in rows), key=lambda item: item.idx)
@@ -826,6 +834,32 @@ class Store:
     def worker_for_token(self, token_hash: str) -> str | None:
         row = self._one("worker_by_token", {"token_hash": token_hash})
         return row["name"] if row else None
+
+    # ------------------------------------------------------------ metrics (app/api/metrics.py)
+    def metrics_read(self, counted_to: dt.datetime | None) -> MetricsRead:
+        """What /metrics reads of the jobs, in one transaction with no
+        parallel workers (a scrape's few small reads must not take the
+        workers, or the shared memory, of the hot path): the line below
+        which team_stats rows no longer change (metrics_clock);
+        team_stats added up per (team, job name) from counted_to (None: the
+        first row) to the line, and from the line on; running and quota per
+        team; the depth of the wheel (metrics_due_depth)."""
+        def totals(conn: psycopg.Connection, since: dt.datetime | None,
+                   until: dt.datetime | None) -> dict[tuple[str, str], Tally]:
+            return {(r["team"], r["name"]): _tally(r)
+                    for r in conn.execute(q("metrics_job_totals"), {"since": since, "until": until})}
+
+        with self.connection() as conn, conn.transaction():
+            conn.execute(q("no_parallel_workers"))
+            clock = conn.execute(q("metrics_clock")).fetchone()
+            line = clock["line"]
+            if counted_to is not None and line <= counted_to:      # (a clock set back: tests)
+                line, below = counted_to, {}
+            else:
+                below = totals(conn, counted_to, line)
+            return MetricsRead(line, below, totals(conn, line, None),
+                               {r["team"]: (r["running"], r["quota"]) for r in conn.execute(q("metrics_running"))},
+                               {k: int(v) for k, v in conn.execute(q("metrics_due_depth"), clock).fetchone().items()})
 
     # ------------------------------------------------------------ the local demo
     def due_unclaimed(self, team: str, names: list[str], cap: int) -> int:

@@ -17,6 +17,7 @@ import msgspec
 
 from minutehand.protocol import Completed, Failed, Held, LeasedJob, enc_hook
 from minutehand.protocol.jsontext import MAX_JSON_BYTES, json_text_problem
+from minutehand.worker import metrics
 from minutehand.worker.grace import Grace
 from minutehand.worker.job import Job, NonRetryable, error_text
 from minutehand.worker.logs import fields, log
@@ -139,13 +140,17 @@ class JobRunner:
         """Send the outcome, unless the claim may no longer be ours."""
         duration = _ms(run.started)
         error = outcome.error if isinstance(outcome, Failed) else None
+        outcome_name = "replayed" if event == "job_replayed" else "succeeded" if kind == "complete" else "failed"
         if run.lost is None and time.monotonic() > run.deadline:
             run.lost = "claim expired before the handler returned"
         if run.lost is not None:
+            metrics.record(run.job.name, "dropped", duration / 1000)
             log.warning("job_dropped", **fields(self.worker_id, **ids, duration_ms=duration, error=error,
                                                      reason=f"{run.lost}: outcome not reported ({kind})"))
             return
         answer = await run.outbox.send(kind, outcome)
+        reported = outcome_name if answer is not None and answer.ok else "refused"
+        metrics.record(run.job.name, reported, duration / 1000)
         if answer is not None and answer.ok:
             level = logging.WARNING if kind == "fail" else logging.INFO
             if log.isEnabledFor(level):

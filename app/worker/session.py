@@ -11,6 +11,7 @@ from minutehand.protocol import LeaseIn
 from minutehand.worker.client import DispatcherClient
 from minutehand.worker.grace import Grace
 from minutehand.worker.logs import fields, log
+from minutehand.worker.metrics import MetricsServer
 from minutehand.worker.outbox import Outbox
 from minutehand.worker.poller import LeaseShares, Poller
 from minutehand.worker.runner import Handler, JobRunner
@@ -24,7 +25,7 @@ class Session:
 
     def __init__(self, *, handlers: dict[str, Handler], urls: list[str], token: str, concurrency: int,
                  grace_s: float, worker_id: str, wait_s: float, flush_s: float, teams: list[str] | None,
-                 stopping: asyncio.Event, hurry: asyncio.Event):
+                 stopping: asyncio.Event, hurry: asyncio.Event, metrics: tuple[str, int] | None = None):
         self.worker_id = worker_id
         self.grace_s = grace_s
         self.names = sorted(handlers)
@@ -39,7 +40,9 @@ class Session:
         lease = LeaseIn(worker=worker_id, capacity=1, names=self.names, wait_s=wait_s, teams=teams)
         self.pollers = [Poller(c, o, self.runner, self.slots, shares, lease, stopping, self.grace)
                         for c, o in zip(self.clients, self.outboxes)]
-        self.services = AsyncServices(*self.outboxes, self.runner, *self.pollers)
+        # metrics (host, port): first up, last down, so a scrape sees the whole run
+        served = [MetricsServer(*metrics, lambda: len(self.runner.jobs))] if metrics else []
+        self.services = AsyncServices(*served, *self.outboxes, self.runner, *self.pollers)
 
     async def start(self) -> None:
         log.info("worker_started", **fields(self.worker_id, count=self.concurrency, name=",".join(self.names),

@@ -18,6 +18,10 @@ class WorkerSettings:
     worker_token: str = ""
     worker_concurrency: int = 10
     worker_grace_s: float = 30.0
+    # Serve this worker's Prometheus metrics (README "Metrics") on
+    # worker_metrics_host:worker_metrics_port; port 0: no metrics server.
+    worker_metrics_port: int = 0
+    worker_metrics_host: str = "127.0.0.1"
     log_level: str = "INFO"
 
     @classmethod

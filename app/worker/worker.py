@@ -58,16 +58,20 @@ class Worker:
     def __init__(self, urls: list[str] | str | None = None, token: str | None = None,
                  concurrency: int | None = None, *, grace_s: float | None = None,
                  worker_id: str | None = None, wait_s: float = 10.0, flush_s: float = 0.005,
-                 teams: list[str] | None = None):
+                 teams: list[str] | None = None, metrics_port: int | None = None):
         """teams: run only jobs submitted by these teams (None: any team's).
         Job names are not owned by a team: any team may submit a job named
         like one of these handlers, so a worker whose handlers trust their
-        payloads names the teams it trusts (each job also says its team)."""
+        payloads names the teams it trusts (each job also says its team).
+        metrics_port: serve Prometheus metrics there (0: no; None: the
+        worker_metrics_port setting, if settings are read)."""
         self.urls = _url_list(urls) if urls is not None else None
         self.teams = sorted(set(teams)) if teams is not None else None
         self.token = token
         self.concurrency = concurrency
         self.grace_s = grace_s
+        self.metrics_port = metrics_port
+        self.metrics_host = "127.0.0.1"
         self.worker_id = worker_id or default_worker_id()
         self.wait_s = wait_s            # long-poll limit: also the longest a stop waits on a poll
         self.flush_s = flush_s          # how long outcomes wait to be sent together
@@ -123,7 +127,8 @@ class Worker:
         session = Session(handlers=dict(self.handlers), urls=self.urls, token=self.token,
                           concurrency=self.concurrency, grace_s=self.grace_s, worker_id=self.worker_id,
                           wait_s=self.wait_s, flush_s=self.flush_s, teams=self.teams,
-                          stopping=self._stop, hurry=self._hurry)
+                          stopping=self._stop, hurry=self._hurry,
+                          metrics=(self.metrics_host, self.metrics_port) if self.metrics_port else None)
         try:
             await session.start()
             try:
@@ -155,10 +160,15 @@ class Worker:
             self.concurrency = settings.worker_concurrency
         if self.grace_s is None:
             self.grace_s = settings.worker_grace_s
+        if self.metrics_port is None and settings is not None:
+            self.metrics_port = settings.worker_metrics_port
+            self.metrics_host = settings.worker_metrics_host
         if not self.urls:
             raise ValueError("no dispatcher URLs: pass urls= or set MINUTEHAND_WORKER_URLS")
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics port {self.metrics_port} is not from 0 (no metrics server) to 65535")
         if not 0 <= self.wait_s <= MAX_WAIT_S:
             raise ValueError(f"wait_s must be between 0 and {MAX_WAIT_S}")
 

@@ -136,16 +136,37 @@ BEGIN
 END $$;
 
 -- Drop counters older than mh_stats_keep(), at most p_limit rows per call,
--- by primary key.
+-- by primary key; what they counted is added to the (team, name)'s row of
+-- everything purged (minute -infinity, stripe -2), so team_stats added up
+-- whole stays the count since the first event: the Prometheus counters
+-- (app/api/metrics.py) never go back. No window reaches that row.
 CREATE OR REPLACE FUNCTION purge_stats(p_limit int DEFAULT 100000) RETURNS bigint
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE v_n bigint;
 BEGIN
-    DELETE FROM team_stats s
-     WHERE (s.team_id, s.minute, s.stripe, s.name) IN (
-           SELECT o.team_id, o.minute, o.stripe, o.name FROM team_stats o
-            WHERE o.minute < mh_now() - mh_stats_keep()
-            ORDER BY o.minute LIMIT p_limit);
-    GET DIAGNOSTICS v_n = ROW_COUNT;
+    WITH gone AS (
+        DELETE FROM team_stats s
+         WHERE (s.team_id, s.minute, s.stripe, s.name) IN (
+               SELECT o.team_id, o.minute, o.stripe, o.name FROM team_stats o
+                WHERE o.minute < mh_now() - mh_stats_keep() AND o.minute > '-infinity'
+                ORDER BY o.minute LIMIT p_limit)
+        RETURNING s.*
+    ), kept AS (
+        INSERT INTO team_stats AS s (minute, stripe, team_id, name, submitted, started, succeeded, failed, dead,
+                                     cancelled, lateness_hist, runtime_hist)
+        SELECT '-infinity', -2, g.team_id, g.name, sum(g.submitted), sum(g.started), sum(g.succeeded),
+               sum(g.failed), sum(g.dead), sum(g.cancelled),
+               mh_hist_sum(array_agg(g.lateness_hist)), mh_hist_sum(array_agg(g.runtime_hist))
+          FROM gone g
+         GROUP BY g.team_id, g.name
+         ORDER BY g.team_id, g.name
+        ON CONFLICT (team_id, minute, stripe, name) DO UPDATE
+           SET submitted = s.submitted + excluded.submitted, started = s.started + excluded.started,
+               succeeded = s.succeeded + excluded.succeeded, failed = s.failed + excluded.failed,
+               dead = s.dead + excluded.dead, cancelled = s.cancelled + excluded.cancelled,
+               lateness_hist = mh_hist_add(s.lateness_hist, excluded.lateness_hist),
+               runtime_hist = mh_hist_add(s.runtime_hist, excluded.runtime_hist)
+    )
+    SELECT count(*) INTO v_n FROM gone;
     RETURN v_n;
 END $$;

@@ -8,6 +8,9 @@
 --     16..31  starts and outcomes (16 + shard % 16)
 --     -1      an hour row: maintenance (roll_up_stats) folds minute rows
 --             older than an hour into one row per hour (minute = hour start)
+--     -2      everything purged (minute -infinity): purge_stats adds what
+--             it drops past retention here, so the whole table adds up to
+--             the counts since the first event
 -- Histograms count events per bucket of mh_stats_bounds(): lateness of
 -- first starts (start - agreed_at), run time of finished jobs (finished_at -
 -- started_at). Kept mh_stats_keep() (35 days).
