@@ -1,11 +1,15 @@
-"""The server's settings (serve, dispatcher, migrate, dev...): environment
-variables MINUTEHAND_<NAME>, or the matching command-line flag --<name>
-(flags win). The worker library's are in app/worker/settings.py."""
+"""The server's settings (serve, dispatcher, migrate, dev...): the [server]
+table of a TOML file (--config FILE or MINUTEHAND_CONFIG), overridden by
+environment variables MINUTEHAND_<NAME>, overridden by the matching
+command-line flag --<name> (minutehand.envconfig). Every setting is shown
+with its default in ops/minutehand.example.toml. The worker library's are
+in app/worker/settings.py."""
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from minutehand import envconfig
 
@@ -15,6 +19,7 @@ TEAM_LIMIT_MIN, TEAM_LIMIT_MAX = 1, 2**31 - 1
 
 @dataclass(frozen=True)
 class Settings:
+    CONFIG_SECTION: ClassVar[str] = "server"        # its table in a configuration file
     # PostgreSQL URL. Empty: `minutehand dev` starts the embedded cluster.
     database_url: str = ""
     # Where `minutehand dev` keeps its embedded cluster.
