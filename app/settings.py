@@ -34,6 +34,10 @@ class Settings:
     dispatcher_name: str = ""
     # Most jobs claimed for workers in one round, and outcomes written per transaction.
     dispatch_batch: int = 500
+    # Seconds a stopping serve or dispatcher (SIGTERM) gives HTTP requests in
+    # flight before it cuts them (workers' long-polls are answered at once);
+    # then its background parts stop, within a few seconds more.
+    shutdown_grace_s: float = 10.0
     log_level: str = "INFO"
     # HTTP API. The admin token acts on every team and manages teams; it is
     # compared by hash, and empty means no admin access over HTTP.
