@@ -1,0 +1,88 @@
+"""What ops/ ships for production, checked with the tools that read it:
+the systemd units (systemd-analyze verify), the Dockerfile (hadolint) and
+the compose file (docker compose / docker-compose config). A tool this
+machine lacks skips its test, saying which. The units' stop timeouts are
+checked against the grace periods of the settings' defaults."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minutehand.settings import Settings
+from minutehand.worker.settings import WorkerSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+UNITS = ROOT / "ops" / "systemd"
+DOCKER = ROOT / "ops" / "docker"
+INSTALLED = "/opt/minutehand/bin/minutehand"        # where the units expect the venv (README)
+
+
+def unit(name: str) -> dict[str, list[str]]:
+    """key -> values of a unit file (every section; comments left out)."""
+    keys: dict[str, list[str]] = {}
+    for line in (UNITS / name).read_text().splitlines():
+        if "=" in line and not line.startswith(("#", "[")):
+            key, _, value = line.partition("=")
+            keys.setdefault(key, []).append(value)
+    return keys
+
+
+def seconds(text: str) -> float:
+    return float(text.removesuffix("s"))
+
+
+# ---------------------------------------------------------------- systemd
+def test_the_units_pass_systemd_analyze_verify(tmp_path: Path):
+    tool = shutil.which("systemd-analyze")
+    if tool is None:
+        pytest.skip("systemd-analyze is not installed here: the units were not verified")
+    # verify checks ExecStart's program exists: this checkout's, in place of /opt/minutehand's.
+    here = str(Path(sys.executable).with_name("minutehand"))
+    paths = []
+    for src in sorted(UNITS.glob("*.service")):
+        text = src.read_text().replace(INSTALLED, here)
+        text = re.sub(r"(?m)^EnvironmentFile=", "EnvironmentFile=-", text)       # absent here
+        text = re.sub(r"(?m)^WorkingDirectory=.*$", f"WorkingDirectory={tmp_path}", text)
+        dst = tmp_path / src.name.replace("@.service", "@1.service")            # an instance of the template
+        dst.write_text(text)
+        paths.append(str(dst))
+    assert len(paths) == 4, paths
+    got = subprocess.run([tool, "verify", *paths], capture_output=True, text=True, timeout=60)
+    complaints = [ln for ln in got.stderr.splitlines() if tmp_path.name in ln or ".service" in ln]
+    assert got.returncode == 0 and not complaints, got.stderr
+    # verify does notice: a misspelt key is reported.
+    bad = tmp_path / "bad.service"
+    bad.write_text(Path(paths[0]).read_text().replace("TimeoutStopSec", "TimeoutStopSex"))
+    got = subprocess.run([tool, "verify", str(bad)], capture_output=True, text=True, timeout=60)
+    assert "Unknown key 'TimeoutStopSex'" in got.stderr, got.stderr
+
+
+@pytest.mark.parametrize("name, role", [("minutehand-serve.service", "serve"),
+                                        ("minutehand-dispatcher.service", "dispatcher"),
+                                        ("minutehand-worker@.service", "worker ${WORKER_APP}"),
+                                        ("minutehand-migrate.service", "migrate")])
+def test_each_unit_runs_its_role_as_a_dedicated_user_with_the_config(name: str, role: str):
+    keys = unit(name)
+    assert keys["ExecStart"] == [f"{INSTALLED} {role} --config /etc/minutehand/minutehand.toml"]
+    assert keys["User"] == ["minutehand"] and keys["NoNewPrivileges"] == ["yes"]
+    assert keys["ProtectSystem"] == ["strict"] and keys["CapabilityBoundingSet"] == [""]
+    assert keys["EnvironmentFile"][0].startswith("/etc/minutehand/")
+
+
+def test_the_stop_timeouts_cover_the_grace_periods():
+    """systemd SIGKILLs a unit still running at TimeoutStopSec: that must
+    come after the role's own grace and its stop (else jobs are cut short)."""
+    for name in ("minutehand-serve.service", "minutehand-dispatcher.service"):
+        keys = unit(name)
+        # the HTTP grace, then the dispatcher's threads (joined within 10 s) and the lease give-back
+        assert seconds(keys["TimeoutStopSec"][0]) >= Settings().shutdown_grace_s + 15, name
+        assert keys["Restart"] == ["on-failure"] and keys["KillMode"] == ["mixed"]
+    keys = unit("minutehand-worker@.service")
+    # the jobs' grace, then an open long-poll (10 s at most) and the last outcomes
+    assert seconds(keys["TimeoutStopSec"][0]) >= WorkerSettings().worker_grace_s + 15
+    assert keys["Restart"] == ["on-failure"]
