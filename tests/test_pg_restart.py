@@ -111,7 +111,7 @@ def test_a_postgresql_restart_under_load_loses_nothing(cluster: LocalCluster, db
     with psycopg.connect(db_dsn, autocommit=True) as runs_db:
         runs_db.execute(RUNS_DDL)
 
-    server = Server(url, "--claim-lease-s", "10", "--shard-lease-s", "5")
+    server = Server(url)                                  # the default settings: what an operator starts with
     workers = [WorkerProcess("recorder", [server.url], worker_token, concurrency=10, label=f"worker-{i}",
                              env={"MINUTEHAND_TEST_EFFECTS_DSN": db_dsn, "MINUTEHAND_WORKER_GRACE_S": "5"})
                for i in range(2)]
