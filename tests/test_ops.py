@@ -134,3 +134,51 @@ def test_the_compose_file_is_valid_and_builds_this_repository():
 
     assert grace("serve") >= Settings().shutdown_grace_s + 15
     assert grace("worker-1") >= WorkerSettings().worker_grace_s + 15
+
+
+def test_the_compose_stack_runs_jobs_and_stops_cleanly():
+    """The whole stack built and run: 200 jobs through serve and the 2
+    workers, then `stop`: every container exits 0, no shard stays leased.
+    Slow (an image build): only with MINUTEHAND_TEST_DOCKER=1 and a daemon."""
+    import json
+    import os
+    import time
+    import urllib.request
+
+    if os.environ.get("MINUTEHAND_TEST_DOCKER") != "1":
+        pytest.skip("set MINUTEHAND_TEST_DOCKER=1 to build and run the compose stack (minutes)")
+    compose = compose_command()
+    if compose is None or subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode != 0:
+        pytest.skip("no docker daemon or compose here: the stack was not run")
+    project = [*compose, "-f", str(DOCKER / "compose.yaml"), "-p", f"mhtest{os.getpid()}"]
+
+    def run(*args: str, timeout: float = 900) -> str:
+        got = subprocess.run([*project, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+        assert got.returncode == 0, f"{' '.join(args)}:\n{got.stdout}\n{got.stderr}"
+        return got.stdout
+
+    def sql(query: str) -> str:
+        return run("exec", "-T", "db", "psql", "-U", "minutehand", "-d", "minutehand", "-Atc", query).strip()
+
+    try:
+        run("up", "-d", "--build")
+        token = run("exec", "-T", "serve", "minutehand", "team", "create", "smoke").strip().splitlines()[-1]
+        body = json.dumps({"jobs": [{"name": "demo.now", "payload": {"i": i}} for i in range(200)]}).encode()
+        request = urllib.request.Request("http://127.0.0.1:8080/v1/jobs/batch", data=body, method="POST",
+                                         headers={"Authorization": f"Bearer {token}",
+                                                  "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            assert not [i for i in json.load(answer)["items"] if i.get("error")]
+        deadline = time.monotonic() + 120
+        while sql("SELECT count(*) FROM minutehand.jobs WHERE state = 'succeeded'") != "200":
+            assert time.monotonic() < deadline, sql("SELECT state, count(*) FROM minutehand.jobs GROUP BY 1")
+            time.sleep(1)
+        run("stop", "worker-1", "worker-2", "serve", timeout=120)
+        for service in ("serve", "worker-1", "worker-2"):
+            container = run("ps", "-q", service).strip()
+            code = subprocess.run(["docker", "inspect", "-f", "{{.State.ExitCode}}", container],
+                                  capture_output=True, text=True, timeout=30).stdout.strip()
+            assert code == "0", (service, code, run("logs", "--tail=30", service))
+        assert sql("SELECT count(*) FROM minutehand.shards WHERE lease_expires_at > now()") == "0"
+    finally:
+        subprocess.run([*project, "down", "-v"], capture_output=True, timeout=300, cwd=ROOT)
