@@ -3,12 +3,19 @@ builds the stores (pools that fail fast when the database is away and
 reconnect when it is back), the dispatcher, its outcome writer, the
 maintenance duties, the submit threads and the HTTP app, and runs them in
 one uvicorn process, started in order and stopped in reverse
-(minutehand.lifecycle)."""
+(minutehand.lifecycle). SIGTERM stops it cleanly (status 0): long-polls are
+answered at once, requests in flight get shutdown_grace_s, then the parts
+stop — the outcome writer writes what it has, the shard leases are given
+back."""
 from __future__ import annotations
 
 import gc
 import logging
+import signal
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import FrameType
 
 import uvicorn
 from litestar import Litestar
@@ -57,6 +64,25 @@ def quiet_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
+
+
+class StoppingServer(uvicorn.Server):
+    """uvicorn's server; at the stop signal, before uvicorn's graceful wait
+    (shutdown_grace_s) for the requests in flight, on_stop runs: the
+    dispatcher answers its workers' long-polls at once, so they turn to other
+    dispatchers and the wait is not spent on polls that would run out their
+    wait_s. Then the background parts stop (the app's lifespan)."""
+
+    def __init__(self, config: uvicorn.Config, on_stop: Callable[[], None] | None):
+        super().__init__(config)
+        self.on_stop = on_stop
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self.should_exit and self.on_stop is not None:
+            # In a signal handler, which may have interrupted this thread inside
+            # the dispatcher's lock: another thread takes it.
+            threading.Thread(target=self.on_stop, name="close-polls", daemon=True).start()
+        super().handle_exit(sig, frame)
 
 
 @dataclass
@@ -120,13 +146,19 @@ def serve(settings: Settings, *, submit_api: bool = True, dispatch: bool = True)
     try:
         process = build(settings, store, dispatch_store, submit_api=submit_api, dispatch=dispatch)
         quiet_gc()
-        uvicorn.run(process.app, host=settings.http_host, port=settings.http_port,
-                    log_level=settings.log_level.lower(), access_log=False,
-                    timeout_graceful_shutdown=10,
-                    # httptools with a head size limit and read deadlines (app/api/limits.py); the
-                    # same head limit for h11, should the parser ever be switched to it
-                    http=protocol_class(settings),
-                    h11_max_incomplete_event_size=settings.api_max_header_bytes)
+        config = uvicorn.Config(process.app, host=settings.http_host, port=settings.http_port,
+                                log_level=settings.log_level.lower(), access_log=False,
+                                timeout_graceful_shutdown=settings.shutdown_grace_s,
+                                # httptools with a head size limit and read deadlines (app/api/limits.py);
+                                # the same head limit for h11, should the parser ever be switched to it
+                                http=protocol_class(settings),
+                                h11_max_incomplete_event_size=settings.api_max_header_bytes)
+        # uvicorn raises the stop signal again once it has shut down, for the handler
+        # in place before it: ours makes SIGTERM (how systemd, Docker and Kubernetes
+        # stop a service) a clean exit, status 0, after the stores are closed below.
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        on_stop = process.dispatcher.close_polls if process.dispatcher is not None else None
+        StoppingServer(config, on_stop).run()
     finally:
         store.close()
         if dispatch_store is not None:

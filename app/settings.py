@@ -1,11 +1,15 @@
-"""The server's settings (serve, dispatcher, migrate, dev...): environment
-variables MINUTEHAND_<NAME>, or the matching command-line flag --<name>
-(flags win). The worker library's are in app/worker/settings.py."""
+"""The server's settings (serve, dispatcher, migrate, dev...): the [server]
+table of a TOML file (--config FILE or MINUTEHAND_CONFIG), overridden by
+environment variables MINUTEHAND_<NAME>, overridden by the matching
+command-line flag --<name> (minutehand.envconfig). Every setting is shown
+with its default in ops/minutehand.example.toml. The worker library's are
+in app/worker/settings.py."""
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from minutehand import envconfig
 
@@ -17,6 +21,7 @@ SUBMIT_RATE_MAX = 1_000_000
 
 @dataclass(frozen=True)
 class Settings:
+    CONFIG_SECTION: ClassVar[str] = "server"        # its table in a configuration file
     # PostgreSQL URL. Empty: `minutehand dev` starts the embedded cluster.
     database_url: str = ""
     # Where `minutehand dev` keeps its embedded cluster.
@@ -31,6 +36,10 @@ class Settings:
     dispatcher_name: str = ""
     # Most jobs claimed for workers in one round, and outcomes written per transaction.
     dispatch_batch: int = 500
+    # Seconds a stopping serve or dispatcher (SIGTERM) gives HTTP requests in
+    # flight before it cuts them (workers' long-polls are answered at once);
+    # then its background parts stop, within a few seconds more.
+    shutdown_grace_s: float = 10.0
     log_level: str = "INFO"
     # HTTP API. The admin token acts on every team and manages teams; it is
     # compared by hash, and empty means no admin access over HTTP.

@@ -536,7 +536,9 @@ def test_sigterm_drains_a_worker_process(server, live_store, token):
     assert [e["event"] for e in events][-1] == "worker_stopped"
 
 
-def test_after_the_grace_period_running_jobs_are_abandoned(server, live_store, token):
+def test_after_the_grace_period_running_jobs_are_failed_to_be_retried(server, live_store, token):
+    """Failed (retryable) rather than left claimed: due again after their
+    backoff, not after a whole claim period."""
     proc = worker_process(server, token, concurrency=1, grace_s=1)
     try:
         job_id = submit(live_store, "sleep_sync", {"s": 60})
@@ -549,7 +551,9 @@ def test_after_the_grace_period_running_jobs_are_abandoned(server, live_store, t
             proc.kill()
     assert time.monotonic() - t0 < 5
     assert [e["job_id"] for e in events if e["event"] == "job_abandoned"] == [job_id]
-    assert live_store.status(job_id).state in ("claimed", "running")   # its claim expiry brings it back
+    status = live_store.status(job_id)
+    assert status.state in ("retrying", "scheduled") and status.attempts == 1, status
+    assert "grace period (1 s) ended" in status.last_error, status
 
 
 def test_one_slot_and_two_dispatchers_serves_both(db_dsn, live_store, token, db):

@@ -1,8 +1,10 @@
 """`minutehand` command line: one subcommand per process role or operator task.
 
-Settings come from MINUTEHAND_* environment variables or the matching flags
-(app/settings.py; for `worker`, app/worker/settings.py), given after the
-subcommand: `minutehand migrate --database-url URL`.
+Settings come from a TOML file (--config FILE or MINUTEHAND_CONFIG; every
+setting in ops/minutehand.example.toml), MINUTEHAND_* environment variables
+and the matching flags, each overriding the one before (app/settings.py; for
+`worker`, app/worker/settings.py), given after the subcommand:
+`minutehand migrate --database-url URL`.
 
 Each subcommand imports what it needs when it runs: `minutehand worker` needs
 only the worker library's dependencies (`pip install minutehand`); the others
@@ -285,7 +287,11 @@ def cmd_worker(settings, args: argparse.Namespace) -> None:
 
 
 def cmd_dev(settings: Settings, args: argparse.Namespace) -> None:
+    import os
+    from minutehand import envconfig
     from minutehand.dev import command as dev
+    if args.config:                          # its children (serve, the demo worker) read the same file
+        os.environ[envconfig.CONFIG_ENV] = os.path.abspath(args.config)
     dev.run(settings, args)
 
 

@@ -172,6 +172,14 @@ class LocalCluster:
             if self.running():
                 self._pg("pg_ctl", "stop", "-D", self.data_dir, "-m", "fast", "-w", "-s")
 
+    def restart(self, mode: str = "fast") -> None:
+        """pg_ctl restart on the same port: -m fast ends the sessions and
+        checkpoints, -m immediate is a crash (no checkpoint: the start
+        replays the WAL). What a failover looks like to the clients."""
+        with self._lock():
+            log = self.data_dir / "server.log"             # -l: as in _start, the server must not hold our pipes
+            self._pg("pg_ctl", "restart", "-D", self.data_dir, "-m", mode, "-l", log, "-w", "-t", "60", "-s")
+
     # -- internals ---------------------------------------------------------------
 
     def _lock(self):

@@ -174,6 +174,7 @@ class Dispatcher:
         self._running_at = -math.inf
         self._credit: dict[int, float] = {}      # the rotation's carried fractions, per team
         self._stopping = threading.Event()
+        self._polls_closed = False                # stopping: long-polls are answered at once (under _cond)
         self._threads = [threading.Thread(target=self._dispatch, name="dispatch", daemon=True),
                          threading.Thread(target=self._listen, name="listen", daemon=True)]
 
@@ -184,13 +185,21 @@ class Dispatcher:
         self.keeper.start()
         log.info("dispatcher %s started", self.name)
 
-    def stop(self) -> None:
-        self._stopping.set()
+    def close_polls(self) -> None:
+        """Answer every waiting worker at once (no jobs) and every later
+        long-poll too: the first step of a stop, taken as soon as the stop
+        signal arrives, so the workers turn to other dispatchers and the HTTP
+        server's graceful wait is not spent on polls. Any thread."""
         with self._cond:
+            self._polls_closed = True
             gone = list(self._waiters)
             self._waiters.clear()
             self._cond.notify_all()
         settle((w.future, w.loop, [], None) for w in gone)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.close_polls()
         for t in self._threads:
             t.join(timeout=10)
         self.keeper.stop()
@@ -212,7 +221,7 @@ class Dispatcher:
         waiter = Waiter(worker, min(capacity, self.settings.dispatch_batch), (_key(names), _key(teams)),
                         loop.create_future(), loop)
         with self._cond:
-            if self._stopping.is_set():
+            if self._polls_closed:
                 return []
             self._waiters.append(waiter)
             self._cond.notify()

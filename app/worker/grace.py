@@ -11,8 +11,10 @@ class Grace:
     def __init__(self, hurry: asyncio.Event):
         self.hurry = hurry
         self.ends = math.inf                # time.monotonic() instant; set when stopping begins
+        self.seconds = math.inf
 
     def begin(self, seconds: float) -> None:
+        self.seconds = seconds
         self.ends = time.monotonic() + seconds
 
     async def wait(self, tasks: list[asyncio.Task]) -> None:

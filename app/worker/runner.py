@@ -41,7 +41,7 @@ class Running:
 
 class JobRunner:
     """The running jobs of one worker run; an AsyncService: stop() waits for
-    them until the grace period ends, then abandons the rest to claim expiry."""
+    them until the grace period ends, then fails the rest (retryable)."""
 
     def __init__(self, handlers: dict[str, Handler], worker_id: str, slots: Slots, grace: Grace,
                  concurrency: int):
@@ -59,11 +59,20 @@ class JobRunner:
         await self.grace.wait(list(self.jobs))
         for task, run in list(self.jobs.items()):
             if not run.handler_done:
+                # Failed (retryable) rather than left to its claim's expiry: the job
+                # is due again after its backoff, not after a whole claim period
+                # (the attempt counts either way). The outboxes, stopped after the
+                # runner, send it.
+                if run.lost is None:
+                    run.outbox.send("fail", Failed(
+                        job_id=run.job.id, lease_token=run.job.lease_token, retryable=True,
+                        error=f"the worker stopped: the job was still running when its grace period "
+                              f"({self.grace.seconds:g} s) ended"))
                 run.lost = "abandoned at the end of the grace period"
                 log.warning("job_abandoned", **fields(
                     self.worker_id, job_id=run.job.id, name=run.job.name, attempt=run.job.attempt,
                     duration_ms=_ms(run.started), reason="still running when the grace period ended; "
-                                                         "its claim will expire"))
+                                                         "failed, to be retried"))
             task.cancel()
         await asyncio.gather(*self.jobs, return_exceptions=True)
         self.threads.close()

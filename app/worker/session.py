@@ -21,7 +21,7 @@ from minutehand.worker.slots import Slots
 class Session:
     """An AsyncService. stop() is called once `stopping` is set: new leases
     stop, running jobs get grace_s (less if `hurry` is set), then the rest
-    are abandoned to claim expiry."""
+    are failed (retryable: due again after their backoff)."""
 
     def __init__(self, *, handlers: dict[str, Handler], urls: list[str], token: str, concurrency: int,
                  grace_s: float, worker_id: str, wait_s: float, flush_s: float, teams: list[str] | None,

@@ -1,16 +1,20 @@
-"""The worker library's settings: MINUTEHAND_WORKER_* environment variables
-or the matching flags of `minutehand worker` (flags win), read the way the
-server reads its own (minutehand.envconfig), without the server's code."""
+"""The worker library's settings: the [worker] table of a TOML file (--config
+FILE or MINUTEHAND_CONFIG), MINUTEHAND_WORKER_* environment variables, the
+matching flags of `minutehand worker` (each overrides the one before), read
+the way the server reads its own (minutehand.envconfig), without the
+server's code."""
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import ClassVar
 
 from minutehand import envconfig
 
 
 @dataclass(frozen=True)
 class WorkerSettings:
+    CONFIG_SECTION: ClassVar[str] = "worker"        # its table in a configuration file
     # The dispatchers' base URLs (comma-separated), the fleet token (`minutehand
     # worker-token create NAME`), how many jobs run at once, and how long
     # SIGTERM waits for running jobs before giving up.

@@ -22,7 +22,7 @@ How it keeps its invariants (each in its module):
   another worker, and the job must not be finished twice (runner.py).
 - Outcomes go out in batches, to another dispatcher if theirs is away (outbox.py).
 - SIGTERM: no new leases; jobs that arrive afterwards are released at once;
-  running ones get `grace_s`, then are abandoned to claim expiry (session.py).
+  running ones get `grace_s`, then are failed, to be retried (session.py).
 """
 from __future__ import annotations
 
