@@ -72,7 +72,10 @@ def dispatcher_parts(settings: Settings, store: Store | None) -> tuple[Dispatche
     duties work on the shards it leases)."""
     writer = OutcomeWriter(store, extend_s=settings.claim_lease_s)
     dispatcher = Dispatcher(settings, store, writer=writer)
-    maintenance = MaintenanceSchedule(store, dispatcher.name, dispatcher.owned_shards)
+    maintenance = MaintenanceSchedule(store, dispatcher.name, dispatcher.owned_shards,
+                                      retention_s=settings.job_retention_s,
+                                      retention_every_s=settings.retention_every_s,
+                                      retention_batch=settings.retention_batch)
     return dispatcher, Services(writer, dispatcher, maintenance)
 
 

@@ -11,6 +11,9 @@ from minutehand import envconfig
 
 # teams.quota and teams.weight are int columns: the bounds the API documents.
 TEAM_LIMIT_MIN, TEAM_LIMIT_MAX = 1, 2**31 - 1
+# A retention (job_retention_s, a team's retention_s): 1 second to 10 years,
+# as the CHECK on teams.retention_s.
+RETENTION_MIN_S, RETENTION_MAX_S = 1, 315_360_000
 
 
 @dataclass(frozen=True)
@@ -69,13 +72,26 @@ class Settings:
     # its creation names none.
     default_team_quota: int = 1000
     default_team_weight: int = 1
+    # How long a finished job (succeeded, dead, cancelled) is kept after it
+    # finished, in seconds, unless its team has its own (teams.retention_s);
+    # then the dispatcher's maintenance removes it and its status answers 404
+    # "expired". Give every process the same value (the API reads it to tell
+    # an expired job from an unknown id).
+    job_retention_s: int = 7 * 86400
+    # How often the dispatcher's maintenance removes expired jobs, in seconds
+    # (each pass takes up to retention_batch jobs per shard it owns).
+    retention_every_s: float = 5.0
+    retention_batch: int = 5000
 
     def __post_init__(self) -> None:
-        for name in ("default_team_quota", "default_team_weight"):
+        for name in ("default_team_quota", "default_team_weight", "retention_batch"):
             value = getattr(self, name)
             if type(value) is not int or not TEAM_LIMIT_MIN <= value <= TEAM_LIMIT_MAX:
                 raise ValueError(f"setting {name}: {value!r} is not a whole number from {TEAM_LIMIT_MIN} "
                                  f"to {TEAM_LIMIT_MAX}")
+        if type(self.job_retention_s) is not int or not RETENTION_MIN_S <= self.job_retention_s <= RETENTION_MAX_S:
+            raise ValueError(f"setting job_retention_s: {self.job_retention_s!r} is not a whole number of seconds "
+                             f"from {RETENTION_MIN_S} to {RETENTION_MAX_S} (10 years)")
 
     @classmethod
     def load(cls, argv: list[str] | None = None, env: dict[str, str] | None = None) -> Settings:

@@ -95,25 +95,28 @@ SELECT t.name AS team FROM jobs j JOIN teams t ON t.id = j.team_id
 
 -- name: create_team
 -- A new team with its token's hash; no row if the name is taken.
-INSERT INTO teams (name, quota, weight, token_hash) VALUES (%(name)s, %(quota)s, %(weight)s, %(token_hash)s)
+INSERT INTO teams (name, quota, weight, token_hash, retention_s)
+VALUES (%(name)s, %(quota)s, %(weight)s, %(token_hash)s, %(retention_s)s::int)
 ON CONFLICT (name) DO NOTHING
 RETURNING id
 
 -- name: update_team
--- Set a team's quota and/or weight (NULL keeps the value), one statement;
--- no row if there is no such team. The dispatcher rereads teams periodically.
-UPDATE teams SET quota = coalesce(%(quota)s::int, quota), weight = coalesce(%(weight)s::int, weight)
+-- Set a team's quota and/or weight (NULL keeps the value), and its retention
+-- when set_retention (NULL: back to the server's), one statement; no row if
+-- there is no such team. The dispatcher rereads teams periodically.
+UPDATE teams SET quota = coalesce(%(quota)s::int, quota), weight = coalesce(%(weight)s::int, weight),
+       retention_s = CASE WHEN %(set_retention)s::boolean THEN %(retention_s)s::int ELSE retention_s END
  WHERE name = %(name)s::text
-RETURNING name, quota, weight, created_at
+RETURNING name, quota, weight, created_at, retention_s
 
 -- name: team
 -- A team's settings; no row if there is no such team.
-SELECT name, quota, weight, created_at FROM teams WHERE name = %(name)s::text
+SELECT name, quota, weight, created_at, retention_s FROM teams WHERE name = %(name)s::text
 
 -- name: list_teams
 -- One page of teams by name, after `after` (NULL: from the first): keyset on
 -- the name's unique index, never OFFSET.
-SELECT name, quota, weight, created_at FROM teams
+SELECT name, quota, weight, created_at, retention_s FROM teams
  WHERE %(after)s::text IS NULL OR name > %(after)s::text
  ORDER BY name
  LIMIT %(limit)s::int
@@ -137,6 +140,14 @@ SELECT buckets, carried FROM sweep_passed()
 -- name: purge_idempotency_keys
 -- Drop one shard's expired idempotency keys.
 SELECT purge_idempotency_keys(%(shard)s::int) AS purged
+
+-- name: retain_jobs
+-- Remove one shard's finished jobs past their retention (one pass).
+SELECT removed, deferred, walked FROM retain_jobs(%(shard)s::int, %(default_s)s::int, %(limit)s::int)
+
+-- name: job_gone
+-- Why a job id has no row: made before its team's retention cut (expired) or not.
+SELECT made_at, retention_s, expired FROM job_gone(%(job_id)s::bigint, %(team)s::text, %(default_s)s::int)
 
 -- name: maintain
 -- Every maintenance duty once, over every shard.

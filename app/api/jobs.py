@@ -300,11 +300,25 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
                         items=items)
 
     @get("/v1/jobs/{job_id:int}", operation_id="getJob", security=SECURITY, tags=["jobs"], summary="A job's status",
+         description="Finished jobs are kept for their team's retention (retention_s, else the server's "
+                     "job_retention_s) after they finish, then removed: a removed job answers 404 with "
+                     "`expired` true.",
          responses=problems.responses(*COMMON, NOT_FOUND, INVALID))
     async def job_status(principal: NamedDependency[Principal], job_id: JobIdParam, team: TeamParam = None) -> JobOut:
-        status = await ctx.db(store.status, job_id, principal.scope(team))
+        scope = principal.scope(team)
+        status = await ctx.db(store.status, job_id, scope)
         if status is None:
-            raise ApiProblem(NOT_FOUND, f"no job {job_id}")
+            # The id says when it was made: older than the team's retention,
+            # a finished job of that id would have been removed (expired);
+            # younger, it would still be here, so there was no such job. An
+            # id cannot say whether it was ever used, hence "or never existed".
+            gone = await ctx.db(store.job_gone, job_id, scope, ctx.settings.job_retention_s)
+            if gone.expired:
+                raise ApiProblem(NOT_FOUND, f"no job {job_id}: it expired (or never existed). Its id was made "
+                                 f"at {gone.made_at.isoformat()}, more than {gone.retention_s} s ago, the "
+                                 "retention of finished jobs, after which they are removed",
+                                 job_id=str(job_id), expired=True)
+            raise ApiProblem(NOT_FOUND, f"no job {job_id}", job_id=str(job_id), expired=False)
         return job_out(status)
 
     @delete("/v1/jobs/{job_id:int}", operation_id="cancelJob", status_code=200, security=SECURITY, tags=["jobs"],

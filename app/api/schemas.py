@@ -178,6 +178,10 @@ WEIGHT_DOC = "the team's share of the fleet when teams compete (weighted rotatio
 # Omitted (UNSET) is not null: null is refused, as a value of the wrong type.
 Quota = Annotated[Integer | msgspec.UnsetType, _int_doc(QUOTA_DOC, minimum=1, maximum=INT32_MAX)]
 Weight = Annotated[Integer | msgspec.UnsetType, _int_doc(WEIGHT_DOC, minimum=1, maximum=INT32_MAX)]
+RETENTION_DOC = ("seconds the team's finished jobs (succeeded, dead, cancelled) are kept after they finish, "
+                 "1 to 315360000 (10 years); null: the server's job_retention_s (7 days unless set)")
+# Here null is a value: back to the server's retention.
+Retention = Annotated[Integer, _int_doc(RETENTION_DOC, minimum=1, maximum=315_360_000)] | None | msgspec.UnsetType
 
 
 class TeamIn(Struct, forbid_unknown_fields=True):
@@ -186,13 +190,15 @@ class TeamIn(Struct, forbid_unknown_fields=True):
     name: Annotated[str, _doc("1 to 63 characters: lowercase letters, digits, _ . -", pattern=TEAM_NAME_PATTERN)]
     quota: Quota = msgspec.UNSET
     weight: Weight = msgspec.UNSET
+    retention_s: Retention = msgspec.UNSET
 
 
 class TeamSettingsIn(Struct, forbid_unknown_fields=True):
-    """Either or both; a field omitted keeps its value. The dispatcher
+    """Any of them; a field omitted keeps its value. The dispatcher
     applies a change within a few seconds."""
     quota: Quota = msgspec.UNSET
     weight: Weight = msgspec.UNSET
+    retention_s: Retention = msgspec.UNSET
 
 
 FLEX_DOC = "seconds of the default flex window, 0 to 86400"
@@ -297,6 +303,7 @@ class TeamOut(Struct):
     quota: int
     weight: int
     created_at: dt.datetime
+    retention_s: int | None  # its finished jobs are kept this long; null: the server's job_retention_s
 
 
 class TeamPageOut(Struct):

@@ -18,8 +18,9 @@ from minutehand.api.problems import COMMON, CONFLICT, FORBIDDEN, INVALID, NOT_FO
 from minutehand.api.schemas import (TEAM_NAME_PATTERN, BucketOut, CountsOut, DistributionOut, FleetStatsOut,
                                     FleetTeamOut, NameStatsOut, OtherStatsOut, StatsOut, TeamIn, TeamOut, TeamPageOut,
                                     TeamSettingsIn, TeamTokenOut, text_problem)
+from minutehand.settings import RETENTION_MAX_S, RETENTION_MIN_S
 from minutehand.store.records import STATS_BOUNDS_S, Tally, TeamSettings, quantile_bound
-from minutehand.store.store import Store
+from minutehand.store.store import KEEP, Store
 
 SECURITY = [{"bearer": []}]
 TEAMS_PAGE_MAX = 1000
@@ -49,7 +50,17 @@ def counts_out(t: Tally) -> CountsOut:
 
 
 def team_out(team: TeamSettings) -> TeamOut:
-    return TeamOut(team.name, team.quota, team.weight, team.created_at)
+    return TeamOut(team.name, team.quota, team.weight, team.created_at, team.retention_s)
+
+
+def retention_problem(retention_s: object) -> str | None:
+    """Why a team's retention_s is refused (None: fine). null sets the server's."""
+    if retention_s is None or retention_s is msgspec.UNSET:
+        return None
+    if not RETENTION_MIN_S <= int(retention_s) <= RETENTION_MAX_S:
+        return (f"retention_s: {int(retention_s)} is out of range: give seconds from {RETENTION_MIN_S} to "
+                f"{RETENTION_MAX_S} (10 years), or null for the server's job_retention_s")
+    return None
 
 
 def routes(ctx: Context) -> list[HTTPRouteHandler]:
@@ -66,9 +77,12 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
         team = data
         if reason := text_problem("name", team.name):
             raise ApiProblem(INVALID, reason)
+        if reason := retention_problem(team.retention_s):
+            raise ApiProblem(INVALID, reason)
         quota = ctx.settings.default_team_quota if team.quota is msgspec.UNSET else int(team.quota)
         weight = ctx.settings.default_team_weight if team.weight is msgspec.UNSET else int(team.weight)
-        token = await ctx.db(store.create_team, team.name, quota=quota, weight=weight)
+        retention_s = None if team.retention_s in (None, msgspec.UNSET) else int(team.retention_s)
+        token = await ctx.db(store.create_team, team.name, quota=quota, weight=weight, retention_s=retention_s)
         return TeamTokenOut(team.name, token)
 
     @post("/v1/teams/{name:str}/token", operation_id="rotateToken", status_code=200, security=SECURITY, tags=["teams"],
@@ -101,22 +115,26 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
     @patch("/v1/teams/{name:str}", operation_id="setTeam", status_code=200, security=SECURITY, tags=["teams"],
            request_max_body_size=4096,
            opt={"admin_only": True},                 # a team's token is refused before its body is read
-           summary="Set a team's quota and/or weight (admin)",
-           description="A field omitted keeps its value; at least one is required. Answers the team's "
-                       "settings. " + APPLIED,
+            summary="Set a team's quota, weight and/or retention (admin)",
+           description="A field omitted keeps its value; at least one is required. retention_s null: the "
+                       "server's job_retention_s again. Answers the team's settings. " + APPLIED,
            responses=problems.responses(*COMMON, FORBIDDEN, NOT_FOUND, INVALID))
     async def set_team(data: JSONBody[TeamSettingsIn], principal: NamedDependency[Principal],
                        name: FromPath[str]) -> TeamOut:
         principal.require_admin()
-        if data.quota is msgspec.UNSET and data.weight is msgspec.UNSET:
-            raise ApiProblem(INVALID, "request body: give quota, weight or both")
+        if data.quota is msgspec.UNSET and data.weight is msgspec.UNSET and data.retention_s is msgspec.UNSET:
+            raise ApiProblem(INVALID, "request body: give quota, weight, retention_s or several")
+        if reason := retention_problem(data.retention_s):
+            raise ApiProblem(INVALID, reason)
         team = await ctx.db(store.update_team, name,
                             quota=None if data.quota is msgspec.UNSET else int(data.quota),
-                            weight=None if data.weight is msgspec.UNSET else int(data.weight))
+                            weight=None if data.weight is msgspec.UNSET else int(data.weight),
+                            retention_s=(KEEP if data.retention_s is msgspec.UNSET
+                                         else None if data.retention_s is None else int(data.retention_s)))
         return team_out(team)
 
     @get("/v1/teams/{name:str}", operation_id="getTeam", security=SECURITY, tags=["teams"],
-         summary="A team's quota and weight",
+         summary="A team's quota, weight and retention",
          description="The admin names any team; a team's token only its own (by its name or `me`).",
          responses=problems.responses(*COMMON, NOT_FOUND, INVALID))
     async def get_team(principal: NamedDependency[Principal], name: FromPath[str]) -> TeamOut:

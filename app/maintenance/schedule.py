@@ -4,7 +4,10 @@ Per shard, by the shard's owner only (the shards this dispatcher leases):
 - continue_series four times a second: each repeating series whose newest
   run was claimed gets its next run (sql/functions/chain.sql);
 - expire_claims every second: claims past their expiry go back to the due pool;
-- purge_idempotency_keys every minute.
+- purge_idempotency_keys every minute;
+- retain_jobs every retention_every_s (5 s): finished jobs past their team's
+  retention are removed, walking the shard's jobs in id order from a
+  low-water mark (sql/functions/retention.sql; README "Retention").
 For the whole wheel, by one dispatcher at a time (the holder of the
 `wheel` duty lease, a row with an expiry: sql/functions/dispatch.sql):
 - cascade_wheel and sweep_passed every 30 s: far-future jobs move down as
@@ -32,6 +35,9 @@ from minutehand.store.store import Store
 
 log = logging.getLogger(__name__)
 CHAIN_BATCH = 1000
+# A retention backlog (a first run over old data, an outage) is worked off
+# in passes that follow each other, at most this many per run.
+RETAIN_PASSES = 20
 # APScheduler logs every run of every job at INFO: once a second here.
 logging.getLogger("apscheduler").setLevel(logging.WARNING)
 
@@ -41,8 +47,11 @@ class MaintenanceSchedule:
 
     def __init__(self, store: Store, owner: str, shards: Callable[[], list[int]], *,
                  expire_every_s: float = 1.0, purge_every_s: float = 60.0, wheel_every_s: float = 30.0,
-                 stats_every_s: float = 300.0, chain_every_s: float = 0.25, load_every_s: float = 60.0):
+                 stats_every_s: float = 300.0, chain_every_s: float = 0.25, load_every_s: float = 60.0,
+                 retention_s: int = 7 * 86400, retention_every_s: float = 5.0, retention_batch: int = 5000):
         self.store = store
+        self.retention_s = retention_s
+        self.retention_batch = retention_batch
         self.owner = owner
         self.shards = shards
         self.wheel_every_s = wheel_every_s
@@ -54,7 +63,7 @@ class MaintenanceSchedule:
         for duty, every in ((self.continue_series, chain_every_s),
                             (self.expire_claims, expire_every_s), (self.purge_keys, purge_every_s),
                             (self.turn_wheel, wheel_every_s), (self.fold_stats, stats_every_s),
-                            (self.purge_load, load_every_s)):
+                            (self.purge_load, load_every_s), (self.retain_jobs, retention_every_s)):
             self.scheduler.add_job(_logged(duty), "interval", seconds=every, id=duty.__name__,
                                    next_run_time=None if duty in (self.purge_keys, self.fold_stats, self.purge_load)
                                    else _now())
@@ -79,6 +88,20 @@ class MaintenanceSchedule:
     def purge_keys(self) -> None:
         if shards := self.shards():
             self.store.purge_keys(shards)
+
+    def retain_jobs(self) -> None:
+        # Per shard of this dispatcher's, one statement each, in one round trip.
+        removed = deferred = 0
+        for _ in range(RETAIN_PASSES):
+            if not (shards := self.shards()):
+                break
+            passed = self.store.retain(shards, self.retention_s, self.retention_batch)
+            removed += passed.removed
+            deferred += passed.deferred
+            if not passed.backlog:
+                break
+        if removed or deferred:
+            log.info("retention: %d finished jobs removed, %d filed to be looked at again", removed, deferred)
 
     def turn_wheel(self) -> None:
         # The lease outlives two periods, so a live holder keeps it between runs.

@@ -23,10 +23,10 @@ from psycopg_pool import ConnectionPool
 from minutehand.store import errors, repeat, schema
 from minutehand.store.queries import q
 from minutehand.store.records import (BatchItem, ClaimRequest, Complete, EdgeCell, Fail, FlexDefault, FleetStats,
-                                     FleetTeam, Heartbeat, JobPage, JobSpec, JobStatus, JobSummary, Maintenance,
-                                     Outcome, PlannedClaim, Release, Report, Repeat, SeriesControl, SeriesDetail,
-                                     SeriesPage, SeriesRun, SeriesSummary, Start, Submitted, Tally, TeamPage,
-                                     TeamSettings, TeamStats, TeamTerms)
+                                     FleetTeam, Heartbeat, JobGone, JobPage, JobSpec, JobStatus, JobSummary,
+                                     Maintenance, Outcome, PlannedClaim, Release, Report, Repeat, Retained,
+                                     SeriesControl, SeriesDetail, SeriesPage, SeriesRun, SeriesSummary, Start,
+                                     Submitted, Tally, TeamPage, TeamSettings, TeamStats, TeamTerms)
 
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,8 @@ T = TypeVar("T")
 # A transaction the database aborted to break a deadlock or a serialization
 # conflict wrote nothing: it is tried again this many times in all.
 TRIES = 3
+# update_team: leave the team's retention as it is (None sets it back to the server's).
+KEEP = object()
 # CPU one batch may spend finding the first fire times of its cron series.
 FIRE_TIME_BUDGET_S = 1.0
 # A series' first run: its due time and its deadline (misfire skip), as
@@ -165,29 +167,36 @@ class Store:
         raise AssertionError("unreachable")
 
     # ------------------------------------------------------------ teams
-    def create_team(self, name: str, *, quota: int = 1000, weight: int = 1) -> str:
-        """Create a team; returns its bearer token (only its hash is stored)."""
+    def create_team(self, name: str, *, quota: int = 1000, weight: int = 1, retention_s: int | None = None) -> str:
+        """Create a team; returns its bearer token (only its hash is stored).
+        retention_s None: its finished jobs are kept as the server's setting says."""
         token = "mh_" + secrets.token_urlsafe(24)
         try:
             row = self._one("create_team", {"name": name, "quota": quota, "weight": weight,
-                                            "token_hash": hash_token(token)})
+                                            "token_hash": hash_token(token), "retention_s": retention_s})
         except (psycopg.errors.CheckViolation, psycopg.errors.NumericValueOutOfRange):
             raise errors.InvalidInput(
                 f"team name {name!r} must be 1 to 63 characters: lowercase letters, digits, _ . -, "
-                f"starting with a letter or digit; quota and weight must be positive (at most {2**31 - 1})") from None
+                f"starting with a letter or digit; quota and weight must be positive (at most {2**31 - 1}); "
+                f"retention_s from 1 to 315360000") from None
         if row is None:
             raise errors.Conflict(f"team {name!r} already exists")
         return token
 
-    def update_team(self, name: str, *, quota: int | None = None, weight: int | None = None) -> TeamSettings:
-        """Set a team's quota and/or weight (None keeps it), in one statement;
-        raises NotFound, or InvalidInput for a value the columns refuse."""
-        if quota is None and weight is None:
-            raise errors.InvalidInput("give a quota, a weight or both")
+    def update_team(self, name: str, *, quota: int | None = None, weight: int | None = None,
+                    retention_s: int | None | object = KEEP) -> TeamSettings:
+        """Set a team's quota and/or weight (None keeps it) and its retention
+        (KEEP keeps it, None: back to the server's setting), in one
+        statement; raises NotFound, or InvalidInput for a value the columns refuse."""
+        if quota is None and weight is None and retention_s is KEEP:
+            raise errors.InvalidInput("give a quota, a weight, a retention or several")
         try:
-            row = self._one("update_team", {"name": name, "quota": quota, "weight": weight})
+            row = self._one("update_team", {"name": name, "quota": quota, "weight": weight,
+                                            "set_retention": retention_s is not KEEP,
+                                            "retention_s": None if retention_s is KEEP else retention_s})
         except (psycopg.errors.CheckViolation, psycopg.errors.NumericValueOutOfRange):
-            raise errors.InvalidInput(f"quota and weight must be whole numbers from 1 to {2**31 - 1}") from None
+            raise errors.InvalidInput(f"quota and weight must be whole numbers from 1 to {2**31 - 1}, "
+                                      "retention_s from 1 to 315360000") from None
         if row is None:
             raise errors.NotFound(f"no such team {name!r}")
         return TeamSettings(**row)
@@ -643,6 +652,19 @@ class Store:
     def sweep(self) -> tuple[int, int]:
         row = self._one("sweep_passed", {})
         return row["buckets"], row["carried"]
+
+    def retain(self, shards: Sequence[int], default_s: int, limit: int = 5000) -> Retained:
+        """One retention pass over each shard (retain_jobs), in one round trip:
+        finished jobs past their team's retention (default_s: the server's)
+        are removed, at most `limit` filed ones and `limit` walked ones per shard."""
+        rows = self._pipelined("retain_jobs", [{"shard": s, "default_s": default_s, "limit": limit} for s in shards])
+        return Retained(sum(r["removed"] for r in rows), sum(r["deferred"] for r in rows),
+                        sum(r["walked"] for r in rows), sum(1 for r in rows if r["walked"] >= limit))
+
+    def job_gone(self, job_id: int, team: str | None, default_s: int) -> JobGone:
+        """For an id status found no job for: was it made before the
+        retention cut of `team` (None: the shortest of any team)?"""
+        return JobGone(**self._one("job_gone", {"job_id": job_id, "team": team, "default_s": default_s}))
 
     def purge_keys(self, shards: Sequence[int]) -> int:
         return sum(r["purged"] for r in self._pipelined("purge_idempotency_keys", [{"shard": s} for s in shards]))

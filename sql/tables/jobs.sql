@@ -21,7 +21,9 @@ CREATE TABLE teams (
     quota       int  NOT NULL DEFAULT 1000 CHECK (quota > 0),
     weight      int  NOT NULL DEFAULT 1 CHECK (weight > 0),
     token_hash  text,                       -- sha256 hex of the bearer token
-    created_at  timestamptz NOT NULL DEFAULT now()
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    -- seconds its finished jobs are kept (NULL: the server's job_retention_s)
+    retention_s int CHECK (retention_s BETWEEN 1 AND 315360000)
 );
 
 -- The job record: one row per job, read by (shard, id) for status.
