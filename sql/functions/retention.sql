@@ -57,9 +57,10 @@ BEGIN
               FROM jobs j
               JOIN teams t ON t.id = j.team_id
              CROSS JOIN LATERAL (SELECT coalesce(t.retention_s, p_default_s) * interval '1 second' AS keep) r
-              LEFT JOIN idempotency_keys k
-                ON j.idempotency_key IS NOT NULL AND k.shard = p_shard AND k.team_id = j.team_id
-               AND k.key = j.idempotency_key AND k.job_id = j.id AND k.expires_at > p_now
+              LEFT JOIN LATERAL (
+                   SELECT k.expires_at FROM idempotency_keys k
+                    WHERE k.shard = p_shard AND k.team_id = j.team_id AND k.key = j.idempotency_key
+                      AND k.job_id = j.id AND k.expires_at > p_now) k ON j.idempotency_key IS NOT NULL
              WHERE j.shard = p_shard AND j.id = ANY (p_ids)) b;
 
     -- A finished job stays finished: no procedure moves it out of these states.
