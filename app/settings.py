@@ -81,7 +81,7 @@ class Settings:
     # How often the dispatcher's maintenance removes expired jobs, in seconds
     # (each pass takes up to retention_batch jobs per shard it owns).
     retention_every_s: float = 5.0
-    retention_batch: int = 5000
+    retention_batch: int = 500
 
     def __post_init__(self) -> None:
         for name in ("default_team_quota", "default_team_weight", "retention_batch"):

@@ -6,7 +6,8 @@ server's, a job the walk passed while it waited is removed once it finished,
 a keyed job stays while its idempotency key names it, a claim held open in
 another connection neither waits for retention nor is touched by it, the
 maintenance duty runs it over its shards, and the status of a removed job
-answers 404 "expired" (told apart from an id that cannot have been a job).
+answers 404 "expired" (told apart from an id that cannot have been a job),
+as does its cancel.
 
 The tests of this module share one clone of the migrated template, emptied
 before each test (teams 't' and 'u')."""
@@ -291,6 +292,8 @@ def test_status_of_a_removed_job_says_it_expired(store, leases, client, api_stor
         body = r.json()
         assert body["type"] == "/problems/not-found" and body["expired"] is True, body
         assert f"no job {job_id}: it expired" in body["detail"]
+    r = client.delete(f"/v1/jobs/{job_id}", headers=T)       # cancel says the same
+    assert r.status_code == 404 and r.json()["expired"] is True, r.text
 
 
 def test_status_of_an_id_younger_than_the_retention_is_no_such_job(client, api_store):

@@ -162,7 +162,7 @@ BAD_BODIES = [
     ({"quota": True}, 422, "invalid-input", "expected `int`, got `bool`"),
     ({"quota": None}, 422, "invalid-input", "got `null`"),
     ({"weight": None, "quota": 5}, 422, "invalid-input", "got `null`"),
-    ({}, 422, "invalid-input", "give quota, weight or both"),
+    ({}, 422, "invalid-input", "give quota, weight, retention_s or several"),
     ({"quota": 5, "owner": "me"}, 422, "invalid-input", "unknown field `owner`"),
     ({"name": "renamed"}, 422, "invalid-input", "unknown field `name`"),
     ([5], 422, "invalid-input", "expected `object`"),
@@ -211,7 +211,8 @@ def test_reading_a_team(client, conn):
     for headers, name in ((A, "t"), (T, "t"), (T, "me")):
         r = client.get(f"/v1/teams/{name}", headers=headers)
         assert r.status_code == 200, r.text
-        assert {k: v for k, v in r.json().items() if k != "created_at"} == {"name": "t", "quota": 1000, "weight": 1}
+        assert {k: v for k, v in r.json().items() if k != "created_at"} == {"name": "t", "quota": 1000, "weight": 1,
+                                                                                 "retention_s": None}
     # another team is "no such team" to a team, as its jobs are
     assert_problem(client.get("/v1/teams/u", headers=T), 404, "not-found", "no such team")
     assert_problem(client.get("/v1/teams/nobody", headers=A), 404, "not-found", "no such team")
@@ -240,7 +241,8 @@ def test_the_list_pages_by_name(client, conn):
     expected = sorted(["t", "u", *(f"p{i:02}" for i in range(1, 12))])
     assert names == expected and pages == 4              # 13 teams: 4 + 4 + 4 + 1
     one = client.get("/v1/teams", headers=A, params={"cursor": "p03", "limit": 1}).json()
-    assert one["teams"][0] | {"created_at": None} == {"name": "p04", "quota": 4, "weight": 5, "created_at": None}
+    assert one["teams"][0] | {"created_at": None} == {"name": "p04", "quota": 4, "weight": 5, "created_at": None,
+                                                      "retention_s": None}
     assert one["next_cursor"] == "p04"
     everything = client.get("/v1/teams", headers=A, params={"limit": 1000}).json()
     assert [t["name"] for t in everything["teams"]] == expected and everything["next_cursor"] is None

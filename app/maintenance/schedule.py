@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from collections.abc import Callable
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -35,9 +36,6 @@ from minutehand.store.store import Store
 
 log = logging.getLogger(__name__)
 CHAIN_BATCH = 1000
-# A retention backlog (a first run over old data, an outage) is worked off
-# in passes that follow each other, at most this many per run.
-RETAIN_PASSES = 20
 # APScheduler logs every run of every job at INFO: once a second here.
 logging.getLogger("apscheduler").setLevel(logging.WARNING)
 
@@ -48,9 +46,10 @@ class MaintenanceSchedule:
     def __init__(self, store: Store, owner: str, shards: Callable[[], list[int]], *,
                  expire_every_s: float = 1.0, purge_every_s: float = 60.0, wheel_every_s: float = 30.0,
                  stats_every_s: float = 300.0, chain_every_s: float = 0.25, load_every_s: float = 60.0,
-                 retention_s: int = 7 * 86400, retention_every_s: float = 5.0, retention_batch: int = 5000):
+                 retention_s: int = 7 * 86400, retention_every_s: float = 5.0, retention_batch: int = 500):
         self.store = store
         self.retention_s = retention_s
+        self.retention_every_s = retention_every_s
         self.retention_batch = retention_batch
         self.owner = owner
         self.shards = shards
@@ -90,15 +89,16 @@ class MaintenanceSchedule:
             self.store.purge_keys(shards)
 
     def retain_jobs(self) -> None:
-        # Per shard of this dispatcher's, one statement each, in one round trip.
+        # Per shard of this dispatcher's, one statement each, in one round
+        # trip. A backlog (a first run over old data, an outage) is worked off
+        # in passes that follow each other until the next run is due.
         removed = deferred = 0
-        for _ in range(RETAIN_PASSES):
-            if not (shards := self.shards()):
-                break
+        until = time.monotonic() + 0.8 * self.retention_every_s
+        while shards := self.shards():
             passed = self.store.retain(shards, self.retention_s, self.retention_batch)
             removed += passed.removed
             deferred += passed.deferred
-            if not passed.backlog:
+            if not passed.backlog or time.monotonic() >= until:
                 break
         if removed or deferred:
             log.info("retention: %d finished jobs removed, %d filed to be looked at again", removed, deferred)

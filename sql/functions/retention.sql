@@ -29,16 +29,20 @@ LANGUAGE sql STABLE AS $$
     SELECT least(p_default_s, (SELECT min(t.retention_s) FROM teams t))
 $$;
 
--- Of these jobs of one shard, remove those past their retention, and file
--- the others for the earliest time they could go: a finished job at its
--- finish + retention; a job not finished yet at its run time (or now) +
--- retention, as it cannot finish before it runs; a keyed job not before its
--- idempotency key expires (the key answers with its job, which must still
--- be there to read); a cancelled job not before its run time has passed too
--- (its due row waits in the wheel until then and the claim drops it).
--- Rows are deleted in id order, the order outcome batches lock them in.
-CREATE OR REPLACE FUNCTION mh_retain(p_shard int, p_ids bigint[], p_default_s int, p_now timestamptz,
-                                     OUT removed bigint, OUT deferred bigint)
+-- Of some jobs of one shard — those of p_ids, or with p_ids NULL the first
+-- p_limit from id p_from up to p_cut (the walk) — remove those past their
+-- retention and file the others for the earliest time they could go: a
+-- finished job at its finish + retention; a job not finished yet at its run
+-- time (or now) + retention, as it cannot finish before it runs; a keyed
+-- job not before its idempotency key expires (the key answers with its
+-- job, which must still be there to read); a cancelled job not before its
+-- run time has passed too (its due row waits in the wheel until then and
+-- the claim drops it). Rows are deleted in id order, the order outcome
+-- batches lock them in. Returns how many were removed and filed, how many
+-- were looked at, and the largest id among them.
+CREATE OR REPLACE FUNCTION mh_retain(p_shard int, p_ids bigint[], p_from bigint, p_cut bigint, p_limit int,
+                                     p_default_s int, p_now timestamptz,
+                                     OUT removed bigint, OUT deferred bigint, OUT seen bigint, OUT last_id bigint)
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
     v_gone  bigint[];
@@ -47,21 +51,27 @@ DECLARE
 BEGIN
     SELECT array_agg(b.id ORDER BY b.id) FILTER (WHERE b.go_at < p_now),
            array_agg(b.id) FILTER (WHERE NOT b.go_at < p_now),
-           array_agg(b.go_at) FILTER (WHERE NOT b.go_at < p_now)
-      INTO v_gone, v_later, v_at
+           array_agg(b.go_at) FILTER (WHERE NOT b.go_at < p_now),
+           count(*), max(b.id)
+      INTO v_gone, v_later, v_at, seen, last_id
       FROM (SELECT j.id,
                    CASE WHEN j.state IN ('succeeded', 'dead', 'cancelled')
                         THEN greatest(coalesce(j.finished_at, j.updated_at) + r.keep, k.expires_at,
                                       CASE WHEN j.state = 'cancelled' THEN j.run_at END)
                         ELSE greatest(j.run_at, p_now) + r.keep END AS go_at
-              FROM jobs j
+              FROM (SELECT c.id, c.team_id, c.state, c.finished_at, c.updated_at, c.run_at, c.idempotency_key
+                      FROM jobs c WHERE c.shard = p_shard AND c.id = ANY (p_ids)
+                    UNION ALL
+                    (SELECT w.id, w.team_id, w.state, w.finished_at, w.updated_at, w.run_at, w.idempotency_key
+                       FROM jobs w
+                      WHERE p_ids IS NULL AND w.shard = p_shard AND w.id >= p_from AND w.id < p_cut
+                      ORDER BY w.id LIMIT p_limit)) j
               JOIN teams t ON t.id = j.team_id
              CROSS JOIN LATERAL (SELECT coalesce(t.retention_s, p_default_s) * interval '1 second' AS keep) r
               LEFT JOIN LATERAL (
                    SELECT k.expires_at FROM idempotency_keys k
                     WHERE k.shard = p_shard AND k.team_id = j.team_id AND k.key = j.idempotency_key
-                      AND k.job_id = j.id AND k.expires_at > p_now) k ON j.idempotency_key IS NOT NULL
-             WHERE j.shard = p_shard AND j.id = ANY (p_ids)) b;
+                      AND k.job_id = j.id AND k.expires_at > p_now) k ON j.idempotency_key IS NOT NULL) b;
 
     -- A finished job stays finished: no procedure moves it out of these states.
     DELETE FROM jobs j
@@ -83,14 +93,14 @@ END $$;
 -- transaction runs, and a transaction still open when the walk passes its
 -- ids would leave its jobs behind the mark for good. Concurrent calls for
 -- one shard: one walks, the others only do the filed jobs (row lock on the
--- mark, skipped).
-CREATE OR REPLACE FUNCTION retain_jobs(p_shard int, p_default_s int, p_limit int DEFAULT 5000,
+-- mark, skipped). Committed without waiting for the WAL flush: a crash can
+-- only lose the last removals, and the walk does them again from its mark.
+CREATE OR REPLACE FUNCTION retain_jobs(p_shard int, p_default_s int, p_limit int DEFAULT 500,
                                        OUT removed bigint, OUT deferred bigint, OUT walked bigint)
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
     v_now      timestamptz := mh_now();
     v_shortest int := mh_shortest_retention(p_default_s);
-    v_cut      bigint;
     v_from     bigint;
     v_ids      bigint[];
     v_r        record;
@@ -99,6 +109,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = 'the default retention must be at least 1 second';
     END IF;
     removed := 0; deferred := 0; walked := 0;
+    PERFORM set_config('synchronous_commit', 'off', true);
 
     WITH due AS (
         DELETE FROM retention_checks c
@@ -111,7 +122,7 @@ BEGIN
     )
     SELECT array_agg(d.job_id ORDER BY d.job_id) INTO v_ids FROM due d;
     IF v_ids IS NOT NULL THEN
-        SELECT * INTO v_r FROM mh_retain(p_shard, v_ids, p_default_s, v_now);
+        SELECT * INTO v_r FROM mh_retain(p_shard, v_ids, NULL, NULL, NULL, p_default_s, v_now);
         removed := v_r.removed; deferred := v_r.deferred;
     END IF;
 
@@ -121,16 +132,13 @@ BEGIN
         SELECT m.walked_to INTO v_from FROM retention_marks m WHERE m.shard = p_shard FOR UPDATE SKIP LOCKED;
         IF NOT FOUND THEN RETURN; END IF;
     END IF;
-    v_cut := mh_id_at(v_now - (v_shortest + least(v_shortest, 300)) * interval '1 second');
-    SELECT array_agg(w.id ORDER BY w.id) INTO v_ids
-      FROM (SELECT j.id FROM jobs j
-             WHERE j.shard = p_shard AND j.id >= v_from AND j.id < v_cut
-             ORDER BY j.id LIMIT p_limit) w;
-    IF v_ids IS NULL THEN RETURN; END IF;
-    walked := cardinality(v_ids);
-    SELECT * INTO v_r FROM mh_retain(p_shard, v_ids, p_default_s, v_now);
+    SELECT * INTO v_r FROM mh_retain(p_shard, NULL, v_from,
+                                     mh_id_at(v_now - (v_shortest + least(v_shortest, 300)) * interval '1 second'),
+                                     p_limit, p_default_s, v_now);
+    IF v_r.seen = 0 THEN RETURN; END IF;
+    walked := v_r.seen;
     removed := removed + v_r.removed; deferred := deferred + v_r.deferred;
-    UPDATE retention_marks SET walked_to = v_ids[walked] + 1 WHERE shard = p_shard;
+    UPDATE retention_marks SET walked_to = v_r.last_id + 1 WHERE shard = p_shard;
 END $$;
 
 -- Why a job id has no row, for status: expired is true when the id was
