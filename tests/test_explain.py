@@ -648,7 +648,12 @@ def test_retention_walks_jobs_by_primary_key_and_never_reads_the_wheel(conn, lay
         assert removed == 50 and walked == 1000 and deferred == walked - removed
         assert ae.nodes_on("jobs")
         for p in ae.plans:
-            assert_no_scan_beyond(p["Plan"], "teams", "retention_marks", "retention_checks")
+            assert_no_scan_beyond(p["Plan"], "teams", "retention_marks", "retention_checks", "idempotency_keys")
+            # a keyed job's key: probed by its primary key (an index scan or a bitmap over it)
+            assert {n["Node Type"] for n in nodes_on(p["Plan"], "idempotency_keys")} <= {
+                "Index Scan", "Bitmap Heap Scan", "ModifyTable"}
+            assert {n["Index Name"] for n in plan_nodes(p["Plan"])
+                    if (n.get("Index Name") or "").startswith("idempotency_keys")} <= {"idempotency_keys_pkey"}
         assert not any((r or "").startswith("due_") for r in ae.all_relations())
 
 

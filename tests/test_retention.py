@@ -353,3 +353,18 @@ def test_only_the_admin_sets_a_retention(client, pinned_conn):
     assert r.status_code == 403, r.text
     assert retention_of(pinned_conn, "t") is None
     assert client.patch("/v1/teams/nobody", headers=A, json={"retention_s": 60}).status_code == 404
+
+
+# ---------------------------------------------------------------- the setting
+def test_the_retention_setting_is_seven_days_unless_set():
+    assert Settings().job_retention_s == 7 * DAY
+    assert Settings.load(["--job-retention-s", "20"], env={}).job_retention_s == 20
+
+
+@pytest.mark.parametrize("name, raw", [("job_retention_s", "0"), ("job_retention_s", "-1"),
+                                       ("job_retention_s", "315360001"), ("job_retention_s", "1.5"),
+                                       ("job_retention_s", "week"), ("retention_batch", "0")])
+def test_a_bad_retention_setting_is_refused_with_its_name(name, raw):
+    with pytest.raises(SystemExit) as exc:
+        Settings.load([], env={f"MINUTEHAND_{name.upper()}": raw})
+    assert name in str(exc.value)

@@ -60,7 +60,7 @@ BEGIN
                                       CASE WHEN j.state = 'cancelled' THEN j.run_at END)
                         ELSE greatest(j.run_at, p_now) + r.keep END AS go_at
               FROM (SELECT c.id, c.team_id, c.state, c.finished_at, c.updated_at, c.run_at, c.idempotency_key
-                      FROM jobs c WHERE c.shard = p_shard AND c.id = ANY (p_ids)
+                      FROM jobs c WHERE p_ids IS NOT NULL AND c.shard = p_shard AND c.id = ANY (p_ids)
                     UNION ALL
                     (SELECT w.id, w.team_id, w.state, w.finished_at, w.updated_at, w.run_at, w.idempotency_key
                        FROM jobs w
