@@ -653,7 +653,7 @@ class Store:
         row = self._one("sweep_passed", {})
         return row["buckets"], row["carried"]
 
-    def retain(self, shards: Sequence[int], default_s: int, limit: int = 5000) -> Retained:
+    def retain(self, shards: Sequence[int], default_s: int, limit: int = 500) -> Retained:
         """One retention pass over each shard (retain_jobs), in one round trip:
         finished jobs past their team's retention (default_s: the server's)
         are removed, at most `limit` filed ones and `limit` walked ones per shard."""
