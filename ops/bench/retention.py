@@ -138,10 +138,11 @@ def steady(url: str, token: str, rate: int, seconds: int, retention_s: int) -> d
             while (elapsed := time.monotonic() - t0) < seconds:
                 if elapsed >= next_sample:
                     size, rows = sizes(c)
-                    finished = c.execute("SELECT count(*) FROM jobs WHERE state = 'succeeded'").fetchone()[0]
+                    finished, indexes = c.execute("SELECT count(*) FILTER (WHERE state = 'succeeded'), "
+                                                  "pg_indexes_size('jobs') FROM jobs").fetchone()
                     samples.append((elapsed, size, rows, submitted, finished))
-                    print(f"  t={elapsed:5.0f} s  jobs {size / 1e6:7.1f} MB  {rows:9,} rows  "
-                          f"({submitted:,} submitted, {finished:,} succeeded kept)", flush=True)
+                    print(f"  t={elapsed:5.0f} s  jobs {size / 1e6:7.1f} MB (indexes {indexes / 1e6:5.1f} MB)  "
+                          f"{rows:9,} rows  ({submitted:,} submitted, {finished:,} succeeded kept)", flush=True)
                     next_sample += 10
                 store.submit_many(TEAM, [JobSpec(name="noop")] * (rate // 10))
                 submitted += rate // 10
