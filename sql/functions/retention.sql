@@ -12,8 +12,8 @@
 -- rows is reused by later jobs after autovacuum (measured, README
 -- "Retention"). Nothing here is on the hot path: claims never read a
 -- finished job, and a removed job's leftovers are harmless (claim_checks:
--- expire_claims updates only claimed or running jobs; the claim skips a due
--- row without its job).
+-- expire_claims updates only claimed or running jobs; a claim that takes a
+-- due row whose job is gone claims nothing for it).
 
 -- The time a job id was made (its 40-bit millisecond part): the inverse of
 -- mh_id_at.
