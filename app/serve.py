@@ -109,7 +109,10 @@ def dispatcher_parts(settings: Settings, store: Store | None) -> tuple[Dispatche
                                 backoff_cap_s=settings.webhook_backoff_cap_s, batch=settings.webhook_batch,
                                 concurrency=settings.webhook_concurrency)
     maintenance = MaintenanceSchedule(store, dispatcher.name, dispatcher.owned_shards, webhooks=webhooks,
-                                      webhook_every_s=settings.webhook_every_s)
+                                      webhook_every_s=settings.webhook_every_s,
+                                      retention_s=settings.job_retention_s,
+                                      retention_every_s=settings.retention_every_s,
+                                      retention_batch=settings.retention_batch)
     return dispatcher, Services(writer, dispatcher, webhooks, maintenance)
 
 

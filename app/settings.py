@@ -17,6 +17,9 @@ from minutehand import envconfig
 TEAM_LIMIT_MIN, TEAM_LIMIT_MAX = 1, 2**31 - 1
 # teams.submit_rate: jobs per second, above 0 and at most this.
 SUBMIT_RATE_MAX = 1_000_000
+# A retention (job_retention_s, a team's retention_s): 1 second to 10 years,
+# as the CHECK on teams.retention_s.
+RETENTION_MIN_S, RETENTION_MAX_S = 1, 315_360_000
 
 
 @dataclass(frozen=True)
@@ -108,9 +111,19 @@ class Settings:
     # between scrapes, in seconds.
     metrics_names_per_team: int = 50
     metrics_read_s: float = 10.0
+    # How long a finished job (succeeded, dead, discarded, cancelled) is kept after it
+    # finished, in seconds, unless its team has its own (teams.retention_s);
+    # then the dispatcher's maintenance removes it and its status answers 404
+    # "expired". Give every process the same value (the API reads it to tell
+    # an expired job from an unknown id).
+    job_retention_s: int = 7 * 86400
+    # How often the dispatcher's maintenance removes expired jobs, in seconds
+    # (each pass takes up to retention_batch jobs per shard it owns).
+    retention_every_s: float = 5.0
+    retention_batch: int = 500
 
     def __post_init__(self) -> None:
-        for name in ("default_team_quota", "default_team_weight"):
+        for name in ("default_team_quota", "default_team_weight", "retention_batch"):
             value = getattr(self, name)
             if type(value) is not int or not TEAM_LIMIT_MIN <= value <= TEAM_LIMIT_MAX:
                 raise ValueError(f"setting {name}: {value!r} is not a whole number from {TEAM_LIMIT_MIN} "
@@ -127,6 +140,9 @@ class Settings:
         for name in ("metrics_names_per_team", "metrics_read_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"setting {name}: {getattr(self, name)!r} is negative")
+        if type(self.job_retention_s) is not int or not RETENTION_MIN_S <= self.job_retention_s <= RETENTION_MAX_S:
+            raise ValueError(f"setting job_retention_s: {self.job_retention_s!r} is not a whole number of seconds "
+                             f"from {RETENTION_MIN_S} to {RETENTION_MAX_S} (10 years)")
 
     @classmethod
     def load(cls, argv: list[str] | None = None, env: dict[str, str] | None = None) -> Settings:

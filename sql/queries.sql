@@ -96,38 +96,41 @@ SELECT t.name AS team FROM jobs j JOIN teams t ON t.id = j.team_id
 -- name: create_team
 -- A new team with its token's hash; no row if the name is taken. A rate
 -- without a burst gets one second's worth (at least 1).
-INSERT INTO teams (name, quota, weight, token_hash, submit_rate, submit_burst, max_pending)
+INSERT INTO teams (name, quota, weight, token_hash, submit_rate, submit_burst, max_pending, retention_s)
 VALUES (%(name)s, %(quota)s, %(weight)s, %(token_hash)s, %(submit_rate)s::float8,
         coalesce(%(submit_burst)s::int, CASE WHEN %(submit_rate)s::float8 IS NOT NULL
                                              THEN greatest(ceil(%(submit_rate)s::float8), 1)::int END),
-        %(max_pending)s::int)
+        %(max_pending)s::int, %(retention_s)s::int)
 ON CONFLICT (name) DO NOTHING
 RETURNING id
 
 -- name: update_team
 -- Set a team's quota and/or weight (NULL keeps the value), and its admission
--- limits where set_* is true (to the value given, NULL included), one
--- statement; no row if there is no such team. A rate set without a burst
--- keeps the team's burst, or gets one second's worth (at least 1); a rate
--- cleared clears the burst. The dispatcher rereads teams periodically.
+-- limits and retention where set_* is true (to the value given, NULL
+-- included), one statement; no row if there is no such team. A rate set
+-- without a burst keeps the team's burst, or gets one second's worth (at
+-- least 1); a rate cleared clears the burst. The dispatcher rereads teams
+-- periodically.
 UPDATE teams SET quota = coalesce(%(quota)s::int, quota), weight = coalesce(%(weight)s::int, weight),
        submit_rate = CASE WHEN %(set_rate)s THEN %(submit_rate)s::float8 ELSE submit_rate END,
        submit_burst = CASE WHEN %(set_burst)s THEN %(submit_burst)s::int
                            WHEN NOT %(set_rate)s THEN submit_burst
                            WHEN %(submit_rate)s::float8 IS NULL THEN NULL
                            ELSE coalesce(submit_burst, greatest(ceil(%(submit_rate)s::float8), 1)::int) END,
-       max_pending = CASE WHEN %(set_max_pending)s THEN %(max_pending)s::int ELSE max_pending END
+       max_pending = CASE WHEN %(set_max_pending)s THEN %(max_pending)s::int ELSE max_pending END,
+       retention_s = CASE WHEN %(set_retention)s::boolean THEN %(retention_s)s::int ELSE retention_s END
  WHERE name = %(name)s::text
-RETURNING name, quota, weight, created_at, submit_rate, submit_burst, max_pending
+RETURNING name, quota, weight, created_at, submit_rate, submit_burst, max_pending, retention_s
 
 -- name: team
 -- A team's settings; no row if there is no such team.
-SELECT name, quota, weight, created_at, submit_rate, submit_burst, max_pending FROM teams WHERE name = %(name)s::text
+SELECT name, quota, weight, created_at, submit_rate, submit_burst, max_pending, retention_s
+  FROM teams WHERE name = %(name)s::text
 
 -- name: list_teams
 -- One page of teams by name, after `after` (NULL: from the first): keyset on
 -- the name's unique index, never OFFSET.
-SELECT name, quota, weight, created_at, submit_rate, submit_burst, max_pending FROM teams
+SELECT name, quota, weight, created_at, submit_rate, submit_burst, max_pending, retention_s FROM teams
  WHERE %(after)s::text IS NULL OR name > %(after)s::text
  ORDER BY name
  LIMIT %(limit)s::int
@@ -156,6 +159,14 @@ SELECT buckets, carried FROM sweep_passed()
 -- name: purge_idempotency_keys
 -- Drop one shard's expired idempotency keys.
 SELECT purge_idempotency_keys(%(shard)s::int) AS purged
+
+-- name: retain_jobs
+-- Remove one shard's finished jobs past their retention (one pass).
+SELECT removed, deferred, walked FROM retain_jobs(%(shard)s::int, %(default_s)s::int, %(limit)s::int)
+
+-- name: job_gone
+-- Why a job id has no row: made before its team's retention cut (expired) or not.
+SELECT made_at, retention_s, expired FROM job_gone(%(job_id)s::bigint, %(team)s::text, %(default_s)s::int)
 
 -- name: maintain
 -- Every maintenance duty once, over every shard.

@@ -627,6 +627,36 @@ def test_expire_claims_reads_reminders_not_jobs(conn, layout):
     pin(conn, T0)
 
 
+def test_retention_walks_jobs_by_primary_key_and_never_reads_the_wheel(conn, layout):
+    """A retention pass over a shard of a million-job table reads its filed jobs
+    through retention_checks' keys and walks the jobs along jobs_pkey from its
+    mark, each reached by primary key; the wheel is never read."""
+    with conn.transaction(force_rollback=True):
+        # finished jobs of the shard, besides its waiting ones
+        conn.execute("""UPDATE jobs SET state = 'succeeded', finished_at = %s
+                         WHERE shard = %s AND id IN (SELECT id FROM jobs WHERE shard = %s ORDER BY id LIMIT 50)""",
+                     (T0 - dt.timedelta(days=30), layout["shard"], layout["shard"]))
+        # the keys of a day: far more rows than a pass visits
+        conn.execute("""INSERT INTO idempotency_keys (shard, team_id, key, job_id, request_hash, created_at, expires_at)
+                        SELECT g %% 256, 1, 'k' || g, g, 'h', %s, %s FROM generate_series(1, 50000) g""",
+                     (T0, T0 + dt.timedelta(days=1)))
+        conn.execute("ANALYZE retention_checks, retention_marks, idempotency_keys")
+        ae = AutoExplain(conn)
+        with ae:
+            removed, deferred, walked = conn.execute("SELECT * FROM retain_jobs(%s, 604800, 1000)",
+                                                     (layout["shard"],)).fetchone()
+        assert removed == 50 and walked == 1000 and deferred == walked - removed
+        assert ae.nodes_on("jobs")
+        for p in ae.plans:
+            assert_no_scan_beyond(p["Plan"], "teams", "retention_marks", "retention_checks", "idempotency_keys")
+            # a keyed job's key: probed by its primary key (an index scan or a bitmap over it)
+            assert {n["Node Type"] for n in nodes_on(p["Plan"], "idempotency_keys")} <= {
+                "Index Scan", "Bitmap Heap Scan", "ModifyTable"}
+            assert {n["Index Name"] for n in plan_nodes(p["Plan"])
+                    if (n.get("Index Name") or "").startswith("idempotency_keys")} <= {"idempotency_keys_pkey"}
+        assert not any((r or "").startswith("due_") for r in ae.all_relations())
+
+
 # ---------------------------------------------------------------- (e) statistics
 def _fill_stats(conn: psycopg.Connection) -> None:
     """A day of counters for 300 teams (minute rows for the last two hours,

@@ -212,7 +212,8 @@ def test_reading_a_team(client, conn):
         r = client.get(f"/v1/teams/{name}", headers=headers)
         assert r.status_code == 200, r.text
         assert {k: v for k, v in r.json().items() if k != "created_at"} == {
-            "name": "t", "quota": 1000, "weight": 1, "submit_rate": None, "submit_burst": None, "max_pending": None}
+            "name": "t", "quota": 1000, "weight": 1, "submit_rate": None, "submit_burst": None, "max_pending": None,
+            "retention_s": None}
     # another team is "no such team" to a team, as its jobs are
     assert_problem(client.get("/v1/teams/u", headers=T), 404, "not-found", "no such team")
     assert_problem(client.get("/v1/teams/nobody", headers=A), 404, "not-found", "no such team")
@@ -242,7 +243,8 @@ def test_the_list_pages_by_name(client, conn):
     assert names == expected and pages == 4              # 13 teams: 4 + 4 + 4 + 1
     one = client.get("/v1/teams", headers=A, params={"cursor": "p03", "limit": 1}).json()
     assert one["teams"][0] | {"created_at": None} == {"name": "p04", "quota": 4, "weight": 5, "created_at": None,
-                                                      "submit_rate": None, "submit_burst": None, "max_pending": None}
+                                                      "submit_rate": None, "submit_burst": None, "max_pending": None,
+                                                      "retention_s": None}
     assert one["next_cursor"] == "p04"
     everything = client.get("/v1/teams", headers=A, params={"limit": 1000}).json()
     assert [t["name"] for t in everything["teams"]] == expected and everything["next_cursor"] is None

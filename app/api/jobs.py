@@ -245,6 +245,19 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
     # on the event loop by the first batch that needs it.
     _bounded_envelope(settings.api_max_batch)
 
+    async def no_job(job_id: int, scope: str | None) -> ApiProblem:
+        """The 404 of an id with no job (for this team). The id says when it
+        was made: older than the team's retention, a finished job of that id
+        would have been removed (expired); younger, it would still be here,
+        so there was no such job. An id cannot say whether it was ever used,
+        hence "or never existed"."""
+        gone = await ctx.db(store.job_gone, job_id, scope, ctx.settings.job_retention_s)
+        if gone.expired:
+            return ApiProblem(NOT_FOUND, f"no job {job_id}: it expired (or never existed). Its id was made at "
+                              f"{gone.made_at.isoformat()}, more than {gone.retention_s} s ago, the retention "
+                              "of finished jobs, after which they are removed", job_id=str(job_id), expired=True)
+        return ApiProblem(NOT_FOUND, f"no job {job_id}", job_id=str(job_id), expired=False)
+
     @post("/v1/jobs", operation_id="submitJob", status_code=201, security=SECURITY, tags=["jobs"],
           request_max_body_size=settings.api_max_body_bytes, summary="Submit a job",
           description="Returns the job id and its assigned run time. With an Idempotency-Key already used "
@@ -306,11 +319,15 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
                         items=items)
 
     @get("/v1/jobs/{job_id:int}", operation_id="getJob", security=SECURITY, tags=["jobs"], summary="A job's status",
+         description="Finished jobs are kept for their team's retention (retention_s, else the server's "
+                     "job_retention_s) after they finish, then removed: a removed job answers 404 with "
+                     "`expired` true.",
          responses=problems.responses(*COMMON, NOT_FOUND, INVALID))
     async def job_status(principal: NamedDependency[Principal], job_id: JobIdParam, team: TeamParam = None) -> JobOut:
-        status = await ctx.db(store.status, job_id, principal.scope(team))
+        scope = principal.scope(team)
+        status = await ctx.db(store.status, job_id, scope)
         if status is None:
-            raise ApiProblem(NOT_FOUND, f"no job {job_id}")
+            raise await no_job(job_id, scope)
         return job_out(status)
 
     @delete("/v1/jobs/{job_id:int}", operation_id="cancelJob", status_code=200, security=SECURITY, tags=["jobs"],
@@ -324,7 +341,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
         if outcome.ok:
             return CancelledOut(JobId(job_id), "cancelled")
         if outcome.state is None:
-            raise ApiProblem(NOT_FOUND, f"no job {job_id}")
+            raise await no_job(job_id, principal.scope(team))
         raise ApiProblem(NOT_CANCELLABLE, outcome.reason or f"job is {outcome.state}", job_id=str(job_id),
                          state=outcome.state)
 

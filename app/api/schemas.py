@@ -178,6 +178,10 @@ WEIGHT_DOC = "the team's share of the fleet when teams compete (weighted rotatio
 # Omitted (UNSET) is not null: null is refused, as a value of the wrong type.
 Quota = Annotated[Integer | msgspec.UnsetType, _int_doc(QUOTA_DOC, minimum=1, maximum=INT32_MAX)]
 Weight = Annotated[Integer | msgspec.UnsetType, _int_doc(WEIGHT_DOC, minimum=1, maximum=INT32_MAX)]
+RETENTION_DOC = ("seconds the team's finished jobs (succeeded, dead, discarded, cancelled) are kept after they finish, "
+                 "1 to 315360000 (10 years); null: the server's job_retention_s (7 days unless set)")
+# Here null is a value: back to the server's retention.
+Retention = Annotated[Integer, _int_doc(RETENTION_DOC, minimum=1, maximum=315_360_000)] | None | msgspec.UnsetType
 
 
 SUBMIT_RATE_DOC = ("jobs per second the team may submit (a token bucket refilled at this rate; a batch counts "
@@ -206,6 +210,7 @@ class TeamIn(Struct, forbid_unknown_fields=True):
     submit_rate: SubmitRate = msgspec.UNSET
     submit_burst: SubmitBurst = msgspec.UNSET
     max_pending: MaxPending = msgspec.UNSET
+    retention_s: Retention = msgspec.UNSET
 
 
 class TeamSettingsIn(Struct, forbid_unknown_fields=True):
@@ -217,6 +222,7 @@ class TeamSettingsIn(Struct, forbid_unknown_fields=True):
     submit_rate: SubmitRate = msgspec.UNSET
     submit_burst: SubmitBurst = msgspec.UNSET
     max_pending: MaxPending = msgspec.UNSET
+    retention_s: Retention = msgspec.UNSET
 
 
 FLEX_DOC = "seconds of the default flex window, 0 to 86400"
@@ -324,6 +330,7 @@ class TeamOut(Struct):
     submit_rate: float | None       # jobs per second; null: no rate limit
     submit_burst: int | None        # most jobs at once; null: no rate limit
     max_pending: int | None         # null: the server's max_pending_per_team (0 there: no ceiling)
+    retention_s: int | None  # its finished jobs are kept this long; null: the server's job_retention_s
 
 
 class TeamPageOut(Struct):

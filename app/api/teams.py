@@ -18,6 +18,7 @@ from minutehand.api.problems import COMMON, CONFLICT, FORBIDDEN, INVALID, NOT_FO
 from minutehand.api.schemas import (TEAM_NAME_PATTERN, BucketOut, CountsOut, DistributionOut, FleetStatsOut,
                                     FleetTeamOut, Integer, NameStatsOut, OtherStatsOut, StatsOut, TeamIn, TeamOut,
                                     TeamPageOut, TeamSettingsIn, TeamTokenOut, text_problem)
+from minutehand.settings import RETENTION_MAX_S, RETENTION_MIN_S
 from minutehand.store.records import STATS_BOUNDS_S, Tally, TeamSettings, quantile_bound
 from minutehand.store.store import KEEP, Store
 
@@ -52,7 +53,7 @@ def counts_out(t: Tally) -> CountsOut:
 
 def team_out(team: TeamSettings) -> TeamOut:
     return TeamOut(team.name, team.quota, team.weight, team.created_at, team.submit_rate, team.submit_burst,
-                   team.max_pending)
+                   team.max_pending, team.retention_s)
 
 
 def _given(value: Any) -> Any:
@@ -60,6 +61,16 @@ def _given(value: Any) -> Any:
     if value is msgspec.UNSET:
         return KEEP
     return int(value) if isinstance(value, Integer) else value
+
+
+def retention_problem(retention_s: object) -> str | None:
+    """Why a team's retention_s is refused (None: fine). null sets the server's."""
+    if retention_s is None or retention_s is msgspec.UNSET:
+        return None
+    if not RETENTION_MIN_S <= int(retention_s) <= RETENTION_MAX_S:
+        return (f"retention_s: {int(retention_s)} is out of range: give seconds from {RETENTION_MIN_S} to "
+                f"{RETENTION_MAX_S} (10 years), or null for the server's job_retention_s")
+    return None
 
 
 def routes(ctx: Context) -> list[HTTPRouteHandler]:
@@ -76,6 +87,8 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
         team = data
         if reason := text_problem("name", team.name):
             raise ApiProblem(INVALID, reason)
+        if reason := retention_problem(team.retention_s):
+            raise ApiProblem(INVALID, reason)
         settings = ctx.settings
         quota = settings.default_team_quota if team.quota is msgspec.UNSET else int(team.quota)
         weight = settings.default_team_weight if team.weight is msgspec.UNSET else int(team.weight)
@@ -88,8 +101,9 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
         else:
             burst = None
         max_pending = None if team.max_pending is msgspec.UNSET else _given(team.max_pending)
+        retention_s = None if team.retention_s in (None, msgspec.UNSET) else int(team.retention_s)
         token = await ctx.db(store.create_team, team.name, quota=quota, weight=weight, submit_rate=rate,
-                             submit_burst=burst, max_pending=max_pending)
+                             submit_burst=burst, max_pending=max_pending, retention_s=retention_s)
         return TeamTokenOut(team.name, token)
 
     @post("/v1/teams/{name:str}/token", operation_id="rotateToken", status_code=200, security=SECURITY, tags=["teams"],
@@ -122,26 +136,29 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
     @patch("/v1/teams/{name:str}", operation_id="setTeam", status_code=200, security=SECURITY, tags=["teams"],
            request_max_body_size=4096,
            opt={"admin_only": True},                 # a team's token is refused before its body is read
-           summary="Set a team's quota, weight and admission limits (admin)",
+           summary="Set a team's quota, weight, admission limits and retention (admin)",
            description="A field omitted keeps its value; at least one is required; null clears an admission "
                        "limit (submit_rate null: no rate limit; max_pending null: the server's "
-                       "max_pending_per_team). Answers the team's settings. " + APPLIED + " " + ADMITTED,
+                       "max_pending_per_team); retention_s null: the server's job_retention_s again. Answers the "
+                       "team's settings. " + APPLIED + " " + ADMITTED,
            responses=problems.responses(*COMMON, FORBIDDEN, NOT_FOUND, INVALID))
     async def set_team(data: JSONBody[TeamSettingsIn], principal: NamedDependency[Principal],
                        name: FromPath[str]) -> TeamOut:
         principal.require_admin()
         if all(getattr(data, f) is msgspec.UNSET for f in data.__struct_fields__):
             raise ApiProblem(INVALID, "request body: give at least one of " + ", ".join(data.__struct_fields__))
+        if reason := retention_problem(data.retention_s):
+            raise ApiProblem(INVALID, reason)
         team = await ctx.db(store.update_team, name,
                             quota=None if data.quota is msgspec.UNSET else int(data.quota),
                             weight=None if data.weight is msgspec.UNSET else int(data.weight),
                             submit_rate=_given(data.submit_rate), submit_burst=_given(data.submit_burst),
-                            max_pending=_given(data.max_pending))
+                            max_pending=_given(data.max_pending), retention_s=_given(data.retention_s))
         ctx.admission.forget(name)
         return team_out(team)
 
     @get("/v1/teams/{name:str}", operation_id="getTeam", security=SECURITY, tags=["teams"],
-         summary="A team's quota, weight and admission limits",
+         summary="A team's quota, weight, admission limits and retention",
          description="The admin names any team; a team's token only its own (by its name or `me`).",
          responses=problems.responses(*COMMON, NOT_FOUND, INVALID))
     async def get_team(principal: NamedDependency[Principal], name: FromPath[str]) -> TeamOut:

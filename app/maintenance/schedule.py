@@ -7,6 +7,9 @@ Per shard, by the shard's owner only (the shards this dispatcher leases):
 - purge_idempotency_keys every minute;
 - purge_events every minute: events (dead jobs reported to their team) and
   webhook delivery attempts past their retention (7 days).
+- retain_jobs every retention_every_s (5 s): finished jobs past their team's
+  retention are removed, walking the shard's jobs in id order from a
+  low-water mark (sql/functions/retention.sql; README "Retention").
 For the whole wheel, by one dispatcher at a time (the holder of the
 `wheel` duty lease, a row with an expiry: sql/functions/dispatch.sql):
 - cascade_wheel and sweep_passed every 30 s: far-future jobs move down as
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from collections.abc import Callable
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -48,10 +52,14 @@ class MaintenanceSchedule:
     def __init__(self, store: Store, owner: str, shards: Callable[[], list[int]], *,
                  expire_every_s: float = 1.0, purge_every_s: float = 60.0, wheel_every_s: float = 30.0,
                  stats_every_s: float = 300.0, chain_every_s: float = 0.25, load_every_s: float = 60.0,
-                 webhooks: WebhookDeliverer | None = None, webhook_every_s: float = 1.0):
+                 webhooks: WebhookDeliverer | None = None, webhook_every_s: float = 1.0,
+                 retention_s: int = 7 * 86400, retention_every_s: float = 5.0, retention_batch: int = 500):
         self.store = store
         self.webhooks = webhooks
         self.webhook_every_s = webhook_every_s
+        self.retention_s = retention_s
+        self.retention_every_s = retention_every_s
+        self.retention_batch = retention_batch
         self.owner = owner
         self.shards = shards
         self.wheel_every_s = wheel_every_s
@@ -64,6 +72,7 @@ class MaintenanceSchedule:
                             (self.expire_claims, expire_every_s), (self.purge_keys, purge_every_s),
                             (self.turn_wheel, wheel_every_s), (self.fold_stats, stats_every_s),
                             (self.purge_load, load_every_s), (self.purge_events, purge_every_s),
+                            (self.retain_jobs, retention_every_s),
                             *([(self.deliver_webhooks, webhook_every_s)] if webhooks is not None else [])):
             self.scheduler.add_job(_logged(duty), "interval", seconds=every, id=duty.__name__,
                                    next_run_time=None if duty in (self.purge_keys, self.fold_stats, self.purge_load,
@@ -90,6 +99,21 @@ class MaintenanceSchedule:
     def purge_keys(self) -> None:
         if shards := self.shards():
             self.store.purge_keys(shards)
+
+    def retain_jobs(self) -> None:
+        # Per shard of this dispatcher's, one statement each, in one round
+        # trip. A backlog (a first run over old data, an outage) is worked off
+        # in passes that follow each other until the next run is due.
+        removed = deferred = 0
+        until = time.monotonic() + 0.8 * self.retention_every_s
+        while shards := self.shards():
+            passed = self.store.retain(shards, self.retention_s, self.retention_batch)
+            removed += passed.removed
+            deferred += passed.deferred
+            if not passed.backlog or time.monotonic() >= until:
+                break
+        if removed or deferred:
+            log.info("retention: %d finished jobs removed, %d filed to be looked at again", removed, deferred)
 
     def turn_wheel(self) -> None:
         # The lease outlives two periods, so a live holder keeps it between runs.

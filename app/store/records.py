@@ -312,6 +312,7 @@ class TeamSettings:
     submit_rate: float | None = None
     submit_burst: int | None = None
     max_pending: int | None = None
+    retention_s: int | None = None     # its finished jobs are kept this long (None: the server's setting)
 
 
 @dataclass(frozen=True)
@@ -327,6 +328,28 @@ class Admitted:
     ceiling: int | None
     rate: float | None
     burst: int | None
+
+
+@dataclass(frozen=True)
+class Retained:
+    """One retention pass over some shards: jobs removed, jobs filed to be
+    looked at again later, jobs the walk visited, and the shards whose walk
+    took a full batch (a backlog: another pass would find more)."""
+    removed: int
+    deferred: int
+    walked: int
+    backlog: int
+
+
+@dataclass(frozen=True)
+class JobGone:
+    """Why a job id has no row: the time the id was made, the retention that
+    applies (seconds), and whether the id is older than that retention (a
+    finished job of that id would have been removed: expired, or never
+    existed), or younger (no such job)."""
+    made_at: dt.datetime
+    retention_s: int
+    expired: bool
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,12 @@ SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
 # In the order they are applied: later files build on earlier ones (SQL
 # function bodies are checked against the functions and tables that exist).
 TABLE_FILES = ("tables/jobs.sql", "tables/wheel.sql", "tables/series.sql", "tables/dispatch.sql",
-               "tables/stats.sql", "tables/spread.sql", "tables/admission.sql", "tables/dead.sql")
+               "tables/stats.sql", "tables/spread.sql", "tables/admission.sql", "tables/dead.sql",
+               "tables/retention.sql")
 FUNCTION_FILES = ("functions/clock.sql", "functions/ids.sql", "functions/wheel.sql", "functions/stats.sql",
                   "functions/admission.sql", "functions/spread.sql", "functions/submit.sql", "functions/series.sql",
                   "functions/chain.sql", "functions/claim.sql", "functions/outcomes.sql", "functions/dead.sql",
-                  "functions/dispatch.sql", "functions/maintenance.sql")
+                  "functions/dispatch.sql", "functions/maintenance.sql", "functions/retention.sql")
 
 # Two migrates at once wait for each other (in the same transaction as their work).
 MIGRATE_LOCK = 0x6d696e7574656861     # "minuteha"

@@ -24,11 +24,11 @@ from minutehand import metrics
 from minutehand.store import errors, repeat, schema
 from minutehand.store.queries import q
 from minutehand.store.records import (Admitted, BatchItem, ClaimRequest, Complete, DeadSettled, EdgeCell, Fail,
-                                     FlexDefault, FleetStats, FleetTeam, Heartbeat, JobEvent, JobPage, JobSpec,
-                                     JobStatus, JobSummary, Maintenance, MetricsRead, Outcome, PendingDelivery,
-                                     PlannedClaim, Release, Report, Repeat, SeriesControl, SeriesDetail, SeriesPage,
-                                     SeriesRun, SeriesSummary, Start, Submitted, Tally, TeamPage, TeamSettings,
-                                     TeamStats, TeamTerms, Webhook, WebhookDelivery)
+                                     FlexDefault, FleetStats, FleetTeam, Heartbeat, JobEvent, JobGone, JobPage,
+                                     JobSpec, JobStatus, JobSummary, Maintenance, MetricsRead, Outcome,
+                                     PendingDelivery, PlannedClaim, Release, Report, Repeat, Retained, SeriesControl,
+                                     SeriesDetail, SeriesPage, SeriesRun, SeriesSummary, Start, Submitted, Tally,
+                                     TeamPage, TeamSettings, TeamStats, TeamTerms, Webhook, WebhookDelivery)
 
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,8 @@ T = TypeVar("T")
 # A transaction the database aborted to break a deadlock or a serialization
 # conflict wrote nothing: it is tried again this many times in all.
 TRIES = 3
+# update_team: leave the team's retention as it is (None sets it back to the server's).
+KEEP = object()
 # CPU one batch may spend finding the first fire times of its cron series.
 FIRE_TIME_BUDGET_S = 1.0
 # A series' first run: its due time and its deadline (misfire skip), as
@@ -188,6 +190,8 @@ class Store:
                                    "server's max_pending_per_team)",
         "teams_submit_limit_check": "submit_burst goes with a submit_rate: set a rate too (or clear both: "
                                     "submit_rate null)",
+        "teams_retention_s_check": "retention_s must be a whole number of seconds from 1 to 315360000 (null: the "
+                                   "server's job_retention_s)",
     }
 
     def _team_refusal(self, exc: psycopg.Error) -> errors.InvalidInput:
@@ -196,15 +200,18 @@ class Store:
             constraint, f"quota, weight, submit_burst and max_pending must be whole numbers from 1 to {2**31 - 1}"))
 
     def create_team(self, name: str, *, quota: int = 1000, weight: int = 1, submit_rate: float | None = None,
-                    submit_burst: int | None = None, max_pending: int | None = None) -> str:
+                    submit_burst: int | None = None, max_pending: int | None = None,
+                    retention_s: int | None = None) -> str:
         """Create a team; returns its bearer token (only its hash is stored).
         submit_rate None: no rate limit; a rate without a burst gets one
-        second's worth. max_pending None: the server's setting applies."""
+        second's worth. max_pending None: the server's setting applies.
+        retention_s None: its finished jobs are kept as the server's setting says."""
         token = "mh_" + secrets.token_urlsafe(24)
         try:
             row = self._one("create_team", {"name": name, "quota": quota, "weight": weight,
                                             "token_hash": hash_token(token), "submit_rate": submit_rate,
-                                            "submit_burst": submit_burst, "max_pending": max_pending})
+                                            "submit_burst": submit_burst, "max_pending": max_pending,
+                                            "retention_s": retention_s})
         except (psycopg.errors.CheckViolation, psycopg.errors.NumericValueOutOfRange) as exc:
             raise self._team_refusal(exc) from None
         if row is None:
@@ -213,19 +220,22 @@ class Store:
 
     def update_team(self, name: str, *, quota: int | None = None, weight: int | None = None,
                     submit_rate: float | None | object = KEEP, submit_burst: int | None | object = KEEP,
-                    max_pending: int | None | object = KEEP) -> TeamSettings:
-        """Set a team's quota and/or weight (None keeps it) and its admission
-        limits (KEEP keeps one, None clears it), in one statement; raises
-        NotFound, or InvalidInput for a value the columns refuse. A rate
-        set without a burst keeps the burst the team had, or gets one
-        second's worth; a rate cleared clears the burst."""
-        limits = {"submit_rate": submit_rate, "submit_burst": submit_burst, "max_pending": max_pending}
-        if quota is None and weight is None and all(v is KEEP for v in limits.values()):
-            raise errors.InvalidInput("give a quota, a weight or an admission limit")
+                    max_pending: int | None | object = KEEP, retention_s: int | None | object = KEEP
+                    ) -> TeamSettings:
+        """Set a team's quota and/or weight (None keeps it), its admission
+        limits and its retention (KEEP keeps one, None clears it: no limit,
+        or the server's setting), in one statement; raises NotFound, or
+        InvalidInput for a value the columns refuse. A rate set without a
+        burst keeps the burst the team had, or gets one second's worth; a
+        rate cleared clears the burst."""
+        kept = {"submit_rate": submit_rate, "submit_burst": submit_burst, "max_pending": max_pending,
+                "retention_s": retention_s}
+        if quota is None and weight is None and all(v is KEEP for v in kept.values()):
+            raise errors.InvalidInput("give a quota, a weight, an admission limit or a retention")
         params = {"name": name, "quota": quota, "weight": weight,
                   "set_rate": submit_rate is not KEEP, "set_burst": submit_burst is not KEEP,
-                  "set_max_pending": max_pending is not KEEP,
-                  **{k: (None if v is KEEP else v) for k, v in limits.items()}}
+                  "set_max_pending": max_pending is not KEEP, "set_retention": retention_s is not KEEP,
+                  **{k: (None if v is KEEP else v) for k, v in kept.items()}}
         try:
             row = self._one("update_team", params)
         except (psycopg.errors.CheckViolation, psycopg.errors.NumericValueOutOfRange) as exc:
@@ -774,6 +784,19 @@ class Store:
     def sweep(self) -> tuple[int, int]:
         row = self._one("sweep_passed", {})
         return row["buckets"], row["carried"]
+
+    def retain(self, shards: Sequence[int], default_s: int, limit: int = 500) -> Retained:
+        """One retention pass over each shard (retain_jobs), in one round trip:
+        finished jobs past their team's retention (default_s: the server's)
+        are removed, at most `limit` filed ones and `limit` walked ones per shard."""
+        rows = self._pipelined("retain_jobs", [{"shard": s, "default_s": default_s, "limit": limit} for s in shards])
+        return Retained(sum(r["removed"] for r in rows), sum(r["deferred"] for r in rows),
+                        sum(r["walked"] for r in rows), sum(1 for r in rows if r["walked"] >= limit))
+
+    def job_gone(self, job_id: int, team: str | None, default_s: int) -> JobGone:
+        """For an id status found no job for: was it made before the
+        retention cut of `team` (None: the shortest of any team)?"""
+        return JobGone(**self._one("job_gone", {"job_id": job_id, "team": team, "default_s": default_s}))
 
     def purge_keys(self, shards: Sequence[int]) -> int:
         return sum(r["purged"] for r in self._pipelined("purge_idempotency_keys", [{"shard": s} for s in shards]))

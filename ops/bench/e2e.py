@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import psycopg
 
@@ -61,8 +62,11 @@ def submit(store: Store, jobs: int, batch: int = 10_000) -> None:
         assert all(i.error is None for i in items)
 
 
-def throughput(url: str, port: int, token: str, jobs: int, processes: int, concurrency: int) -> dict:
-    """Submit `jobs` first, then start the workers; jobs/s from first claim to last completion."""
+def throughput(url: str, port: int, token: str, jobs: int, processes: int, concurrency: int,
+               prepare: Callable[[psycopg.Connection], None] | None = None) -> dict:
+    """Submit `jobs` first, then start the workers; jobs/s from first claim to last completion.
+    prepare: called after the submission, before the workers start (the retention benchmark
+    adds finished jobs there that are neither claimed nor succeeded)."""
     with psycopg.connect(url, autocommit=True) as c:
         c.execute("TRUNCATE jobs, claim_checks")
         c.execute("TRUNCATE due_minutes")
@@ -70,6 +74,8 @@ def throughput(url: str, port: int, token: str, jobs: int, processes: int, concu
         submit(store, jobs)
     with psycopg.connect(url, autocommit=True) as c:
         c.execute("VACUUM ANALYZE jobs")
+        if prepare is not None:
+            prepare(c)
     workers = start_workers(port, token, processes, concurrency)
     deadline = time.monotonic() + 600
     try:

@@ -28,6 +28,8 @@ CREATE TABLE teams (
     submit_rate  float8 CONSTRAINT teams_submit_rate_check CHECK (submit_rate > 0 AND submit_rate <= 1000000),
     submit_burst int CONSTRAINT teams_submit_burst_check CHECK (submit_burst > 0),
     max_pending  int CONSTRAINT teams_max_pending_check CHECK (max_pending > 0),
+    -- seconds its finished jobs are kept (NULL: the server's job_retention_s)
+    retention_s int CHECK (retention_s BETWEEN 1 AND 315360000),
     CONSTRAINT teams_submit_limit_check CHECK ((submit_rate IS NULL) = (submit_burst IS NULL))
 );
 
