@@ -6,10 +6,11 @@ never import fixtures):
   in a module marked `pytestmark = pytest.mark.reused_db`), `module_dsn`,
   `module_conn`;
 - tests/fixtures/stores.py: `pinned_store` / `pinned_conn` (clock pinned to
-  support.T0, reused_db modules), `live_store` (real clock) and `token`.
+  support.T0, reused_db modules), `live_store` (real clock) and `token`;
+- tests/fixtures/processes.py: `fleet` (real dispatchers and workers, tests/fleet.py).
 
 Helpers are imported as `from tests.support import ...`, `from tests.processes
-import ...`, `from tests.worker_apps import ...`.
+import ...`, `from tests.worker_apps import ...`, `from tests.fleet import ...`.
 """
 
-pytest_plugins = ["tests.fixtures.databases", "tests.fixtures.stores"]
+pytest_plugins = ["tests.fixtures.databases", "tests.fixtures.stores", "tests.fixtures.processes"]

@@ -14,89 +14,16 @@ status 0 within its grace period and leaves nothing claimed behind.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
-import psycopg
 import pytest
 
 from minutehand.store.records import JobSpec
-from tests.processes import Process, Server, WorkerProcess, logs, wait_until
-from tests.support import make_store
-from tests.worker_apps import RUNS_DDL
-
-TEAM = "t"
-SHARDS = 256
+from tests.fleet import SHARDS, Fleet
+from tests.processes import Process, wait_until
 
 
-class Fleet:
-    def __init__(self, dsn: str):
-        self.dsn = dsn
-        self.db = psycopg.connect(dsn, autocommit=True)
-        self.db.execute(RUNS_DDL)
-        self.store = make_store(dsn, clock=None)
-        self.store.create_team(TEAM, quota=100_000)
-        self.token = self.store.create_worker_token("fleet")
-        self.procs: list[Process] = []
-
-    def server(self, *extra: str, role: str = "serve", name: str | None = None) -> Server:
-        s = Server(self.dsn, *extra, role=role, name=name)
-        self.procs.append(s)
-        return s
-
-    def worker(self, urls: list[str], grace_s: float, concurrency: int = 4, label: str = "worker") -> WorkerProcess:
-        w = WorkerProcess("recorder", urls, self.token, concurrency=concurrency, label=label,
-                          env={"MINUTEHAND_TEST_EFFECTS_DSN": self.dsn, "MINUTEHAND_WORKER_GRACE_S": str(grace_s)})
-        self.procs.append(w)
-        return w
-
-    def submit(self, n: int, **payload) -> list[int]:
-        items = self.store.submit_many(TEAM, [JobSpec(name="work", payload=dict(payload), max_attempts=5)] * n)
-        assert all(i.error is None for i in items), [i.error for i in items if i.error][:3]
-        return [i.job_id for i in items]
-
-    def one(self, sql: str, *args):
-        return self.db.execute(sql, args).fetchone()
-
-    def states(self) -> dict[str, int]:
-        return dict(self.db.execute("SELECT state::text, count(*) FROM jobs GROUP BY 1").fetchall())
-
-    def running_pids(self) -> dict[int, int]:
-        """Runs started so far, per worker pid."""
-        return dict(self.db.execute("SELECT pid, count(*) FROM runs GROUP BY 1").fetchall())
-
-    def held_by(self, pid: int) -> int:
-        """Jobs claimed or running under this worker process's id (host:pid)."""
-        return self.one("SELECT count(*) FROM jobs WHERE state IN ('claimed', 'running') AND claimed_by LIKE %s",
-                        f"%:{pid}")[0]
-
-    def owners(self) -> dict[str | None, int]:
-        return dict(self.db.execute(
-            "SELECT CASE WHEN lease_expires_at > now() THEN owner END, count(*) FROM shards GROUP BY 1").fetchall())
-
-    def twice(self) -> list[tuple]:
-        """Jobs that ran more often than they were delivered, or never."""
-        return self.db.execute(
-            """SELECT j.id, j.attempts, count(r.job_id) FROM jobs j LEFT JOIN runs r ON r.job_id = j.id
-                GROUP BY j.id, j.attempts HAVING count(r.job_id) > j.attempts OR count(r.job_id) = 0
-                LIMIT 20""").fetchall()
-
-    def logs(self) -> str:
-        return logs(*self.procs)
-
-    def stop(self) -> None:
-        for p in sorted(self.procs, key=lambda p: not isinstance(p, WorkerProcess)):
-            p.stop(timeout_s=20)
-        self.store.close()
-        self.db.close()
-
-
-@pytest.fixture
-def fleet(db_dsn: str) -> Iterator[Fleet]:
-    f = Fleet(db_dsn)
-    try:
-        yield f
-    finally:
-        f.stop()
+def submit(fleet: Fleet, n: int, **payload) -> list[int]:
+    return fleet.submit([JobSpec(name="work", payload=dict(payload), max_attempts=5) for _ in range(n)])
 
 
 def sigterm(proc: Process, limit_s: float) -> float:
@@ -117,9 +44,9 @@ def test_a_worker_finishes_its_running_jobs_and_exits(fleet: Fleet):
     grace_s = 10.0
     server = fleet.server("--claim-lease-s", "30")
     w = fleet.worker([server.url], grace_s=grace_s, concurrency=4)
-    fleet.submit(4, sleep_s=3)
+    submit(fleet, 4, sleep_s=3)
     wait_until(lambda: fleet.running_pids().get(w.pid) == 4, 30, "the worker to start 4 jobs")
-    fleet.submit(20, sleep_s=3)                    # due now, waiting for a slot: must stay scheduled
+    submit(fleet, 20, sleep_s=3)                    # due now, waiting for a slot: must stay scheduled
 
     took = sigterm(w, grace_s + 5)
     print(f"\nworker exited {took:.2f} s after SIGTERM (grace {grace_s} s), status {w.proc.returncode}")
@@ -142,7 +69,7 @@ def test_an_idle_worker_exits_within_its_long_poll(fleet: Fleet):
     print(f"\nidle worker exited {took:.2f} s after SIGTERM")
     assert w.proc.returncode == 0 and took < 12, fleet.logs()
     # A job submitted now goes to the next worker on its first attempt: the stopped one claimed nothing.
-    [job] = fleet.submit(1)
+    [job] = submit(fleet, 1)
     w2 = fleet.worker([server.url], grace_s=5)
     wait_until(lambda: fleet.states() == {"succeeded": 1}, 30, "the job to succeed")
     assert fleet.one("SELECT attempts FROM jobs WHERE id = %s", job)[0] == 1
@@ -153,7 +80,7 @@ def test_a_job_still_running_at_the_end_of_the_grace_is_failed_not_left_claimed(
     grace_s = 2.0
     server = fleet.server("--claim-lease-s", "60")
     w = fleet.worker([server.url], grace_s=grace_s, concurrency=2)
-    [slow, quick] = fleet.submit(1, sleep_s=60) + fleet.submit(1, sleep_s=0.5)
+    [slow, quick] = submit(fleet, 1, sleep_s=60) + submit(fleet, 1, sleep_s=0.5)
     wait_until(lambda: fleet.running_pids().get(w.pid) == 2, 30, "the worker to start both jobs")
 
     took = sigterm(w, grace_s + 8)
@@ -178,7 +105,7 @@ def test_a_dispatcher_gives_its_shards_back_and_loses_nothing(fleet: Fleet, role
     for i in range(2):
         fleet.worker([a.url, b.url], grace_s=20, concurrency=6, label=f"worker-{i}")
     n = 400
-    fleet.submit(n, sleep_s=0.3)
+    submit(fleet, n, sleep_s=0.3)
     wait_until(lambda: fleet.states().get("succeeded", 0) >= 40, 60, "jobs to flow")
     running_at_stop = fleet.one("SELECT count(*) FROM jobs WHERE state IN ('claimed', 'running')")[0]
 
@@ -193,7 +120,7 @@ def test_a_dispatcher_gives_its_shards_back_and_loses_nothing(fleet: Fleet, role
     wait_until(lambda: fleet.owners() == {"b": SHARDS}, 10, "b to own every shard")
 
     wait_until(lambda: fleet.states() == {"succeeded": n}, 120, f"all {n} jobs to succeed")
-    assert not fleet.twice(), (fleet.twice(), fleet.logs())
+    assert not fleet.overdelivered(), (fleet.overdelivered(), fleet.logs())
     late = fleet.one("SELECT count(*) FROM jobs WHERE attempts > 1")[0]
     print(f"jobs that needed a second attempt: {late}")
     assert late == 0, fleet.logs()

@@ -43,6 +43,13 @@ class Principal:
             raise ApiProblem(INVALID, "an admin token acts for every team: name one with ?team=NAME")
         return team
 
+    def path_team(self, name: str) -> str:
+        """The team a /v1/teams/{name}/... path names: `me` is the token's own
+        team (the admin has none), any other name as own_team says."""
+        if self.is_admin and name == "me":
+            raise ApiProblem(INVALID, "the admin token has no team of its own: name the team")
+        return self.own_team(None if name == "me" else name)
+
     def scope(self, team: str | None) -> str | None:
         """The team filter of a read or cancel by id: a team sees only its own
         jobs; the admin every team's (None), or one team's if it names one."""

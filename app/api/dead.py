@@ -136,9 +136,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
                                                     description="the next_cursor of the previous page")] = None,
         limit: Annotated[int, QueryParameter(ge=1, le=EVENTS_PAGE_MAX)] = 100,
     ) -> EventPageOut:
-        if principal.is_admin and name == "me":
-            raise ApiProblem(INVALID, "the admin token has no team of its own: name the team")
-        team = principal.own_team(None if name == "me" else name)
+        team = principal.path_team(name)
         position = decode_cursor(after) if after is not None else START
         if principal.is_admin and not await ctx.db(store.team_exists, team):
             raise ApiProblem(NOT_FOUND, f"no such team {team!r}")

@@ -162,9 +162,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
          description="The admin names any team; a team's token only its own (by its name or `me`).",
          responses=problems.responses(*COMMON, NOT_FOUND, INVALID))
     async def get_team(principal: NamedDependency[Principal], name: FromPath[str]) -> TeamOut:
-        if principal.is_admin and name == "me":
-            raise ApiProblem(INVALID, "the admin token has no team of its own: name the team")
-        team_name = principal.own_team(None if name == "me" else name)
+        team_name = principal.path_team(name)
         team = await ctx.db(store.team, team_name)
         if team is None:
             raise ApiProblem(NOT_FOUND, f"no such team {team_name!r}")

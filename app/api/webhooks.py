@@ -56,11 +56,6 @@ def secret_problem(secret: str) -> str | None:
 def routes(ctx: Context) -> list[HTTPRouteHandler]:
     store = ctx.store
 
-    def team_of(principal: Principal, name: str) -> str:
-        if principal.is_admin and name == "me":
-            raise ApiProblem(INVALID, "the admin token has no team of its own: name the team")
-        return principal.own_team(None if name == "me" else name)
-
     @put("/v1/teams/{name:str}/webhook", operation_id="setWebhook", status_code=200, security=SECURITY, tags=TAGS,
          request_max_body_size=WEBHOOK_BODY_BYTES, summary="Set a team's webhook (admin)",
          description="The team's events are POSTed to `url` in batches, signed with `secret` (header "
@@ -83,7 +78,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
                      "next try while backing off. `name`: the team, or `me`.",
          responses=problems.responses(*COMMON, NOT_FOUND, INVALID))
     async def get_webhook(principal: NamedDependency[Principal], name: FromPath[str]) -> WebhookOut:
-        team = team_of(principal, name)
+        team = principal.path_team(name)
         hook = await ctx.db(store.webhook, team)
         if hook is None:
             raise ApiProblem(NOT_FOUND, f"team {team!r} has no webhook")
@@ -106,7 +101,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
     async def webhook_deliveries(principal: NamedDependency[Principal], name: FromPath[str],
                                  limit: Annotated[int, QueryParameter(ge=1, le=DELIVERIES_MAX)] = 50
                                  ) -> DeliveriesOut:
-        team = team_of(principal, name)
+        team = principal.path_team(name)
         if principal.is_admin and not await ctx.db(store.team_exists, team):
             raise ApiProblem(NOT_FOUND, f"no such team {team!r}")
         rows = await ctx.db(store.webhook_deliveries, team, limit=limit)

@@ -56,11 +56,6 @@ def _job_name(path: object) -> str:
 def routes(ctx: Context) -> list[HTTPRouteHandler]:
     store = ctx.store
 
-    def team_of(principal: Principal, name: str) -> str:
-        if principal.is_admin and name == "me":
-            raise ApiProblem(INVALID, "the admin token has no team of its own: name the team")
-        return principal.own_team(None if name == "me" else name)
-
     async def put_window(team: str | None, job_name: str | None, data: WindowIn) -> WindowOut:
         return window_out(await ctx.db(store.set_flex_default, team, job_name, int(data.flex_s)))
 
@@ -85,7 +80,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
          responses=team_responses, exception_handlers=problems.parameters())
     async def team_windows(principal: NamedDependency[Principal], name: FromPath[str], cursor: Cursor = None,
                            limit: Limit = PAGE_MAX) -> WindowPageOut:
-        return await page(team_of(principal, name), cursor, limit)
+        return await page(principal.path_team(name), cursor, limit)
 
     @put("/v1/teams/{name:str}/windows/round-cron", operation_id="setTeamRoundCronWindow", status_code=200,
          security=SECURITY, tags=["windows"], request_max_body_size=4096,
@@ -93,14 +88,14 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
          description=f"For the team's {ROUND_CRON}. {APPLIES}", responses=team_responses)
     async def set_team_round_cron(data: JSONBody[WindowIn], principal: NamedDependency[Principal],
                                   name: FromPath[str]) -> WindowOut:
-        return await put_window(team_of(principal, name), None, data)
+        return await put_window(principal.path_team(name), None, data)
 
     @delete("/v1/teams/{name:str}/windows/round-cron", operation_id="deleteTeamRoundCronWindow", status_code=204,
             security=SECURITY, tags=["windows"], summary="Remove a team's round-cron default flex window",
             description="The operator's (if any) applies again. 404 if the team had none.",
             responses=team_responses)
     async def delete_team_round_cron(principal: NamedDependency[Principal], name: FromPath[str]) -> None:
-        return await delete_window(team_of(principal, name), None)
+        return await delete_window(principal.path_team(name), None)
 
     @put("/v1/teams/{name:str}/windows/names/{job_name:path}", operation_id="setTeamNameWindow", status_code=200,
          security=SECURITY, tags=["windows"], request_max_body_size=4096,
@@ -109,7 +104,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
          responses=team_responses)
     async def set_team_name(data: JSONBody[WindowIn], principal: NamedDependency[Principal], name: FromPath[str],
                             job_name: FromPath[str]) -> WindowOut:
-        return await put_window(team_of(principal, name), _job_name(job_name), data)
+        return await put_window(principal.path_team(name), _job_name(job_name), data)
 
     @delete("/v1/teams/{name:str}/windows/names/{job_name:path}", operation_id="deleteTeamNameWindow",
             status_code=204, security=SECURITY, tags=["windows"],
@@ -118,7 +113,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
             responses=team_responses)
     async def delete_team_name(principal: NamedDependency[Principal], name: FromPath[str],
                                job_name: FromPath[str]) -> None:
-        return await delete_window(team_of(principal, name), _job_name(job_name))
+        return await delete_window(principal.path_team(name), _job_name(job_name))
 
     # ------------------------------------------------------------ the operator's
     @get("/v1/windows", operation_id="operatorWindows", security=SECURITY, tags=["windows"],

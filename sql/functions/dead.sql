@@ -57,15 +57,18 @@ $$;
 -- counted from 0 against p_max_attempts (NULL: its own), a new life as a
 -- submission starts one (agreed run time now, no start, no claim, no
 -- deadline: a misfired run of a series is not dropped again). The last
--- error stays until the next failure replaces it. Counted as submitted
--- (a job that ends again is counted again). Due now: no planned load.
+-- error stays until the next failure replaces it. Due now: no planned
+-- load. Returns the counters of the jobs requeued (each counted as
+-- submitted: a job that ends again is counted again), for the caller to add
+-- once it has locked every job it settles: counter rows are taken after job
+-- rows, never between them (a bulk requeue holding a counter row while it
+-- waits for a job would deadlock with a single requeue of that job).
 CREATE OR REPLACE FUNCTION mh_requeue_locked(p_shard smallint, p_ids bigint[], p_max_attempts int,
-                                             p_now timestamptz) RETURNS bigint
+                                             p_now timestamptz) RETURNS stats_delta[]
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
     v_rows  due_row[];
     v_stats stats_delta[];
-    v_n     bigint;
 BEGIN
     WITH requeued AS (
         UPDATE jobs j
@@ -80,11 +83,10 @@ BEGIN
          WHERE d.shard = p_shard AND d.team_id = r.team_id AND d.name = r.name AND d.job_id = r.id
     )
     SELECT array_agg(ROW(p_shard, r.strict, r.priority, p_now, r.id, r.team_id)::due_row ORDER BY r.id),
-           array_agg(mh_submitted(p_shard, r.team_id, r.name)), count(*)
-      INTO v_rows, v_stats, v_n FROM requeued r;
+           array_agg(mh_submitted(p_shard, r.team_id, r.name))
+      INTO v_rows, v_stats FROM requeued r;
     PERFORM mh_enqueue_many(v_rows, p_now);
-    PERFORM mh_add_stats(p_now, v_stats);
-    RETURN v_n;
+    RETURN coalesce(v_stats, '{}');
 END $$;
 
 -- The same, discarded: a terminal state a requeue does not leave, kept with
@@ -139,7 +141,7 @@ BEGIN
         PERFORM mh_discard_locked(v_shard, ARRAY[p_job], v_now);
         RETURN ROW(p_job, true, 'discarded'::job_state, NULL::text)::outcome;
     END IF;
-    PERFORM mh_requeue_locked(v_shard, ARRAY[p_job], p_max_attempts, v_now);
+    PERFORM mh_add_stats(v_now, mh_requeue_locked(v_shard, ARRAY[p_job], p_max_attempts, v_now));
     RETURN ROW(p_job, true, 'scheduled'::job_state, NULL::text)::outcome;
 END $$;
 
@@ -171,9 +173,11 @@ LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
     v_now  timestamptz := mh_now();
     v_team int := mh_team_id(p_team);
-    v_ids  bigint[];
-    s      int;
-    s2     int;
+    v_ids   bigint[];
+    v_stats stats_delta[] := '{}';
+    v_got   stats_delta[];
+    s       int;
+    s2      int;
 BEGIN
     IF p_name IS NULL OR p_name !~ '^[A-Za-z0-9_.:/-]{1,200}$' THEN
         RAISE EXCEPTION USING ERRCODE = 'MH400',
@@ -202,9 +206,12 @@ BEGIN
         IF p_discard THEN
             settled := settled + mh_discard_locked(s::smallint, v_ids, v_now);
         ELSE
-            settled := settled + mh_requeue_locked(s::smallint, v_ids, p_max_attempts, v_now);
+            v_got := mh_requeue_locked(s::smallint, v_ids, p_max_attempts, v_now);
+            settled := settled + cardinality(v_got);
+            v_stats := v_stats || v_got;
         END IF;
     END LOOP;
+    PERFORM mh_add_stats(v_now, v_stats);          -- after every job row is locked
     IF settled >= p_limit AND NOT more THEN       -- the limit was reached in the last shard
         more := EXISTS (SELECT 1 FROM dead_jobs d
                          WHERE d.shard = mh_shard_count() - 1 AND d.team_id = v_team AND d.name = p_name);

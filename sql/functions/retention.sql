@@ -49,6 +49,9 @@ DECLARE
     v_gone  bigint[];
     v_later bigint[];
     v_at    timestamptz[];
+    v_dead_teams int[];
+    v_dead_names text[];
+    v_dead_ids   bigint[];
 BEGIN
     SELECT array_agg(b.id ORDER BY b.id) FILTER (WHERE b.go_at < p_now),
            array_agg(b.id) FILTER (WHERE NOT b.go_at < p_now),
@@ -82,12 +85,14 @@ BEGIN
          WHERE j.shard = p_shard AND j.id = ANY (coalesce(v_gone, '{}'))
            AND j.state IN ('succeeded', 'dead', 'cancelled', 'discarded')
         RETURNING j.team_id, j.name, j.id, j.state
-    ), letters AS (
-        DELETE FROM dead_jobs d USING gone g
-         WHERE g.state = 'dead' AND d.shard = p_shard AND d.team_id = g.team_id AND d.name = g.name
-           AND d.job_id = g.id
     )
-    SELECT count(*) INTO removed FROM gone;
+    SELECT count(*), array_agg(g.team_id) FILTER (WHERE g.state = 'dead'),
+           array_agg(g.name) FILTER (WHERE g.state = 'dead'), array_agg(g.id) FILTER (WHERE g.state = 'dead')
+      INTO removed, v_dead_teams, v_dead_names, v_dead_ids FROM gone g;
+    IF v_dead_ids IS NOT NULL THEN
+        DELETE FROM dead_jobs d USING unnest(v_dead_teams, v_dead_names, v_dead_ids) AS x(team_id, name, job_id)
+         WHERE d.shard = p_shard AND d.team_id = x.team_id AND d.name = x.name AND d.job_id = x.job_id;
+    END IF;
 
     INSERT INTO retention_checks AS c (shard, job_id, check_at)
     SELECT p_shard, l.id, l.at FROM unnest(v_later, v_at) AS l(id, at)
