@@ -35,6 +35,14 @@ class Settings:
     # Dispatcher: shard lease and worker claim periods, in seconds.
     shard_lease_s: float = 10.0
     claim_lease_s: float = 30.0
+    # Whether a round of claims waits for its commit to reach the disk. Off: a
+    # database crash may undo the last moments of claims (at most three times
+    # wal_writer_delay, 0.6 s by default): those jobs are due again, and run
+    # again if a worker already had them (its reports are refused); never
+    # lost, since the job was written durably when submitted and any later
+    # durable commit (an outcome) flushes the claim with it. On: a claim
+    # survives a crash, at one WAL flush per round.
+    claim_synchronous_commit: bool = False
     # This dispatcher's name in shard leases (empty: host:pid).
     dispatcher_name: str = ""
     # Most jobs claimed for workers in one round, and outcomes written per transaction.
@@ -118,9 +126,11 @@ class Settings:
     # an expired job from an unknown id).
     job_retention_s: int = 7 * 86400
     # How often the dispatcher's maintenance removes expired jobs, in seconds
-    # (each pass takes up to retention_batch jobs per shard it owns).
-    retention_every_s: float = 5.0
-    retention_batch: int = 500
+    # (each pass takes up to retention_batch jobs per shard it owns; passes
+    # follow each other while a backlog lasts). A pass visits every shard it
+    # owns, so it runs seldom and takes much.
+    retention_every_s: float = 30.0
+    retention_batch: int = 2000
 
     def __post_init__(self) -> None:
         for name in ("default_team_quota", "default_team_weight", "retention_batch"):

@@ -29,17 +29,23 @@ SELECT take_shard_lease(%(shard)s::int, %(owner)s::text, %(ttl_s)s::real) AS epo
 -- Give a shard up at once.
 SELECT release_shard_lease(%(shard)s::int, %(owner)s::text, %(epoch)s::bigint) AS released
 
--- name: due_edge
--- What one shard has due now (since: only what came due by the clock since
--- then), per bucket, class and team, and when it next has more. A run time before year 1 (a row written around the procedures)
--- reads as year 1: due, so the claim reaches that job and fails it alone,
--- and the reader can load it.
-SELECT bucket, strict, priority, team_id, due,
+-- name: commit_without_flush
+-- This transaction's commit does not wait for its WAL to reach the disk.
+SELECT set_config('synchronous_commit', 'off', true)
+
+-- name: due_edges
+-- What some shards have due now (since: per shard, only what came due by
+-- the clock since then; NULL: all), per shard, bucket, class and team, and
+-- for each shard one row (team_id NULL) saying when it next has more. A run
+-- time before year 1 (a row written around the procedures) reads as year 1:
+-- due, so the claim reaches that job and fails it alone, and the reader can
+-- load it.
+SELECT shard, bucket, strict, priority, team_id, due,
        CASE WHEN oldest < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'::timestamptz ELSE oldest END
            AS oldest,
        CASE WHEN next_at < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'::timestamptz ELSE next_at END
            AS next_at
-  FROM due_edge(%(shard)s::int, %(since)s::timestamptz)
+  FROM due_edges(%(shards)s::int[], %(since)s::timestamptz[])
 
 -- name: team_terms
 -- Every team's quota and weight, for sharing capacity between them.
@@ -143,6 +149,13 @@ SELECT admitted, limited_by, retry_after_s, pending, ceiling, rate, burst
 -- name: team_exists
 -- Whether a team of this name exists.
 SELECT EXISTS (SELECT 1 FROM teams WHERE name = %(name)s) AS exists
+
+-- name: shards_with_expired_claims
+-- Which of these shards have claims past their expiry (a reminder in
+-- claim_checks due by now): one index probe per shard, in one statement,
+-- so the duty that returns them runs expire_claims only where it finds work.
+SELECT u.shard FROM unnest(%(shards)s::int[]) AS u(shard)
+ WHERE EXISTS (SELECT 1 FROM claim_checks c WHERE c.shard = u.shard AND c.check_at <= mh_now())
 
 -- name: expire_claims
 -- Return one shard's expired claims to the due pool.

@@ -385,6 +385,32 @@ def test_due_edge_reads_only_the_hand_current_and_next_buckets(conn, layout):
         assert locked_due_relations(conn) - {layout["prev"], layout["cur"], nxt} == set()
 
 
+def test_the_edges_of_all_shards_read_together_touch_four_buckets(conn, layout):
+    """due_edges, the dispatcher's summary of every shard in one statement:
+    with the hands a minute behind (or two, just after the minute turned),
+    it reads the buckets from two minutes back to the next one, nothing else
+    of the wheel, each from the claim index, whatever the shard count."""
+    shards = list(range(256))
+    near = {minute_part(conn, CUR + k * MIN) for k in (-2, -1, 0, 1)}
+    with conn.transaction(force_rollback=True):
+        conn.execute("UPDATE shards SET hand = %s", (PREV,))
+        ae = AutoExplain(conn)
+        with ae:
+            rows = conn.execute("SELECT * FROM due_edges(%s, %s)", (shards, [None] * len(shards))).fetchall()
+        due = conn.execute(f"""SELECT (SELECT count(*) FROM {layout['prev']} WHERE run_at <= %(t)s)
+                                    + (SELECT count(*) FROM {layout['cur']} WHERE run_at <= %(t)s)""",
+                           {"t": T0}).fetchone()[0]
+        assert sum(r[5] for r in rows if r[4] is not None) == due > 0
+        assert len([r for r in rows if r[4] is None]) == len(shards)
+        assert layout["cur"] in ae.due_relations() <= near
+        counts = [p for p in ae.plans if "count(*)" in p["Query Text"] and "format(" not in p["Query Text"]]
+        assert counts
+        for p in counts:      # each shard's range of the claim index (a bucket none reads may plan otherwise)
+            ran = [n for n in plan_nodes(p["Plan"]) if n.get("Actual Loops", 0) > 0]
+            assert "Seq Scan" not in {n["Node Type"] for n in ran if n.get("Relation Name") != "shards"}
+        assert locked_due_relations(conn) - near == set()
+
+
 def test_planned_claim_probes_its_cells_in_one_partition(conn, layout):
     """claim_planned: one bucket's partition, an index probe per cell, the
     job records by primary key."""

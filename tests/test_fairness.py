@@ -265,3 +265,45 @@ def test_a_look_since_a_time_counts_only_what_came_due_since(db_dsn):
         s.close()
     assert sum(c.due for cells, _ in full.values() for c in cells) == 80
     assert sum(c.due for cells, _ in since.values() for c in cells) == 40
+
+
+def test_the_edges_of_many_shards_read_together_are_each_shards_own(db_dsn, db):
+    """due_edges (one statement for every shard) gives what due_edge gives
+    each shard alone, and moves the hands as it would, for hands a minute
+    behind, two just after the minute turned, far behind and never set,
+    whole reads and reads since a time."""
+    cur = T0.replace(second=0)
+    minute = dt.timedelta(minutes=1)
+    s = make_store(db_dsn, clock=cur - 3 * minute)
+    try:
+        s.create_team("t")
+        for due in (cur - 2 * minute, cur - minute, cur + dt.timedelta(seconds=5), cur + dt.timedelta(seconds=40),
+                    cur + minute + dt.timedelta(seconds=3)):
+            s.submit_many("t", [JobSpec(name="x", due_at=due, priority=due.second % 3)] * 300)
+    finally:
+        s.close()
+    shards = list(range(256))
+    hands = {sh: [cur - minute, cur - 2 * minute, cur - 10 * minute, None][sh % 4] for sh in shards}
+    with db.cursor() as c:
+        c.executemany("UPDATE shards SET hand = %s WHERE shard = %s", [(h, sh) for sh, h in hands.items()])
+    pin(db, cur + dt.timedelta(seconds=20))
+    for since in ({}, {sh: cur + dt.timedelta(seconds=2) for sh in shards if sh % 3 == 0}):
+        alone, together = {}, {}
+        with db.transaction(force_rollback=True):
+            for sh in shards:
+                rows = db.execute("SELECT * FROM due_edge(%s, %s)", (sh, since.get(sh))).fetchall()
+                alone[sh] = (sorted(rows[:-1]), rows[-1][-1])
+            moved = db.execute("SELECT shard, hand FROM shards ORDER BY shard").fetchall()
+        with db.transaction(force_rollback=True):
+            for sh, *row in db.execute("SELECT * FROM due_edges(%s, %s)",
+                                       (shards, [since.get(sh) for sh in shards])).fetchall():
+                cells, next_at = together.setdefault(sh, ([], None))
+                if row[3] is None:
+                    together[sh] = (cells, row[-1])
+                else:
+                    cells.append(tuple(row))
+            together = {sh: (sorted(cells), next_at) for sh, (cells, next_at) in together.items()}
+            assert db.execute("SELECT shard, hand FROM shards ORDER BY shard").fetchall() == moved
+        assert together == alone
+        assert sum(len(cells) for cells, _ in alone.values()) > 256
+        assert any(h == cur - minute for _, h in moved if hands[_] == cur - 2 * minute)

@@ -11,7 +11,9 @@ priority) and team, how many rows and the oldest run time (due_edge, its
 "edge"). A round pools the waiters' capacity, plans across all its shards
 which rows go (fairness.plan: order, quotas with lending, weighted
 rotation) and claims exactly those, one statement per shard and bucket, all
-in one round trip; it counts down the edges by what came back. An edge is
+in one round trip and one transaction (one commit however many shards the
+jobs trickled into); it counts down the edges by what came back. The edges
+of all the shards to look at are read in one statement too. An edge is
 read again when:
 - a NOTIFY names the shard (rows due now were added: mh_enqueue in
   sql/functions/wheel.sql; a listener thread marks those shards),
@@ -539,7 +541,8 @@ class Dispatcher:
         round_.requests, round_.goes_to, round_.planned = [], [], []
         if not requests:
             return []
-        results, refused = self.store.claim(requests, self.name, self.claim_s)
+        results, refused = self.store.claim(requests, self.name, self.claim_s,
+                                            self.settings.claim_synchronous_commit)
         metrics.CLAIM_BATCH.observe(sum(len(rows) for rows in results if not isinstance(rows, Exception)))
         if refused:
             self._drop(refused)

@@ -3,11 +3,13 @@
 Per shard, by the shard's owner only (the shards this dispatcher leases):
 - continue_series four times a second: each repeating series whose newest
   run was claimed gets its next run (sql/functions/chain.sql);
-- expire_claims every second: claims past their expiry go back to the due pool;
+- expire_claims every second: claims past their expiry go back to the due pool
+  (one statement finds the shards that have any; each of those is then its
+  own transaction);
 - purge_idempotency_keys every minute;
 - purge_events every minute: events (dead jobs reported to their team) and
   webhook delivery attempts past their retention (7 days).
-- retain_jobs every retention_every_s (5 s): finished jobs past their team's
+- retain_jobs every retention_every_s (30 s): finished jobs past their team's
   retention are removed, walking the shard's jobs in id order from a
   low-water mark (sql/functions/retention.sql; README "Retention").
 For the whole wheel, by one dispatcher at a time (the holder of the
@@ -53,7 +55,7 @@ class MaintenanceSchedule:
                  expire_every_s: float = 1.0, purge_every_s: float = 60.0, wheel_every_s: float = 30.0,
                  stats_every_s: float = 300.0, chain_every_s: float = 0.25, load_every_s: float = 60.0,
                  webhooks: WebhookDeliverer | None = None, webhook_every_s: float = 1.0,
-                 retention_s: int = 7 * 86400, retention_every_s: float = 5.0, retention_batch: int = 500):
+                 retention_s: int = 7 * 86400, retention_every_s: float = 30.0, retention_batch: int = 2000):
         self.store = store
         self.webhooks = webhooks
         self.webhook_every_s = webhook_every_s

@@ -533,6 +533,26 @@ class Store:
 
     # ------------------------------------------------------------ dispatch
     @staticmethod
+    def in_one_transaction(conn: psycopg.Connection, sql: Sequence[str], params: Sequence[dict[str, Any]]
+                           ) -> list[list[dict[str, Any]]] | None:
+        """The statements, each with its own params, in ONE transaction sent in
+        one round trip: one commit for all of them. Their rows, or None if the
+        server or the driver refused any of them (then nothing was written;
+        the caller may run them each alone to learn which). A lost
+        connection raises."""
+        cursors = []
+        try:
+            with conn.pipeline(), conn.transaction():
+                for statement, p in zip(sql, params):
+                    cursors.append(conn.cursor())
+                    cursors[-1].execute(statement, p)
+        except psycopg.Error:
+            if conn.broken:
+                raise
+            return None
+        return [cur.fetchall() for cur in cursors]
+
+    @staticmethod
     def each_alone(conn: psycopg.Connection, sql: str | Sequence[str], params: Sequence[dict[str, Any]]
                    ) -> list[list[dict[str, Any]] | Exception]:
         """The statement (or each item's own) once per item, all sent in ONE
@@ -603,18 +623,19 @@ class Store:
 
     def due_edges(self, shards: Sequence[int], since: dict[int, dt.datetime] | None = None
                   ) -> dict[int, tuple[list[EdgeCell], dt.datetime | None]]:
-        """Per shard, in one round trip: its cells due now (due_edge; for the
+        """Per shard, in one statement (due_edges): its cells due now (for the
         shards in `since`, only the rows that came due by the clock since
         then), and the next run time in its current and next buckets (None: none)."""
         since = since or {}
-        with self.connection() as conn:
-            results = self.each_alone(conn, q("due_edge"), [{"shard": s, "since": since.get(s)} for s in shards])
-        edges = {}
-        for s, rows in zip(shards, results):
-            if isinstance(rows, Exception):
-                raise rows
-            last = rows.pop()                      # the row that says when more comes due
-            edges[s] = ([EdgeCell(**{k: v for k, v in r.items() if k != "next_at"}) for r in rows], last["next_at"])
+        shards = list(shards)
+        edges: dict[int, tuple[list[EdgeCell], dt.datetime | None]] = {s: ([], None) for s in shards}
+        rows = self._all("due_edges", {"shards": shards, "since": [since.get(s) for s in shards]})
+        for r in rows:
+            shard, next_at = r.pop("shard"), r.pop("next_at")
+            if r["team_id"] is None:               # the row that says when more comes due
+                edges[shard] = (edges[shard][0], next_at)
+            else:
+                edges[shard][0].append(EdgeCell(**r))
         return edges
 
     def team_terms(self) -> list[TeamTerms]:
@@ -627,10 +648,13 @@ class Store:
             return {r["team_id"]: r["running"]
                     for r in conn.execute(q("teams_running"), {"shards": list(shards)}).fetchall()}
 
-    def claim(self, requests: Sequence[ClaimRequest | PlannedClaim], owner: str, lease_s: float
-              ) -> tuple[list[list[dict[str, Any]] | Exception], dict[int, str]]:
-        """Claims for workers, one per request, all in one round trip, each
-        its own transaction: per request, the rows claimed (claim_due, or
+    def claim(self, requests: Sequence[ClaimRequest | PlannedClaim], owner: str, lease_s: float,
+              synchronous_commit: bool = True) -> tuple[list[list[dict[str, Any]] | Exception], dict[int, str]]:
+        """Claims for workers, one per request (each statement one shard's),
+        all in one round trip and one transaction, so a round of many shards
+        waits for one commit (not for its WAL flush unless
+        synchronous_commit: see Settings.claim_synchronous_commit); if any
+        fails, each runs alone, so the others still claim. Per request, the rows claimed (claim_due, or
         claim_planned for a PlannedClaim: payload and replay as JSON text;
         due_at and run_at None where no client could read them), or the error
         that request alone met (a stale lease: StaleLease);
@@ -647,8 +671,18 @@ class Store:
                 statements.append(q("claim_due"))
                 params.append({"shard": r.shard, "limit": r.limit, "owner": owner, "epoch": r.epoch,
                                "lease_s": lease_s, "worker": r.worker, "names": r.names, "teams": r.teams})
+        # In shard order, the order the outcome batches lock team_running rows in.
+        order = sorted(range(len(requests)), key=lambda i: requests[i].shard)
         with self.connection() as conn:
-            results = self.each_alone(conn, statements, params)
+            sync = [] if synchronous_commit else [(q("commit_without_flush"), {})]
+            together = self.in_one_transaction(conn, [s for s, _ in sync] + [statements[i] for i in order],
+                                               [p for _, p in sync] + [params[i] for i in order])
+            if together is None:                  # one of them failed: each alone, so it fails alone
+                results = self.each_alone(conn, statements, params)
+            else:
+                results = [None] * len(requests)
+                for i, rows in zip(order, together[len(sync):]):
+                    results[i] = rows
         refused: dict[int, str] = {}
         for i, (r, rows) in enumerate(zip(requests, results)):
             if not isinstance(rows, Exception) and rows and rows[0]["refused"] is not None:
@@ -773,8 +807,14 @@ class Store:
 
     # ------------------------------------------------------------ maintenance
     def expire_claims(self, shards: Sequence[int]) -> tuple[int, int]:
-        """(returned, dead) over the shards."""
-        rows = self._pipelined("expire_claims", [{"shard": s} for s in shards])
+        """(returned, dead) over the shards: those with a claim past its expiry
+        found in one statement, then each of them in its own transaction (a
+        transaction over several shards' claimed jobs could lock them in
+        another order than an outcome batch does), in one round trip."""
+        due = [r["shard"] for r in self._all("shards_with_expired_claims", {"shards": list(shards)})]
+        if not due:
+            return 0, 0
+        rows = self._pipelined("expire_claims", [{"shard": s} for s in due])
         return sum(r["returned"] for r in rows), sum(r["dead"] for r in rows)
 
     def cascade(self) -> tuple[int, int]:

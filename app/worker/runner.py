@@ -104,11 +104,12 @@ class JobRunner:
                                 result=msgspec.Raw(msgspec.json.encode(lj.replay.result)))
             await self.report(run, "complete", outcome, "job_replayed", ids)
             return
-        # Heartbeats start a third of the claim period in (a timer costs less
-        # than a task, and most jobs are done by then).
+        # Heartbeats start half the claim period in (a timer costs less than
+        # a task, and most jobs are done by then: with the default 30 s claim,
+        # a job of about 10 s never beats, and never races its own outcome).
         keep_alive: list[asyncio.Task] = []
         timer = asyncio.get_running_loop().call_later(
-            job.claim_s / 3, lambda: keep_alive.append(asyncio.ensure_future(self.keep_alive(run))))
+            job.claim_s / 2, lambda: keep_alive.append(asyncio.ensure_future(self.keep_alive(run))))
         # Reported with the next batch of outcomes (or, for a job done by then,
         # covered by its completion): the job is running, no longer cancellable.
         run.outbox.send("start", Held(job_id=lj.job_id, lease_token=lj.lease_token)).add_done_callback(
@@ -167,7 +168,7 @@ class JobRunner:
 
     async def keep_alive(self, run: Running) -> None:
         """Heartbeat every third of the claim period while the handler runs
-        (started a third of the way in: the first beat goes at once); a
+        (started half way in: the first beat goes at once); a
         claim that lapses or is refused marks the job lost."""
         job = run.job
         period = job.claim_s / 3
@@ -175,6 +176,8 @@ class JobRunner:
         while True:
             now = time.monotonic()
             await asyncio.sleep(max(0.0, min(next_beat, run.deadline) - now))
+            if run.handler_done:                        # see below
+                return
             if time.monotonic() >= run.deadline:
                 run.lost = "claim expired: no heartbeat got through in time"
                 log.warning("claim_expired", **fields(self.worker_id, job_id=job.id, name=job.name, attempt=job.attempt,
@@ -187,6 +190,12 @@ class JobRunner:
                 answer = await asyncio.wait_for(asyncio.shield(beat), max(0.0, run.deadline - sent))
             except TimeoutError:
                 continue                                # the deadline check above drops the job
+            if run.handler_done:
+                # Done while the beat was out: its outcome may have been written
+                # first and the beat refused for it. The task is cancelled when
+                # the handler returns, but Python 3.11's wait_for loses a cancel
+                # that comes as the awaited answer does.
+                return
             if answer is None:                          # not delivered: try again soon
                 next_beat = time.monotonic() + min(period, 2.0)
             elif answer.ok:

@@ -16,8 +16,8 @@ How it keeps its invariants (each in its module):
 - Each dispatcher only hands out jobs of the shards it owns, so there is one
   long-poll loop per URL; a loop whose dispatcher fails backs off and
   retries, the others carry on (poller.py).
-- A claim is a lease: running jobs are renewed by heartbeat every third of
-  the claim period. A job whose claim could not be renewed in time is
+- A claim is a lease: running jobs are renewed by heartbeat from half the
+  claim period on, every third of it. A job whose claim could not be renewed in time is
   dropped (its result is not reported): the scheduler may have given it to
   another worker, and the job must not be finished twice (runner.py).
 - Outcomes go out in batches, to another dispatcher if theirs is away (outbox.py).

@@ -358,3 +358,82 @@ BEGIN
     RETURN QUERY SELECT NULL::timestamptz, NULL::boolean, NULL::smallint, NULL::int, NULL::int, NULL::timestamptz,
                         v_next;
 END $$;
+
+-- due_edge for many shards at once, in one statement, each row naming its
+-- shard (p_since: per shard, as due_edge's, NULL for a whole read). Shards
+-- whose hand is at most two minutes behind now (the steady state: a minute
+-- behind, two just after the minute turned) are read together: one
+-- statement per bucket from the oldest hand to the current one for all of
+-- them (each shard's range of the claim index, as due_edge reads it; a
+-- whole bucket read at once would also read the dead rows of its claims),
+-- their next run times in one pass, and the hands that may move (a whole read
+-- found the hand's bucket empty) moved one by one, as due_edge does. When
+-- jobs trickle in over hundreds of shards, a read costs per bucket and row,
+-- not per shard. A shard whose hand lags further (never claimed, idle a
+-- while) is read on its own by due_edge.
+CREATE OR REPLACE FUNCTION due_edges(p_shards int[], p_since timestamptz[])
+RETURNS TABLE (shard int, bucket timestamptz, strict boolean, priority smallint, team_id int, due int,
+               oldest timestamptz, next_at timestamptz)
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz := mh_now();
+    v_cur    timestamptz := mh_minute(v_now);
+    v_prev   timestamptz := v_cur - interval '1 minute';
+    v_bucket timestamptz := v_cur - interval '2 minutes';
+    v_steady int[];
+    v_starts timestamptz[];
+    v_ssince timestamptz[];
+    v_lag    int[];
+    v_lsince timestamptz[];
+    v_move   int[];
+BEGIN
+    IF cardinality(p_since) IS DISTINCT FROM cardinality(p_shards) THEN
+        RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = 'due_edges needs one since (or NULL) per shard';
+    END IF;
+    SELECT array_agg(x.shard) FILTER (WHERE x.steady), array_agg(x.start) FILTER (WHERE x.steady),
+           array_agg(x.since) FILTER (WHERE x.steady),
+           array_agg(x.shard) FILTER (WHERE NOT x.steady), array_agg(x.since) FILTER (WHERE NOT x.steady)
+      INTO v_steady, v_starts, v_ssince, v_lag, v_lsince
+      FROM (SELECT u.shard, u.since, coalesce(s.hand >= v_bucket, false) AS steady,
+                   greatest(s.hand, mh_minute(coalesce(u.since, s.hand))) AS start
+              FROM unnest(p_shards, p_since) AS u(shard, since)
+              LEFT JOIN shards s ON s.shard = u.shard) x;
+    IF v_steady IS NOT NULL THEN
+        WHILE v_bucket <= v_cur LOOP
+            RETURN QUERY EXECUTE format(
+                $f$SELECT x.shard, $4, d.strict, d.priority, d.team_id, d.due, d.oldest, NULL::timestamptz
+                     FROM unnest($1::int[], $2::timestamptz[], $3::timestamptz[]) AS x(shard, start, since)
+                    CROSS JOIN LATERAL (
+                          SELECT c.strict, c.priority, c.team_id, count(*)::int AS due, min(c.run_at) AS oldest
+                            FROM %I c
+                           WHERE c.shard = x.shard AND c.run_at <= $5 AND (x.since IS NULL OR c.run_at >= x.since)
+                           GROUP BY c.strict, c.priority, c.team_id) d
+                    WHERE x.start <= $4$f$,
+                mh_minute_part(mh_minute_slot(v_bucket)))
+              USING v_steady, v_starts, v_ssince, v_bucket, v_now;
+            v_bucket := v_bucket + interval '1 minute';
+        END LOOP;
+        RETURN QUERY EXECUTE format(
+            $f$SELECT x.shard, NULL::timestamptz, NULL::boolean, NULL::smallint, NULL::int, NULL::int,
+                      NULL::timestamptz,
+                      coalesce((SELECT min(n.run_at) FROM %1$I n WHERE n.shard = x.shard AND n.run_at > $2),
+                               (SELECT min(n.run_at) FROM %2$I n WHERE n.shard = x.shard AND n.run_at > $2))
+                 FROM unnest($1::int[]) AS x(shard)$f$,
+            mh_minute_part(mh_minute_slot(v_cur)), mh_minute_part(mh_minute_slot(v_cur + interval '1 minute')))
+          USING v_steady, v_now;
+        -- Hands two minutes behind move on over an empty bucket (whole reads only).
+        EXECUTE format(
+            $f$SELECT array_agg(x.shard) FROM unnest($1::int[], $2::timestamptz[], $3::timestamptz[]) AS x(shard, start, since)
+                WHERE x.since IS NULL AND x.start < $4
+                  AND NOT EXISTS (SELECT 1 FROM %I d WHERE d.shard = x.shard)$f$,
+            mh_minute_part(mh_minute_slot(v_cur - interval '2 minutes')))
+          INTO v_move USING v_steady, v_starts, v_ssince, v_prev;
+        PERFORM mh_move_hand(m, v_prev) FROM unnest(v_move) AS m;
+    END IF;
+    IF v_lag IS NOT NULL THEN
+        RETURN QUERY
+        SELECT x.shard, e.bucket, e.strict, e.priority, e.team_id, e.due, e.oldest, e.next_at
+          FROM unnest(v_lag, v_lsince) AS x(shard, since), LATERAL due_edge(x.shard, x.since) e;
+    END IF;
+END $$;
