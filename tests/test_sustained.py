@@ -117,23 +117,27 @@ def per_second(db: psycopg.Connection, ended: dt.datetime, wake_ups: Counter[int
     """One line per second of run time in which some job waited more than
     MAX_LAG_S: wall clock (second of the minute), jobs due, how many waited
     too long, their longest wait, when the first of them was claimed, the
-    jobs claimed in that second, and the wake-ups seen in that second."""
+    jobs claimed in that second (any run time) and by how many claims that
+    got rows, and the wake-ups seen in that second."""
     params = {"ended": ended, "max": MAX_LAG_S}
     rows = db.execute(
         f"""SELECT extract(epoch FROM date_trunc('second', run_at))::bigint, count(*),
                    count(*) FILTER (WHERE s > %(max)s), max(s), min(claimed_at) FILTER (WHERE s > %(max)s)
               FROM (SELECT run_at, claimed_at, extract(epoch FROM coalesce(claimed_at, %(ended)s) - run_at)::float8 AS s
                       FROM {JOBS}) j GROUP BY 1 ORDER BY 1""", params).fetchall()
-    claims = dict(db.execute(
-        f"""SELECT extract(epoch FROM date_trunc('second', claimed_at))::bigint, count(*)
-              FROM {JOBS} WHERE claimed_at IS NOT NULL GROUP BY 1""").fetchall())
+    # A claim statement stamps its rows with its transaction's time: distinct
+    # claimed_at values are the claims that got rows.
+    claims = {sec: (n, statements) for sec, n, statements in db.execute(
+        f"""SELECT extract(epoch FROM date_trunc('second', claimed_at))::bigint, count(*), count(DISTINCT claimed_at)
+              FROM {JOBS} WHERE claimed_at IS NOT NULL GROUP BY 1""").fetchall()}
     lines = []
     for sec, due, late, worst, first_late_claim in rows:
         if late:
             at = dt.datetime.fromtimestamp(sec, dt.timezone.utc).strftime("%H:%M:%S")
             first = first_late_claim.strftime("%H:%M:%S.%f")[:-3] if first_late_claim else "never"
             lines.append(f"{at} due {due:5d}  late {late:5d}  worst {worst:6.2f} s  first late one claimed {first}  "
-                         f"claims that second {claims.get(sec, 0):5d}  wake-ups seen {wake_ups.get(sec, 0)}")
+                         f"claimed that second {claims.get(sec, (0, 0))[0]:5d} in {claims.get(sec, (0, 0))[1]:4d} claims  "
+                         f"wake-ups seen {wake_ups.get(sec, 0)}")
     return lines
 
 

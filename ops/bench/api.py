@@ -46,14 +46,16 @@ def _free_port() -> int:
 
 
 def start_server(url: str, port: int, token: str, workers: int,
-                 settings: dict[str, str] | None = None, command: str = "serve") -> subprocess.Popen:
+                 settings: dict[str, str] | None = None, command: str = "serve", log=None) -> subprocess.Popen:
     """`minutehand serve` (or `minutehand dispatcher`: command); settings: more
-    MINUTEHAND_<NAME> values ({"JOB_RETENTION_S": "20"})."""
+    MINUTEHAND_<NAME> values ({"JOB_RETENTION_S": "20"}); log: a file for its
+    output (default: this process's)."""
     env = {**os.environ, "MINUTEHAND_DATABASE_URL": url, "MINUTEHAND_HTTP_PORT": str(port),
            "MINUTEHAND_HTTP_HOST": "127.0.0.1", "MINUTEHAND_LOG_LEVEL": "WARNING",
            "MINUTEHAND_API_SUBMIT_WORKERS": str(workers),
            **{f"MINUTEHAND_{k}": v for k, v in (settings or {}).items()}}
-    proc = subprocess.Popen([sys.executable, "-m", "minutehand.cli.main", command], env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "minutehand.cli.main", command], env=env,
+                            stdout=log, stderr=subprocess.STDOUT if log else None)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -35,6 +35,9 @@ the database or /proc, nothing from the scheduler's own code:
 - database time per procedure: pg_stat_user_functions deltas (calls/s,
   self and total ms per call, self time as a share of one core), the top
   ones by self time;
+- the warnings and errors the processes logged in the step, by kind (a
+  worker's claim_lost, a dispatcher unreachable, a maintenance run skipped);
+  each process's whole output is kept in a folder the run names;
 - the machine's load average at the step's end (a shared box).
 
 Before the steps: the floor of any PostgreSQL queue on the same server
@@ -51,8 +54,11 @@ import http.client
 import json
 import multiprocessing as mp
 import os
+import re
+import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,6 +148,51 @@ class LoadGenerator:
 
 
 # ---------------------------------------------------------------- what is read
+class LogTally:
+    """The processes' output, each in a file of its own; counts the warnings
+    and errors written since the last call: a worker's by its event name
+    (its log lines are JSON), a server's by logger and message (digits out)."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.files: dict[str, object] = {}
+        self.read_to: dict[str, int] = {}
+
+    def open(self, label: str):
+        f = open(self.folder / f"{label.replace(' ', '_')}.log", "w")
+        self.files[label] = f
+        self.read_to[label] = 0
+        return f
+
+    def since_last(self) -> Counter:
+        counts: Counter = Counter()
+        for label, f in self.files.items():
+            f.flush()
+            with open(f.name, errors="replace") as r:
+                r.seek(self.read_to[label])
+                text = r.read()
+                self.read_to[label] = r.tell()
+            for line in text.splitlines():
+                if line.startswith("{"):
+                    try:
+                        entry = json.loads(line)
+                    except ValueError:
+                        continue
+                    if entry.get("level") in ("warning", "error", "critical"):
+                        counts[f"{label.split()[0]}: {entry.get('event')}"
+                               + (f" ({entry['reason'].split(':')[0]})" if "reason" in entry else "")] += 1
+                elif " - WARNING - " in line or " - ERROR - " in line:
+                    level, rest = line.split(" - ", 1)
+                    logger = rest.split(" - ")[1] if rest.count(" - ") >= 3 else ""
+                    message = rest.rsplit(" - ", 1)[-1]
+                    counts[f"{label.split()[0]}: {level} {logger}: {re.sub(r'[0-9]+', 'N', message)[:70]}"] += 1
+        return counts
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+
+
 def cpu_seconds(pid: int, children: bool = False) -> float:
     """User + system CPU of a process (and of the children it reaped)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -232,6 +283,7 @@ class Step:
     jobs_per_call: float | None
     procedures: list[tuple[str, float, float, float, float]]   # name, calls/s, self ms/call, total ms/call, core share
     load: str
+    warnings: Counter                                          # the processes' warnings over the whole step
 
     @property
     def keeps_up(self) -> bool:
@@ -244,7 +296,8 @@ class Step:
 
 
 def run_step(rate: float, args, conn: psycopg.Connection, gen: LoadGenerator, procs: dict[str, int],
-             postmaster: int | None, claim_functions: set[str]) -> Step:
+             postmaster: int | None, claim_functions: set[str], logs: LogTally) -> Step:
+    logs.since_last()
     gen.rate.value = rate
     time.sleep(args.warmup_s)
     a = snapshot(conn, procs, postmaster)
@@ -263,7 +316,7 @@ def run_step(rate: float, args, conn: psycopg.Connection, gen: LoadGenerator, pr
                          for name, (c, t, s) in deltas.items() if c > 0), key=lambda p: -p[4])
     return Step(rate, jobs, (sent_b - sent_a) / seconds, behind_b - behind_a, refused_b - refused_a, cpu,
                 calls / seconds, jobs["claims"] / calls if calls else None, procedures[:args.procedures],
-                " ".join(Path("/proc/loadavg").read_text().split()[:3]))
+                " ".join(Path("/proc/loadavg").read_text().split()[:3]), logs.since_last())
 
 
 def report(step: Step, generator: str) -> None:
@@ -286,15 +339,17 @@ def report(step: Step, generator: str) -> None:
     print("database time per procedure (top by self time): calls/s, self ms/call, total ms/call, self share of a core")
     for name, cps, self_ms, total_ms, share in step.procedures:
         print(f"  {name:<28} {cps:9,.1f}/s {self_ms:9.3f} {total_ms:9.3f} {share * 100:6.1f}%")
+    print("warnings and errors the processes logged in the step: "
+          + ("; ".join(f"{k} x{n:,}" for k, n in step.warnings.most_common(8)) or "none"))
     print(flush=True)
 
 
 # ---------------------------------------------------------------- the run
-def readme_lag(url: str, token: str, seconds: int) -> dict:
+def readme_lag(url: str, token: str, seconds: int, log) -> dict:
     """ops.bench.e2e's start-lag step, as the README states its figure: a
     `minutehand serve` with default settings, 2 no-op workers x 100."""
     port = _free_port()
-    server = start_server(url, port, "", 2)
+    server = start_server(url, port, "", 2, log=log)
     try:
         return start_lag(url, token, port, 1000, seconds, 2, 100)
     finally:
@@ -327,25 +382,29 @@ def run(dsn: str, args) -> None:
     with Store(url) as store:
         team_token = store.create_team(TEAM, quota=10**6)
         token = store.create_worker_token("bench")
+    logs = LogTally(Path(tempfile.mkdtemp(prefix="mh-bench-sustained-logs-")))
+    print(f"the processes' output: {logs.folder}")
     if args.readme_lag_s:
-        lag = readme_lag(url, token, args.readme_lag_s)
+        lag = readme_lag(url, token, args.readme_lag_s, logs.open("readme-lag serve"))
         print(f"start lag at {lag['rate']:,.0f} jobs/s the way the README states it (ops.bench.e2e's step, "
               f"{args.readme_lag_s} s): p50 {lag['p50_ms']:.1f} ms, p99 {lag['p99_ms']:.1f} ms "
               f"({lag['jobs']:,} jobs, {lag['unclaimed']} unclaimed at the end)", flush=True)
 
     conn = psycopg.connect(url, autocommit=True)
     port = _free_port()
-    servers = [start_server(url, port, "", 2, SERVER_SETTINGS)]
+    servers = [start_server(url, port, "", 2, SERVER_SETTINGS, log=logs.open("serve"))]
     urls = [f"http://127.0.0.1:{port}"]
     workers: list = []
     gen = None
     try:
         for _ in range(args.dispatchers - 1):
             p = _free_port()
-            servers.append(start_server(url, p, "", 2, SERVER_SETTINGS, command="dispatcher"))
+            servers.append(start_server(url, p, "", 2, SERVER_SETTINGS, command="dispatcher",
+                                        log=logs.open(f"dispatcher {len(servers) + 1}")))
             urls.append(f"http://127.0.0.1:{p}")
         wait_split(conn, args.dispatchers)
-        workers = start_workers(port, token, 2, args.concurrency, "ops.bench.sleep_worker:worker", ",".join(urls))
+        workers = start_workers(port, token, 2, args.concurrency, "ops.bench.sleep_worker:worker", ",".join(urls),
+                                [logs.open(f"worker {i + 1}") for i in range(2)])
         time.sleep(3)
         gen = LoadGenerator(port, team_token, int(args.job_s * 1000))
         procs = {"serve (API + dispatcher)": servers[0].pid}
@@ -360,7 +419,7 @@ def run(dsn: str, args) -> None:
               f"steps of {args.step_s} s (figures over the last {args.step_s - args.warmup_s} s of each)", flush=True)
         steps = []
         for rate in args.rates:
-            step = run_step(rate, args, conn, gen, procs, postmaster, claim_functions)
+            step = run_step(rate, args, conn, gen, procs, postmaster, claim_functions, logs)
             steps.append(step)
             report(step, "load generator")
             if not step.keeps_up:
@@ -372,6 +431,7 @@ def run(dsn: str, args) -> None:
         for s in servers:
             stop_server(s)
         conn.close()
+        logs.close()
     summary(steps)
 
 
