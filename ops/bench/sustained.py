@@ -257,17 +257,18 @@ def job_figures(conn: psycopg.Connection, a: dt.datetime, b: dt.datetime, now: d
                   max(lag) FILTER (WHERE run_at >= %(a)s AND run_at < %(b)s),
                   count(*) FILTER (WHERE run_at >= %(a)s AND run_at < %(b)s AND claimed_at IS NULL),
                   count(*) FILTER (WHERE run_at < %(a)s AND (claimed_at IS NULL OR claimed_at >= %(a)s)),
-                  count(*) FILTER (WHERE run_at < %(b)s AND (claimed_at IS NULL OR claimed_at >= %(b)s))
-             FROM (SELECT state, run_at, claimed_at, finished_at,
+                  count(*) FILTER (WHERE run_at < %(b)s AND (claimed_at IS NULL OR claimed_at >= %(b)s)),
+                  count(*) FILTER (WHERE claimed_at >= %(a)s AND claimed_at < %(b)s AND attempts > 1)
+             FROM (SELECT state, run_at, claimed_at, finished_at, attempts,
                           extract(epoch FROM coalesce(claimed_at, %(now)s) - run_at)::float8 AS lag
                      FROM jobs) j""",
         {"a": a, "b": b, "now": now}).fetchone()
     seconds = (b - a).total_seconds()
-    done, claimed, held, p50, p99, worst, unclaimed, waiting_a, waiting_b = row
+    done, claimed, held, p50, p99, worst, unclaimed, waiting_a, waiting_b, again = row
     return {"completions_per_s": done / seconds, "completions": done, "claims": claimed,
             "claims_per_s": claimed / seconds, "running": float(held) / seconds,
             "lag_p50": p50, "lag_p99": p99, "lag_max": worst, "unclaimed": unclaimed,
-            "waiting": (waiting_a, waiting_b)}
+            "waiting": (waiting_a, waiting_b), "again": again}
 
 
 # ---------------------------------------------------------------- one step
@@ -327,7 +328,8 @@ def report(step: Step, generator: str) -> None:
           f"{step.refused} refused) — load average {step.load}"
           f"{'' if step.keeps_up else '  — CANNOT KEEP UP'}", flush=True)
     print(f"completions/s {j['completions_per_s']:,.0f}; claims/s {j['claims_per_s']:,.0f}; "
-          f"running at once {j['running']:,.0f}; due and not yet claimed {j['waiting'][0]:,} at the window's "
+          f"running at once {j['running']:,.0f}; claims of a job run before (an expired claim) {j['again']:,}; "
+          f"due and not yet claimed {j['waiting'][0]:,} at the window's "
           f"start, {j['waiting'][1]:,} at its end")
     if j["lag_p50"] is not None:
         print(f"start lag p50 {j['lag_p50'] * 1000:,.0f} ms, p99 {ge}{j['lag_p99'] * 1000:,.0f} ms, "
@@ -447,7 +449,7 @@ def run(dsn: str, args) -> None:
             step = run_step(rate, args, conn, gen, procs, postmaster, claim_functions, logs)
             steps.append(step)
             report(step, "load generator")
-            if not step.keeps_up:
+            if not step.keeps_up and not args.keep_going:
                 break
     finally:
         if gen is not None:
@@ -489,6 +491,7 @@ def main() -> None:
                         help="the functions whose calls count as claim calls (comma-separated)")
     parser.add_argument("--track-functions", choices=("pl", "all"), default="pl",
                         help="track_functions for the benchmark's database (all: SQL functions too)")
+    parser.add_argument("--keep-going", action="store_true", help="run every step, even after one fell behind")
     parser.add_argument("--procedures", type=int, default=8, help="how many procedures to list per step")
     parser.add_argument("--floor-s", type=int, default=20, help="seconds of each floor run (0: skip)")
     parser.add_argument("--readme-lag-s", type=int, default=30,
