@@ -130,7 +130,16 @@ def per_second(db: psycopg.Connection, ended: dt.datetime, wake_ups: Counter[int
     claims = {sec: (n, statements) for sec, n, statements in db.execute(
         f"""SELECT extract(epoch FROM date_trunc('second', claimed_at))::bigint, count(*), count(DISTINCT claimed_at)
               FROM {JOBS} WHERE claimed_at IS NOT NULL GROUP BY 1""").fetchall()}
+    # Jobs that waited across a minute turn: the dispatcher serves an older
+    # minute bucket first, so these show rows its plan passed over until then.
+    across = db.execute(
+        f"""SELECT count(*), count(DISTINCT shard), min(run_at), max(run_at), min(claimed_at), max(claimed_at)
+              FROM {JOBS} WHERE claimed_at - run_at > make_interval(secs => %(max)s)
+               AND date_trunc('minute', claimed_at) > date_trunc('minute', run_at)""", params).fetchone()
     lines = []
+    if across[0]:
+        lines.append(f"{across[0]:,} jobs from {across[1]} shards, due {across[2]:%H:%M:%S.%f} .. {across[3]:%H:%M:%S.%f}, "
+                     f"were claimed only after the minute turned ({across[4]:%H:%M:%S.%f} .. {across[5]:%H:%M:%S.%f})")
     for sec, due, late, worst, first_late_claim in rows:
         if late:
             at = dt.datetime.fromtimestamp(sec, dt.timezone.utc).strftime("%H:%M:%S")
