@@ -181,11 +181,12 @@ class LogTally:
                     if entry.get("level") in ("warning", "error", "critical"):
                         counts[f"{label.split()[0]}: {entry.get('event')}"
                                + (f" ({entry['reason'].split(':')[0]})" if "reason" in entry else "")] += 1
-                elif " - WARNING - " in line or " - ERROR - " in line:
-                    level, rest = line.split(" - ", 1)
-                    logger = rest.split(" - ")[1] if rest.count(" - ") >= 3 else ""
-                    message = rest.rsplit(" - ", 1)[-1]
-                    counts[f"{label.split()[0]}: {level} {logger}: {re.sub(r'[0-9]+', 'N', message)[:70]}"] += 1
+                elif line.startswith(("WARNING - ", "ERROR - ", "CRITICAL - ")):
+                    # LEVEL - time - logger - module - message (minutehand.serve's format)
+                    parts = line.split(" - ", 4)
+                    logger, message = (parts[2], parts[4]) if len(parts) == 5 else ("", parts[-1])
+                    kind = re.sub(r"[0-9]+", "N", re.sub(r'"[^"]*"', '"..."', message))[:90]
+                    counts[f"{label.split()[0]}: {parts[0]} {logger}: {kind}"] += 1
         return counts
 
     def close(self) -> None:
