@@ -56,20 +56,23 @@ def start_server(url: str, port: int, token: str, workers: int,
            **{f"MINUTEHAND_{k}": v for k, v in (settings or {}).items()}}
     proc = subprocess.Popen([sys.executable, "-m", "minutehand.cli.main", command], env=env,
                             stdout=log, stderr=subprocess.STDOUT if log else None)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited (code {proc.returncode})")
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/readyz")
-            if conn.getresponse().status == 200:
-                return proc
-        except OSError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("the server did not become ready in 30 s")
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise SystemExit(f"the server exited (code {proc.returncode})")
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                conn.request("GET", "/readyz")
+                if conn.getresponse().status == 200:
+                    return proc
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise SystemExit("the server did not become ready in 30 s")
+    except BaseException:                 # not ready, or interrupted (Ctrl-C): no server left behind
+        proc.kill()
+        raise
 
 
 def stop_server(proc: subprocess.Popen) -> None:
