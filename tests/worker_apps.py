@@ -70,3 +70,13 @@ noop = Worker()
 @noop.job("noop")
 def _noop(job: Job):
     return None
+
+
+# Returns at once on the worker's event loop: no handler thread per job, so
+# thousands of jobs a second cost the worker little (tests/test_sustained.py).
+idle = Worker()
+
+
+@idle.job("idle")
+async def _idle(job: Job):
+    return None

@@ -46,27 +46,33 @@ def _free_port() -> int:
 
 
 def start_server(url: str, port: int, token: str, workers: int,
-                 settings: dict[str, str] | None = None) -> subprocess.Popen:
-    """`minutehand serve`; settings: more MINUTEHAND_<NAME> values ({"JOB_RETENTION_S": "20"})."""
+                 settings: dict[str, str] | None = None, command: str = "serve", log=None) -> subprocess.Popen:
+    """`minutehand serve` (or `minutehand dispatcher`: command); settings: more
+    MINUTEHAND_<NAME> values ({"JOB_RETENTION_S": "20"}); log: a file for its
+    output (default: this process's)."""
     env = {**os.environ, "MINUTEHAND_DATABASE_URL": url, "MINUTEHAND_HTTP_PORT": str(port),
            "MINUTEHAND_HTTP_HOST": "127.0.0.1", "MINUTEHAND_LOG_LEVEL": "WARNING",
            "MINUTEHAND_API_SUBMIT_WORKERS": str(workers),
            **{f"MINUTEHAND_{k}": v for k, v in (settings or {}).items()}}
-    proc = subprocess.Popen([sys.executable, "-m", "minutehand.cli.main", "serve"], env=env)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited (code {proc.returncode})")
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/readyz")
-            if conn.getresponse().status == 200:
-                return proc
-        except OSError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("the server did not become ready in 30 s")
+    proc = subprocess.Popen([sys.executable, "-m", "minutehand.cli.main", command], env=env,
+                            stdout=log, stderr=subprocess.STDOUT if log else None)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise SystemExit(f"the server exited (code {proc.returncode})")
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                conn.request("GET", "/readyz")
+                if conn.getresponse().status == 200:
+                    return proc
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise SystemExit("the server did not become ready in 30 s")
+    except BaseException:                 # not ready, or interrupted (Ctrl-C): no server left behind
+        proc.kill()
+        raise
 
 
 def stop_server(proc: subprocess.Popen) -> None:

@@ -39,11 +39,15 @@ TEAM = "bench"
 
 
 def start_workers(port: int, token: str, processes: int, concurrency: int,
-                  app: str = "ops.bench.noop_worker:worker") -> list[subprocess.Popen]:
-    env = {**os.environ, "MINUTEHAND_WORKER_URLS": f"http://127.0.0.1:{port}", "MINUTEHAND_WORKER_TOKEN": token,
+                  app: str = "ops.bench.noop_worker:worker", urls: str | None = None,
+                  logs: list | None = None) -> list[subprocess.Popen]:
+    """`minutehand worker` processes of `app`, against the server on port (or
+    the comma-separated urls); logs: a file per process for its output."""
+    env = {**os.environ, "MINUTEHAND_WORKER_URLS": urls or f"http://127.0.0.1:{port}", "MINUTEHAND_WORKER_TOKEN": token,
            "MINUTEHAND_WORKER_CONCURRENCY": str(concurrency), "MINUTEHAND_LOG_LEVEL": "WARNING"}
-    return [subprocess.Popen([sys.executable, "-m", "minutehand.cli.main", "worker", app], env=env)
-            for _ in range(processes)]
+    return [subprocess.Popen([sys.executable, "-m", "minutehand.cli.main", "worker", app], env=env,
+                             stdout=logs[i] if logs else None, stderr=subprocess.STDOUT if logs else None)
+            for i in range(processes)]
 
 
 def stop_all(procs: list[subprocess.Popen]) -> None:

@@ -1,6 +1,6 @@
-"""The midnight benchmark's worker: one handler that sleeps as long as its
-job's payload says (`minutehand worker ops.bench.sleep_worker:worker`), so
-a fleet's capacity is its concurrency / that time. Async: a sleeping job
+"""The midnight and sustained benchmarks' worker: one handler that sleeps as
+long as its job's payload says (`minutehand worker ops.bench.sleep_worker:worker`),
+so a fleet's capacity is its concurrency / that time. Async: a sleeping job
 holds a slot, not a thread."""
 import asyncio
 
