@@ -53,6 +53,21 @@ def test_a_class_goes_out_before_any_row_of_a_later_one_across_shards():
     assert got[LATER, 1] == 50 and got[P0, 1] == 1000          # a later minute only after this one
 
 
+def test_within_a_class_the_shard_with_the_oldest_rows_goes_first_whatever_was_read_last():
+    """A round that takes less than is due takes the oldest rows of the class
+    first, across shards, whichever shard's edge was read last (a shard read
+    again must not fall behind the others until the minute turns)."""
+    index = DueIndex()
+    index.set_shard(7, {(P0, 1): [500, 40.0]})     # oldest row 40 s into the minute
+    index.set_shard(3, {(P0, 1): [500, 5.0]})      # oldest row 5 s in, read later
+    for _ in range(2):
+        takes = fairness.plan(300, index, {1: Budget(1, BIG)}, {})
+        assert [(t.shard, t.n) for t in takes] == [(3, 300)]
+        index.set_shard(3, {(P0, 1): [500, 5.0]})  # read again: last in the cell's order
+    index.set_shard(7, {(P0, 1): [500, 1.0]})      # now shard 7 holds the oldest
+    assert [(t.shard, t.n) for t in fairness.plan(600, index, {1: Budget(1, BIG)}, {})] == [(7, 500), (3, 100)]
+
+
 def test_quota_first_then_capacity_is_lent():
     e = edges((1, P0, 1, 1000), (2, P0, 2, 1000))
     budgets = {1: Budget(1, 80), 2: Budget(1, 20)}

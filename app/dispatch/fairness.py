@@ -4,8 +4,8 @@ dispatch round, from what the dispatcher knows is due on its shards.
 Order. Due rows fall into classes: the minute bucket they became due in,
 then strict before flexible, then higher priority. A class goes out before
 any row of a later class, across all the dispatcher's shards (within one
-class, one minute's rows, the shards are taken in no particular order;
-each shard gives its oldest rows first).
+class, one minute's rows, the shard whose oldest row is oldest first; each
+shard gives its oldest rows first).
 
 Quotas, with lending. A team may hold `headroom` more running jobs (its
 quota's share, less what it runs). Capacity is first shared among the
@@ -190,7 +190,11 @@ def plan(capacity: int, due: DueIndex, budgets: dict[int, Budget], credit: dict[
                 left -= n
     takes = []
     for key, n in given.items():
-        for shard, (count, _) in due.cells[key].items():
+        # The shards holding the oldest rows first: else a shard read again
+        # (which moves it to the end of the cell's dict) would wait behind
+        # the others whenever a round takes less than is due, until its rows
+        # fell into an older class when the minute turned.
+        for shard, (count, _) in sorted(due.cells[key].items(), key=lambda c: c[1][1]):
             if n <= 0:
                 break
             if shards is not None and shard not in shards:
