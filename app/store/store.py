@@ -975,8 +975,12 @@ class Store:
         """Audit entries with id < before, newest first (team None: every
         entry; else the entries concerning that team); one page and the
         cursor of the next (None: no more)."""
-        params = {"team": team, "before": before, "limit": limit + 1}
-        rows = self._all("admin_audit_page" if team is None else "admin_audit_team_page", params)
+        params = {"before": before, "limit": limit + 1}
+        if team is None:
+            rows = self._all("admin_audit_page", params)
+        else:
+            found = self._one("admin_team_id", {"team": team})
+            rows = self._all("admin_audit_team_page", {**params, "team": team, "team_id": found["id"]}) if found else []
         entries = [AuditEntry(**r) for r in rows[:limit]]
         return entries, (entries[-1].id if len(rows) > limit else None)
 
@@ -989,7 +993,8 @@ class Store:
             now = conn.execute(q("admin_now")).fetchone()["now"]
             minutes = [MinuteCounts(r["minute"], r["submitted"], r["started"], r["succeeded"], r["failed"], r["dead"],
                                     tuple(r["lateness_hist"]))
-                       for r in conn.execute(q("admin_minutes"), {"team": team})]
+                       for r in conn.execute(q("admin_minutes" if team is None else "admin_team_minutes"),
+                                             {"team": team})]
             running = [(r["team"], r["running"], r["quota"]) for r in conn.execute(q("metrics_running"))
                        if team is None or r["team"] == team]
             if team is not None:
