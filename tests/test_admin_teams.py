@@ -148,3 +148,10 @@ def test_the_admin_rotates_a_token_the_old_one_stops_and_the_teams_session_ends(
         assert sign_in(team, new).status_code == 303
     assert [row[:4] for row in audit(conn)] == [("admin", "rotate token", "t", True)]
     assert "mh_" not in str(audit(conn))                          # the audit never holds a token
+
+
+def test_a_malformed_page_cursor_is_refused(admin):
+    for query in ["after=Not%20A%20Name", "after=" + "a" * 64]:
+        r = admin.get(f"/admin/teams?{query}")
+        assert r.status_code == 400, query
+        assert "not understood" in r.text
