@@ -227,10 +227,9 @@ async def signin(request: Request) -> Response:
                                 error="unknown token: give the admin token (MINUTEHAND_ADMIN_TOKEN) or a team's "
                                       "token as printed when the team was created or last rotated")
     session_id, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
-    await ctx.db(ctx.store.create_admin_session, hash_token(session_id), team, token_hash, csrf,
-                 ctx.settings.admin_session_s)
     actor = "admin" if team is None else team
-    await ctx.db(ctx.store.audit, AuditNote(actor, token_hash[:12], team, "sign-in", actor))
+    await action(ctx, AuditNote(actor, token_hash[:12], team, "sign-in", actor), ctx.store.create_admin_session,
+                 hash_token(session_id), team, token_hash, csrf, ctx.settings.admin_session_s)
     response = Redirect(_safe_next(next_path), status_code=303)
     response.cookies.append(Cookie(key=SESSION_COOKIE, value=session_id, path=PREFIX, httponly=True,
                                    samesite="strict", secure=_is_tls(request),
@@ -243,8 +242,7 @@ async def signin(request: Request) -> Response:
 @post("/signout", name="admin.signout", status_code=303)
 async def signout(request: Request) -> Response:
     ctx, who = context_of(request), signed(request)
-    await ctx.db(ctx.store.end_admin_session, who.session)
-    await ctx.db(ctx.store.audit, who.note("sign-out", who.actor))
+    await action(ctx, who.note("sign-out", who.actor), ctx.store.end_admin_session, who.session)
     response = Redirect(f"{PREFIX}/signin", status_code=303)
     response.cookies.append(Cookie(key=SESSION_COOKIE, value="", path=PREFIX, max_age=0, httponly=True,
                                    samesite="strict", secure=_is_tls(request)))

@@ -958,8 +958,7 @@ class Store:
             raise
 
     def audit(self, note: AuditNote, *, ok: bool = True) -> int:
-        """Record an action whose effect is not in this database's transaction
-        (a sign-in, a sign-out); the entry's id."""
+        """Record an action with no effect in the database of its own; the entry's id."""
         return self._one("admin_audit_add", self._audit_params(note, ok=ok))["id"]
 
     @staticmethod
