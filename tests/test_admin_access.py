@@ -96,6 +96,13 @@ def test_the_admin_signs_in_with_a_session_cookie_and_is_audited(client, conn):
     assert audit_rows(conn) == [("admin", None, "sign-in", "admin", True)]
 
 
+def test_no_admin_page_can_be_framed_by_another_site(client):
+    for page in ["/admin/signin", "/admin/"]:                  # (pages: static files are not pages)
+        headers = client.get(page).headers
+        assert "frame-ancestors 'none'" in headers["content-security-policy"], page
+        assert headers["x-frame-options"] == "DENY" and headers["x-content-type-options"] == "nosniff"
+
+
 def test_the_cookie_is_secure_over_tls(conn, app):
     with TestClient(app, base_url="https://testserver.local") as c:
         r = sign_in(c, ADMIN)

@@ -15,8 +15,9 @@ runs, so nothing is changed. Handlers marked opt={"public": True} (sign-in,
 static files) are let through; the sign-in form has a CSRF token of its own
 (a cookie and a form field that must match).
 
-Pages use: `Signed` (the `who` dependency), `render` (a template with the
-common context), `action` (an audited store call), `admin_only`.
+Pages use: `Who` and `Ctx` (their dependencies: the Signed browser, the
+API's Context), `render` (a template with the common context), `action` (an
+audited store call), `admin_only`, `Refused` (see app/admin/app.py).
 """
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ from urllib.parse import quote, urlsplit
 
 from litestar import Request, Response, get, post
 from litestar.datastructures import Cookie
-from litestar.exceptions import HTTPException
 from litestar.di import NamedDependency
+from litestar.exceptions import HTTPException
 from litestar.params import SkipValidation
 from litestar.response import Redirect, Template
 
