@@ -72,8 +72,12 @@ def test_every_page_sends_a_stranger_to_the_sign_in_page(client):
         r = client.get(page, follow_redirects=False)
         assert r.status_code == 303, page
         assert r.headers["location"].startswith("/admin/signin?next="), page
-    r = client.get("/admin/teams", headers={"HX-Request": "true"}, follow_redirects=False)
-    assert r.headers["HX-Redirect"].startswith("/admin/signin")
+    r = client.get("/admin/overview/live", headers={"HX-Request": "true", "HX-Current-URL": "http://x/admin/?a=1"},
+                   follow_redirects=False)
+    assert r.status_code == 204 and r.headers["HX-Redirect"] == "/admin/signin?next=%2Fadmin%2F%3Fa%3D1"
+    r = client.get("/admin/overview/live", headers={"HX-Request": "true", "HX-Current-URL": "https://evil.example/"},
+                   follow_redirects=False)
+    assert r.headers["HX-Redirect"] == "/admin/signin?next=%2Fadmin%2F"
     # the sign-in page itself and the static files need no session
     assert client.get("/admin/signin").status_code == 200
     assert client.get("/admin/static/htmx.min.js").status_code == 200

@@ -125,3 +125,11 @@ def test_the_keyboard_reaches_the_skip_link_and_the_navigation(admin_tab):
             admin_tab.page.keyboard.press("Tab")
         admin_tab.page.keyboard.press("Enter")                   # the 7th link: Audit
     assert admin_tab.page.url.endswith("/admin/audit")
+
+
+def test_an_ended_session_takes_the_live_overview_back_to_sign_in(admin_tab, db):
+    admin_tab.goto("/admin/")
+    db.execute("DELETE FROM minutehand.admin_sessions")          # signed out elsewhere (or expired)
+    admin_tab.page.wait_for_url("**/admin/signin?next=*", timeout=25_000)   # at the next refresh
+    assert admin_tab.page.url.endswith("/admin/signin?next=%2Fadmin%2F")      # back to the page, not the fragment
+    assert admin_tab.page.locator("#token").is_visible()

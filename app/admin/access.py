@@ -132,11 +132,14 @@ def _is_tls(request: Request) -> bool:
 
 def _redirect_to_signin(request: Request) -> Response:
     target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-    location = f"{PREFIX}/signin?next={quote(target, safe='')}"
     if request.headers.get("hx-request"):
-        # htmx follows a redirect inside its fragment: tell it to load the whole page instead
+        # htmx follows a redirect inside its fragment: have it load the sign-in page whole,
+        # and come back to the page the fragment is part of
+        current = urlsplit(request.headers.get("hx-current-url", ""))
+        target = _safe_next(current.path + (f"?{current.query}" if current.query else ""))
+        location = f"{PREFIX}/signin?next={quote(target, safe='')}"
         return Response(content=b"", status_code=204, headers={"HX-Redirect": location})
-    return Redirect(location, status_code=303)
+    return Redirect(f"{PREFIX}/signin?next={quote(target, safe='')}", status_code=303)
 
 
 def _refused_page(request: Request, detail: str) -> Template:
