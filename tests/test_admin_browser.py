@@ -50,7 +50,7 @@ def test_the_overview_shows_the_fleet_and_refreshes_itself(admin_tab):
     with admin_tab.page.expect_response(lambda r: "/admin/overview/live" in r.url and r.status == 200,
                                         timeout=20_000):
         pass
-    assert admin_tab.no_sideways_scroll()
+    assert admin_tab.fits_every_size()
     admin_tab.screenshot("overview")
 
 
@@ -60,11 +60,13 @@ def test_the_dispatchers_page_shows_leases_and_the_seeded_worker(admin_tab, admi
     assert admin_site.server.name in text                     # the server's dispatcher holds shards
     assert WORKER in text
     assert str(admin_site.seeded.running[0]) in text
+    assert admin_tab.fits_every_size()
     admin_tab.screenshot("dispatchers")
 
 
 def test_the_admin_edits_a_team_and_a_bad_value_is_refused(admin_tab, db):
     admin_tab.goto("/admin/teams")
+    assert admin_tab.fits_every_size()
     admin_tab.screenshot("teams")
     admin_tab.page.click("text=alpha")
     admin_tab.page.fill("#f-quota", "77")
@@ -84,6 +86,7 @@ def test_the_admin_edits_a_team_and_a_bad_value_is_refused(admin_tab, db):
     admin_tab.goto("/admin/audit")
     first = admin_tab.page.locator("tbody tr").first.inner_text()
     assert "edit team" in first and "alpha" in first
+    assert admin_tab.fits_every_size()
     admin_tab.screenshot("audit")
 
 
