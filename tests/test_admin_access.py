@@ -16,7 +16,8 @@ from litestar.testing import TestClient
 from minutehand.serve import build
 from minutehand.settings import Settings
 from minutehand.store import migrate
-from minutehand.store.records import AuditNote
+from minutehand.store import errors
+from minutehand.store.records import AuditNote, JobSpec
 from minutehand.store.store import Store, hash_token
 
 pytestmark = pytest.mark.reused_db
@@ -242,3 +243,11 @@ def test_every_page_renders_for_the_admin_and_a_team_sees_only_what_is_its_own(c
         other = team.get("/admin/teams/u")
         assert other.status_code == 404 and "no such team" in other.text
         assert ">u<" not in team.get("/admin/teams").text
+
+
+def test_a_procedures_refusal_inside_an_audited_action_is_the_stores_error(conn, ui_store):
+    note = AuditNote("admin", "0" * 12, "t", "submit", "t")
+    with pytest.raises(errors.InvalidInput):
+        ui_store.audited(note, lambda: ui_store.submit("t", JobSpec(name="x", max_attempts=0)))
+    assert conn.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
+    assert [r[4] for r in audit_rows(conn)] == [False]

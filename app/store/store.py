@@ -12,7 +12,7 @@ import random
 import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
@@ -137,11 +137,7 @@ class Store:
         """A pooled connection, clock applied; procedure refusals become StoreErrors.
         Inside Store.audited: that transaction's connection."""
         joined = _JOINED.get()
-        if joined is not None:
-            yield joined
-            return
-        with self.pool.connection() as conn, metrics.timed(self._db_seconds):
-            self._apply_clock(conn)
+        with nullcontext(joined) if joined is not None else self._pooled() as conn:
             try:
                 yield conn
             except psycopg.Error as exc:
@@ -149,6 +145,12 @@ class Store:
                 if error is exc:
                     raise
                 raise error from exc
+
+    @contextmanager
+    def _pooled(self) -> Iterator[psycopg.Connection]:
+        with self.pool.connection() as conn, metrics.timed(self._db_seconds):
+            self._apply_clock(conn)
+            yield conn
 
     def _apply_clock(self, conn: psycopg.Connection) -> None:
         if self.clock is not None:
