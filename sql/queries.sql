@@ -634,12 +634,12 @@ SELECT a.id, a.at, a.actor, a.token_ref, t.name AS team, a.action, a.target, a.o
  ORDER BY a.id DESC
  LIMIT %(limit)s::int
 
--- name: admin_audit_team_id
--- The id of the team whose audit entries are read (no row: no such team).
+-- name: admin_team_id
+-- A team's id (no row: no such team).
 SELECT t.id FROM teams t WHERE t.name = %(team)s::text
 
 -- name: admin_audit_team_page
--- One team's audit entries (by its id, admin_audit_team_id) with id < before,
+-- One team's audit entries (by its id, admin_team_id) with id < before,
 -- newest first: keyset on admin_audit_team (or on the primary key, filtered,
 -- when the team's entries are dense; the planner weighs the two).
 SELECT a.id, a.at, a.actor, a.token_ref, %(team)s::text AS team, a.action, a.target, a.ok, a.detail

@@ -251,18 +251,3 @@ def test_a_procedures_refusal_inside_an_audited_action_is_the_stores_error(conn,
         ui_store.audited(note, lambda: ui_store.submit("t", JobSpec(name="x", max_attempts=0)))
     assert conn.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
     assert [r[4] for r in audit_rows(conn)] == [False]
-
-
-def test_a_statement_named_twice_in_queries_sql_is_refused(monkeypatch):
-    from minutehand.store import queries, sqlfiles
-
-    text = sqlfiles.read("queries.sql") + "\n-- name: admin_session\n-- again\nSELECT 1\n"
-    monkeypatch.setattr(sqlfiles, "read", lambda name: text)
-    queries.all_queries.cache_clear()
-    try:
-        with pytest.raises(ValueError, match="more than once: admin_session"):
-            queries.all_queries()
-    finally:
-        monkeypatch.undo()
-        queries.all_queries.cache_clear()
-    assert "admin_session" in queries.all_queries()

@@ -11,11 +11,7 @@ _HEADER = re.compile(r"^-- name: (\w+)\n(?:--[^\n]*\n)*", re.M)
 def all_queries() -> dict[str, str]:
     text = sqlfiles.read("queries.sql")
     parts = _HEADER.split(text)[1:]          # [name, body, name, body, ...]
-    names = parts[::2]
-    # a name given twice (two branches merged, say) would silently take the later body
-    if twice := sorted({n for n in names if names.count(n) > 1}):
-        raise ValueError(f"sql/queries.sql names these statements more than once: {', '.join(twice)}")
-    return {name: body.strip() for name, body in zip(names, parts[1::2])}
+    return {name: body.strip() for name, body in zip(parts[::2], parts[1::2])}
 
 
 def q(name: str) -> str:

@@ -980,7 +980,7 @@ class Store:
         if team is None:
             rows = self._all("admin_audit_page", params)
         else:
-            found = self._one("admin_audit_team_id", {"team": team})
+            found = self._one("admin_team_id", {"team": team})
             rows = self._all("admin_audit_team_page", {**params, "team": team, "team_id": found["id"]}) if found else []
         entries = [AuditEntry(**r) for r in rows[:limit]]
         return entries, (entries[-1].id if len(rows) > limit else None)
