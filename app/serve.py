@@ -21,6 +21,7 @@ import uvicorn
 from litestar import Litestar
 from psycopg.conninfo import make_conninfo
 
+from minutehand.admin.app import admin_ui
 from minutehand.api.admission import Admission
 from minutehand.api.app import create_app
 from minutehand.api.coalesce import SubmitCoalescer
@@ -133,7 +134,7 @@ def build(settings: Settings, store: Store | None, dispatch_store: Store | None 
         services.append(submitter)
     lifecycle = Services(*services)
     app = create_app(settings, store, head=head, submit_api=submit_api, dispatcher=dispatcher,
-                     submitter=submitter, lifecycle=lifecycle)
+                     submitter=submitter, lifecycle=lifecycle, ui=admin_ui)
     return Process(app, lifecycle, dispatcher)
 
 

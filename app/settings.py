@@ -47,6 +47,9 @@ class Settings:
     # HTTP API. The admin token acts on every team and manages teams; it is
     # compared by hash, and empty means no admin access over HTTP.
     admin_token: str = ""
+    # How long a sign-in to the admin UI (/admin) lasts, in seconds (a
+    # rotated team token, or a changed admin_token, ends it at once).
+    admin_session_s: float = 12 * 3600
     # Largest request body for one job, and for a batch, in bytes (-> 413).
     # The job payload itself is limited in SQL (mh_payload_max_bytes, 256 KiB).
     api_max_body_bytes: int = 320 * 1024

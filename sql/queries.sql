@@ -585,7 +585,7 @@ SELECT (SELECT count(*) FROM due_minutes d WHERE d.slot = %(current_slot)s::smal
           JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'due_hours'::regclass) AS hours,
        (SELECT greatest(c.reltuples, 0)::bigint FROM pg_class c WHERE c.oid = 'due_far'::regclass) AS far
 
--- ---------------------------------------------------------------- the admin UI (app/admin)
+-- ---------------------------------------------------------------- the admin UI: jobs, dead jobs, series
 -- Its job search is list_jobs (a bounded window of one team's jobs), its
 -- series pages series_detail, series_runs and list_series; what follows is
 -- only what the API has no statement for. Each reads O(page) rows whatever
@@ -668,3 +668,127 @@ SELECT n.name, c.dead
 -- The team of a series (an administrator acts through it): its primary key.
 SELECT t.name AS team FROM series s JOIN teams t ON t.id = s.team_id
  WHERE s.shard = mh_shard_of(%(series_id)s::bigint) AND s.id = %(series_id)s::bigint
+
+-- ---------------------------------------------------------------- the admin UI
+-- app/admin/: its sessions and audit log (sql/tables/admin.sql) and what its
+-- pages read. Every read is bounded by the page, the clock or the number of
+-- teams and shards, never by the number of jobs (tests/test_admin_plans.py).
+
+-- name: admin_session_create
+-- A browser signed in: the hash of its session id, its team (NULL: the
+-- admin; a team that does not exist: no session), the hash of the token it
+-- signed in with, its CSRF token; it lasts ttl_s.
+INSERT INTO admin_sessions (id_hash, team_id, token_hash, csrf, created_at, expires_at)
+SELECT %(id_hash)s::text, t.id, %(token_hash)s::text, %(csrf)s::text, mh_now(),
+       mh_now() + make_interval(secs => %(ttl_s)s::float8)
+  FROM (SELECT 1) one LEFT JOIN teams t ON t.name = %(team)s::text
+ WHERE %(team)s::text IS NULL OR t.id IS NOT NULL
+
+-- name: admin_session
+-- A live session: its team (NULL: the admin), the hash of its token, its
+-- CSRF token. No row: none, expired, or its team's token was rotated since.
+SELECT t.name AS team, s.team_id, s.token_hash, s.csrf
+  FROM admin_sessions s LEFT JOIN teams t ON t.id = s.team_id
+ WHERE s.id_hash = %(id_hash)s::text AND s.expires_at > mh_now()
+   AND (s.team_id IS NULL OR t.token_hash = s.token_hash)
+
+-- name: admin_session_end
+-- Sign out: the session is gone.
+DELETE FROM admin_sessions WHERE id_hash = %(id_hash)s::text RETURNING id_hash
+
+-- name: admin_sessions_purge
+-- Drop up to `limit` expired sessions (at each sign-in).
+DELETE FROM admin_sessions
+ WHERE id_hash IN (SELECT s.id_hash FROM admin_sessions s WHERE s.expires_at <= mh_now() LIMIT %(limit)s::int)
+
+-- name: admin_audit_add
+-- Record one action taken through the admin UI; the entry's id.
+INSERT INTO admin_audit (at, actor, token_ref, team_id, action, target, ok, detail)
+VALUES (mh_now(), %(actor)s::text, %(token_ref)s::text, (SELECT t.id FROM teams t WHERE t.name = %(team)s::text),
+        %(action)s::text, %(target)s::text, %(ok)s::boolean, %(detail)s::jsonb)
+RETURNING id
+
+-- name: admin_audit_page
+-- Every audit entry with id < before (NULL: from the newest), newest first: keyset on the primary key.
+SELECT a.id, a.at, a.actor, a.token_ref, t.name AS team, a.action, a.target, a.ok, a.detail
+  FROM admin_audit a LEFT JOIN teams t ON t.id = a.team_id
+ WHERE a.id < coalesce(%(before)s::bigint, 9223372036854775807)
+ ORDER BY a.id DESC
+ LIMIT %(limit)s::int
+
+-- name: admin_audit_team_page
+-- One team's audit entries with id < before, newest first: keyset on admin_audit_team.
+SELECT a.id, a.at, a.actor, a.token_ref, t.name AS team, a.action, a.target, a.ok, a.detail
+  FROM admin_audit a JOIN teams t ON t.id = a.team_id
+ WHERE a.team_id = (SELECT t2.id FROM teams t2 WHERE t2.name = %(team)s::text)
+   AND a.id < coalesce(%(before)s::bigint, 9223372036854775807)
+ ORDER BY a.id DESC
+ LIMIT %(limit)s::int
+
+-- name: admin_now
+-- The database's clock (tests pin it).
+SELECT mh_now() AS now
+
+-- name: admin_minutes
+-- The last hour minute by minute (the fleet, or one team): the counters of
+-- team_stats's minute rows (the roll-up leaves the last hour as minutes),
+-- through team_stats_minute, or the team's primary key; O(teams x names x
+-- stripes x 60), never the jobs.
+SELECT s.minute, sum(s.submitted)::bigint AS submitted, sum(s.started)::bigint AS started,
+       sum(s.succeeded)::bigint AS succeeded, sum(s.failed)::bigint AS failed, sum(s.dead)::bigint AS dead,
+       mh_hist_sum(array_agg(s.lateness_hist)) AS lateness_hist
+  FROM team_stats s
+ WHERE s.minute >= mh_minute(mh_now()) - interval '59 minutes' AND s.stripe >= 0
+   AND (%(team)s::text IS NULL OR s.team_id = (SELECT t.id FROM teams t WHERE t.name = %(team)s::text))
+ GROUP BY s.minute
+ ORDER BY s.minute
+
+-- name: admin_planned_minutes
+-- Jobs planned per run minute (load_minutes: every job placed adds 1 to its
+-- run minute; approximate, never decremented) from an hour back to 24 hours
+-- ahead: a range of its primary key, at most 16 stripes per minute.
+SELECT l.minute, sum(l.jobs)::bigint AS jobs
+  FROM load_minutes l
+ WHERE l.minute >= mh_minute(mh_now()) - interval '60 minutes'
+   AND l.minute < mh_minute(mh_now()) + interval '24 hours'
+ GROUP BY l.minute
+ ORDER BY l.minute
+
+-- name: admin_shards
+-- Every shard: its lease holder (NULL when free or expired), the lease's
+-- expiry, its fencing epoch and the wheel's hand on it (256 rows).
+SELECT s.shard, CASE WHEN s.lease_expires_at > mh_now() THEN s.owner END AS owner, s.owner AS last_owner,
+       s.lease_expires_at, s.epoch, s.hand
+  FROM shards s
+ ORDER BY s.shard
+
+-- name: admin_dispatchers
+-- The dispatchers that renewed their membership, and the duties' holders.
+SELECT d.name, d.expires_at, d.expires_at > mh_now() AS live,
+       (SELECT array_agg(l.duty ORDER BY l.duty) FROM duty_leases l
+         WHERE l.owner = d.name AND l.expires_at > mh_now()) AS duties
+  FROM dispatchers d
+ ORDER BY d.name
+
+-- name: admin_workers
+-- Workers seen recently: the jobs of the latest claim reminders
+-- (claim_checks, filed by each claim and each renewal) of every shard,
+-- at most `per_shard` reminders a shard and `per_claim` jobs a reminder,
+-- read by primary key and grouped by the worker that claimed them:
+-- bounded by 256 x per_shard x per_claim, never a scan of jobs.
+WITH checks AS (
+    SELECT c.shard, c.job_ids[1:%(per_claim)s::int] AS job_ids
+      FROM shards s
+     CROSS JOIN LATERAL (SELECT k.shard, k.job_ids FROM claim_checks k
+                          WHERE k.shard = s.shard AND k.check_at >= mh_now() - interval '10 minutes'
+                          ORDER BY k.check_at DESC LIMIT %(per_shard)s::int) c),
+claimed AS (SELECT DISTINCT c.shard, u.id FROM checks c CROSS JOIN LATERAL unnest(c.job_ids) u(id))
+SELECT j.claimed_by AS worker, count(*) FILTER (WHERE j.state = 'running') AS running,
+       count(*) FILTER (WHERE j.state = 'claimed') AS claimed, max(j.updated_at) AS last_seen,
+       (array_agg(j.id ORDER BY j.updated_at DESC))[1:5] AS job_ids
+  FROM claimed c JOIN jobs j ON j.shard = c.shard AND j.id = c.id
+ WHERE j.state IN ('claimed', 'running') AND j.claimed_by IS NOT NULL
+ GROUP BY j.claimed_by
+ ORDER BY last_seen DESC, worker
+ LIMIT %(limit)s::int
+

@@ -8,13 +8,15 @@ schema is served at /schema/openapi.json (and browsable at /schema).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from litestar import Litestar, get
+from litestar import Litestar, Router, get
 from litestar.params import FromPath
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.openapi.spec import Components, Link, SecurityScheme
+from litestar.template.config import TemplateConfig
 
 from minutehand import protocol
 from minutehand.api import dead, health, jobs, metrics, problems, series, teams, webhooks, windows
@@ -36,12 +38,15 @@ VERSION = "1"
 
 def create_app(settings: Settings, store: Store, *, head: str | None = None, submit_api: bool = True,
                dispatcher: Dispatcher | None = None, submitter: SubmitCoalescer | None = None,
-               lifecycle: Service | None = None) -> Litestar:
+               lifecycle: Service | None = None,
+               ui: Callable[[Context], tuple[Router, TemplateConfig]] | None = None) -> Litestar:
     """submit_api: the teams' routes (jobs, teams), single submissions sent
     through `submitter` if given; dispatcher: serve the worker protocol
     (app/api/workers.py) from it. lifecycle: the process's background
     components (app/serve.py builds them), started when the app starts and
-    stopped when it stops; the app starts nothing of its own."""
+    stopped when it stops; the app starts nothing of its own. ui: the admin
+    UI (minutehand.admin.app.admin_ui: its router and templates), mounted
+    with the teams' routes."""
     admission = submitter.admission if submitter is not None else Admission(store, settings)
     ctx = Context(settings=settings, store=store, tokens=TokenCache(settings.api_token_cache_s),
                   head=head or migrate.head(), admission=admission, submitter=submitter if submit_api else None)
@@ -59,6 +64,10 @@ def create_app(settings: Settings, store: Store, *, head: str | None = None, sub
                      *dead.routes(ctx), *webhooks.routes(ctx)]
     if dispatcher is not None:
         handlers.append(worker_routes.router(ctx, dispatcher))
+    templates = None
+    if ui is not None and submit_api:
+        admin_router, templates = ui(ctx)
+        handlers.append(admin_router)
 
     app = Litestar(
         route_handlers=handlers,
@@ -83,6 +92,7 @@ def create_app(settings: Settings, store: Store, *, head: str | None = None, sub
         request_max_body_size=settings.api_max_body_bytes,
         middleware=[metrics.requests_middleware()],
         on_startup=on_startup, on_shutdown=on_shutdown,
+        template_config=templates,
         debug=False,
     )
     app.state.ctx = ctx

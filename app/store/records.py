@@ -603,3 +603,103 @@ class PendingDelivery:
     from_id: int
     failures: int
     events: list[dict[str, Any]]
+
+
+# ---------------------------------------------------------------- the admin UI (app/admin/)
+@dataclass(frozen=True)
+class AdminSession:
+    """A signed-in browser: its team (None: the admin), the hash of the token
+    it signed in with, and the CSRF token its forms carry."""
+    team: str | None
+    token_hash: str
+    csrf: str
+
+
+@dataclass(frozen=True)
+class AuditNote:
+    """What an admin action records: who (actor: 'admin' or the signed-in
+    team; token_ref: the first 12 hex digits of the sha256 of the token it
+    signed in with), the team it concerned (None: the whole fleet), what
+    (action, target, details)."""
+    actor: str
+    token_ref: str
+    team: str | None
+    action: str
+    target: str
+    detail: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One action taken through the admin UI."""
+    id: int
+    at: dt.datetime
+    actor: str                      # 'admin' or the signed-in team
+    token_ref: str                  # the first 12 hex digits of the sha256 of the token used
+    team: str | None                # the team it concerned (None: the fleet)
+    action: str
+    target: str
+    ok: bool
+    detail: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class MinuteCounts:
+    """One minute of the counters (team_stats), the fleet's or a team's."""
+    minute: dt.datetime
+    submitted: int
+    started: int
+    succeeded: int
+    failed: int
+    dead: int
+    lateness_hist: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Overview:
+    """What the admin UI's overview shows, read without touching the jobs:
+    the last hour minute by minute; running vs quota per team; jobs planned
+    per run minute from an hour back to a day ahead (load_minutes); the
+    wheel's depth (counted in the current and next minute, estimated for
+    each level), None for a team's overview."""
+    now: dt.datetime
+    minutes: list[MinuteCounts]
+    running: list[tuple[str, int, int]]             # (team, running, quota)
+    planned: list[tuple[dt.datetime, int]]
+    depth: dict[str, int] | None
+
+
+@dataclass(frozen=True)
+class ShardLease:
+    shard: int
+    owner: str | None               # None: free, or its lease expired
+    last_owner: str | None
+    lease_expires_at: dt.datetime | None
+    epoch: int
+    hand: dt.datetime | None
+
+
+@dataclass(frozen=True)
+class DispatcherSeen:
+    name: str
+    expires_at: dt.datetime
+    live: bool
+    duties: list[str] | None
+
+
+@dataclass(frozen=True)
+class WorkerSeen:
+    """A worker holding jobs now: counts from its latest claims (sampled, see admin_workers)."""
+    worker: str
+    running: int
+    claimed: int
+    last_seen: dt.datetime
+    job_ids: list[int]
+
+
+@dataclass(frozen=True)
+class FleetView:
+    shards: list[ShardLease]
+    dispatchers: list[DispatcherSeen]
+    workers: list[WorkerSeen]
+

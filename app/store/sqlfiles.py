@@ -24,7 +24,7 @@ SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
 # function bodies are checked against the functions and tables that exist).
 TABLE_FILES = ("tables/jobs.sql", "tables/wheel.sql", "tables/series.sql", "tables/dispatch.sql",
                "tables/stats.sql", "tables/spread.sql", "tables/admission.sql", "tables/dead.sql",
-               "tables/retention.sql")
+               "tables/retention.sql", "tables/admin.sql")
 FUNCTION_FILES = ("functions/clock.sql", "functions/ids.sql", "functions/wheel.sql", "functions/stats.sql",
                   "functions/admission.sql", "functions/spread.sql", "functions/submit.sql", "functions/series.sql",
                   "functions/chain.sql", "functions/claim.sql", "functions/outcomes.sql", "functions/dead.sql",

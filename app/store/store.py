@@ -13,6 +13,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 import psycopg
@@ -23,10 +24,11 @@ from psycopg_pool import ConnectionPool
 from minutehand import metrics
 from minutehand.store import errors, repeat, schema
 from minutehand.store.queries import q
-from minutehand.store.records import (Admitted, BatchItem, ClaimRequest, Complete, DeadJob, DeadName, DeadPage,
-                                     DeadSettled, EdgeCell, Fail, FlexDefault, FleetStats, FleetTeam, Heartbeat,
-                                     JobDeath, JobEvent, JobGone, JobPage, JobRecord, JobSpec, JobStatus,
-                                     JobSummary, Maintenance, MetricsRead, Outcome,
+from minutehand.store.records import (AdminSession, Admitted, AuditEntry, AuditNote, DispatcherSeen, FleetView,
+                                     MinuteCounts, Overview, ShardLease, WorkerSeen, BatchItem, ClaimRequest, Complete,
+                                     DeadJob, DeadName, DeadPage, DeadSettled, EdgeCell, Fail, FlexDefault, FleetStats,
+                                     FleetTeam, Heartbeat, JobDeath, JobEvent, JobGone, JobPage, JobRecord, JobSpec,
+                                     JobStatus, JobSummary, Maintenance, MetricsRead, Outcome,
                                      PendingDelivery, PlannedClaim, Release, Report, Repeat, Retained, SeriesControl,
                                      SeriesDetail, SeriesPage, SeriesRun, SeriesSummary, Start, Submitted, Tally,
                                      TeamPage, TeamSettings, TeamStats, TeamTerms, Webhook, WebhookDelivery)
@@ -48,6 +50,10 @@ FirstRun = tuple[dt.datetime | None, dt.datetime | None]
 
 # update_team: a limit left as it is (None clears one).
 KEEP: Any = object()
+
+# The connection of a transaction the current thread's store calls join
+# (Store.audited: an admin action and its audit entry commit together).
+_JOINED: ContextVar[psycopg.Connection | None] = ContextVar("minutehand_store_joined", default=None)
 
 _DEFAULTS = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
              for f in dataclasses.fields(JobSpec)}
@@ -129,7 +135,12 @@ class Store:
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection]:
-        """A pooled connection, clock applied; procedure refusals become StoreErrors."""
+        """A pooled connection, clock applied; procedure refusals become StoreErrors.
+        Inside Store.audited: that transaction's connection."""
+        joined = _JOINED.get()
+        if joined is not None:
+            yield joined
+            return
         with self.pool.connection() as conn, metrics.timed(self._db_seconds):
             self._apply_clock(conn)
             try:
@@ -161,7 +172,10 @@ class Store:
         """Run a whole transaction again when the database aborted it to break
         a deadlock or a serialization conflict (it wrote nothing), up to TRIES
         times in all, after a short random pause; then Contention, which says
-        so, rather than an error that reads like the database being away."""
+        so, rather than an error that reads like the database being away.
+        Inside Store.audited the whole audited transaction is what is retried."""
+        if _JOINED.get() is not None:
+            return transaction()
         for attempt in range(1, TRIES + 1):
             try:
                 return transaction()
@@ -947,3 +961,93 @@ class Store:
 
     def maintain(self) -> Maintenance:
         return Maintenance(**self._one("maintain", {}))
+
+    # ------------------------------------------------------------ the admin UI (app/admin/)
+    def create_admin_session(self, id_hash: str, team: str | None, token_hash: str, csrf: str,
+                             ttl_s: float) -> None:
+        """A signed-in browser (team None: the admin); up to 100 expired ones are dropped first."""
+        def run() -> None:
+            with self.connection() as conn, conn.transaction():
+                conn.execute(q("admin_sessions_purge"), {"limit": 100})
+                conn.execute(q("admin_session_create"), {"id_hash": id_hash, "team": team, "token_hash": token_hash,
+                                                         "csrf": csrf, "ttl_s": ttl_s})
+        self.retrying(run)
+
+    def admin_session(self, id_hash: str) -> AdminSession | None:
+        """The live session of this id hash (None: none, expired, or its team's token rotated since)."""
+        row = self._one("admin_session", {"id_hash": id_hash})
+        return AdminSession(row["team"], row["token_hash"], row["csrf"]) if row else None
+
+    def end_admin_session(self, id_hash: str) -> None:
+        self._one("admin_session_end", {"id_hash": id_hash})
+
+    def audited(self, note: AuditNote, action: Callable[[], T]) -> T:
+        """action() (store calls) and its audit entry in one transaction: both
+        commit or neither does. A refusal (StoreError) rolls the action back
+        and is recorded on its own, ok false, then raised again."""
+        def run() -> T:
+            with self.connection() as conn, conn.transaction():
+                joined = _JOINED.set(conn)
+                try:
+                    result = action()
+                finally:
+                    _JOINED.reset(joined)
+                conn.execute(q("admin_audit_add"), self._audit_params(note, ok=True))
+            return result
+        try:
+            return self.retrying(run)
+        except errors.StoreError as exc:
+            self._one("admin_audit_add", self._audit_params(note, ok=False, refusal=exc.message))
+            raise
+
+    def audit(self, note: AuditNote, *, ok: bool = True) -> int:
+        """Record an action whose effect is not in this database's transaction
+        (a sign-in, a sign-out); the entry's id."""
+        return self._one("admin_audit_add", self._audit_params(note, ok=ok))["id"]
+
+    @staticmethod
+    def _audit_params(note: AuditNote, *, ok: bool, refusal: str | None = None) -> dict[str, Any]:
+        detail = dict(note.detail or {})
+        if refusal is not None:
+            detail["refused"] = refusal
+        return {"actor": note.actor, "token_ref": note.token_ref, "team": note.team, "action": note.action,
+                "target": note.target, "ok": ok, "detail": Jsonb(detail) if detail else None}
+
+    def audit_page(self, team: str | None, *, before: int | None = None, limit: int = 50
+                   ) -> tuple[list[AuditEntry], int | None]:
+        """Audit entries with id < before, newest first (team None: every
+        entry; else the entries concerning that team); one page and the
+        cursor of the next (None: no more)."""
+        params = {"team": team, "before": before, "limit": limit + 1}
+        rows = self._all("admin_audit_page" if team is None else "admin_audit_team_page", params)
+        entries = [AuditEntry(**r) for r in rows[:limit]]
+        return entries, (entries[-1].id if len(rows) > limit else None)
+
+    def admin_overview(self, team: str | None) -> Overview:
+        """The overview of the fleet (team None) or of one team, in one
+        snapshot; reads counters, team_running and load_minutes, never jobs."""
+        with self.connection() as conn, conn.transaction():
+            conn.execute(q("no_parallel_workers"))
+            clock = conn.execute(q("metrics_clock")).fetchone()
+            now = conn.execute(q("admin_now")).fetchone()["now"]
+            minutes = [MinuteCounts(r["minute"], r["submitted"], r["started"], r["succeeded"], r["failed"], r["dead"],
+                                    tuple(r["lateness_hist"]))
+                       for r in conn.execute(q("admin_minutes"), {"team": team})]
+            running = [(r["team"], r["running"], r["quota"]) for r in conn.execute(q("metrics_running"))
+                       if team is None or r["team"] == team]
+            if team is not None:
+                return Overview(now, minutes, running, [], None)
+            planned = [(r["minute"], r["jobs"]) for r in conn.execute(q("admin_planned_minutes"))]
+            depth = {k: int(v) for k, v in conn.execute(q("metrics_due_depth"), clock).fetchone().items()}
+            return Overview(now, minutes, sorted(running), planned, depth)
+
+    def admin_fleet(self, *, workers: int = 200, per_shard: int = 4, per_claim: int = 100) -> FleetView:
+        """Shard leases, dispatchers, and the workers holding jobs now (from
+        the latest claims: see admin_workers)."""
+        with self.connection() as conn:
+            return FleetView(
+                [ShardLease(**r) for r in conn.execute(q("admin_shards"))],
+                [DispatcherSeen(**r) for r in conn.execute(q("admin_dispatchers"))],
+                [WorkerSeen(**r) for r in conn.execute(q("admin_workers"), {"limit": workers, "per_shard": per_shard,
+                                                                          "per_claim": per_claim})])
+

@@ -1,16 +1,16 @@
 """The admin UI's indexes: dead_jobs by (team, name, job), job_events by
 (shard, job).
 
-Frozen. Revision ID: 0013
-Revises: 0012
+Frozen. Revision ID: 0014
+Revises: 0013
 """
 from pathlib import Path
 
 from minutehand.store import sqlfiles
 from minutehand.store.schema import SCHEMA
 
-revision = "0013"
-down_revision = "0012"
+revision = "0014"
+down_revision = "0013"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,4 @@
+"""The admin UI's dead pages (see app/admin/app.py for the contract)."""
+from __future__ import annotations
+
+HANDLERS: list = []
