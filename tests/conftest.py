@@ -7,10 +7,13 @@ never import fixtures):
   `module_conn`;
 - tests/fixtures/stores.py: `pinned_store` / `pinned_conn` (clock pinned to
   support.T0, reused_db modules), `live_store` (real clock) and `token`;
-- tests/fixtures/processes.py: `fleet` (real dispatchers and workers, tests/fleet.py).
+- tests/fixtures/processes.py: `fleet` (real dispatchers and workers, tests/fleet.py);
+- tests/fixtures/browser.py: the admin UI in headless Chromium (`admin_site`,
+  `browser`, `admin_tab`, `team_tab`, `anon_tab`; screenshots under test-output/).
 
 Helpers are imported as `from tests.support import ...`, `from tests.processes
 import ...`, `from tests.worker_apps import ...`, `from tests.fleet import ...`.
 """
 
-pytest_plugins = ["tests.fixtures.databases", "tests.fixtures.stores", "tests.fixtures.processes"]
+pytest_plugins = ["tests.fixtures.databases", "tests.fixtures.stores", "tests.fixtures.processes",
+                  "tests.fixtures.browser"]
