@@ -163,6 +163,8 @@ def test_search_filters_by_name_state_and_due_range(admin, ui_store, conn):
     ({"team": "t", "before": "0"}, "page cursor"),
     ({"team": "Not A Team!"}, "is not a team name"),
     ({"team": "t", "name": "x" * 300}, "at most 200 characters"),
+    ({"state": "dead"}, "needs a team"),                 # the admin must name one
+    ({"name": "mail"}, "needs a team"),
 ])
 def test_a_bad_search_is_a_400_page_that_says_why(admin, params, says):
     r = admin.get("/admin/jobs", params=params)

@@ -63,6 +63,8 @@ async def search(request: Request, who: Who, ctx: Ctx) -> Template:
         found = await ctx.db(ctx.store.job_record, job_id, scope(who), cap=0, deaths=0)
         return render(request, "jobs.html", jobs=[found[0]] if found else [], by_id=job_id, **shown)
     if team is None:
+        if name or state or due_from or due_to or before:
+            raise bad("a search by name, state, due time or page needs a team: name one (or give a job id)")
         return render(request, "jobs.html", jobs=None, **shown)
     if who.is_admin and not await ctx.db(ctx.store.team_exists, team):
         raise Refused(status_code=404, detail=f"no such team {team!r}")
