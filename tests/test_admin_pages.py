@@ -158,6 +158,8 @@ def test_search_filters_by_name_state_and_due_range(admin, ui_store, conn):
     ({"team": "t", "due_from": "yesterday"}, "due from must be a date"),
     ({"team": "t", "due_to": "2030-13-45T00:00"}, "due to must be a date"),
     ({"team": "t", "due_from": "2030-01-02T00:00", "due_to": "2030-01-01T00:00"}, "reversed"),
+    ({"team": "t", "due_from": "2030-01-01T00:00+01:00", "due_to": "2030-01-01T00:00+02:00"}, "reversed"),
+    ({"team": "t", "due_from": "0001-01-01T00:00+05:00"}, "out of range"),
     ({"team": "t", "due_from": "2030-01-01T00:00", "due_to": "2030-01-01T00:00"}, "reversed"),
     ({"team": "t", "before": "xyz"}, "page cursor"),
     ({"team": "t", "before": "0"}, "page cursor"),

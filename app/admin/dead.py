@@ -35,7 +35,7 @@ async def dead_page(request: Request, who: Who, ctx: Ctx) -> Template:
     team = team_in_view(who, text(params, "team"))
     name = a_name(text(params, "name"))
     after_id = an_id(text(params, "after_id"), "the page cursor (after_id)")
-    after_name = text(params, "after_name")
+    after_name = a_name(text(params, "after_name"))
     if (after_id is None) != (after_name is None):
         raise bad("the page cursor needs both after_name and after_id, as the Next link gives them")
     if name is not None and after_name not in (None, name):

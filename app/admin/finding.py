@@ -69,9 +69,10 @@ def a_time(value: str | None, what: str) -> dt.datetime | None:
         raise bad(f"{what} must be a date and time like 2030-01-31T14:05 (UTC), not {value[:40]!r}") from None
     if t.tzinfo is None:
         t = t.replace(tzinfo=dt.timezone.utc)
-    if not 1 <= t.year <= 9999 or t.astimezone(dt.timezone.utc).year > 9999:
-        raise bad(f"{what} is out of range")
-    return t
+    try:
+        return t.astimezone(dt.timezone.utc)
+    except OverflowError:
+        raise bad(f"{what} is out of range (years 1 to 9999)") from None
 
 
 def created_at_of(job_id: int) -> dt.datetime:

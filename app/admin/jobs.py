@@ -32,7 +32,7 @@ from minutehand.admin.finding import (JOB_STATES, a_name, a_state, a_time, an_id
 from minutehand.store.records import JobRecord
 
 PAGE = 50
-SCAN = 2000                   # a page reads at most this many of the team's jobs
+SCAN = 2000                   # a filtered page reads at most this many of the team's jobs (unfiltered: PAGE)
 JSON_CAP = 16_384             # characters of a payload or result shown
 CANCELLABLE = ("scheduled", "retrying", "claimed")       # what Store.cancel accepts: not started
 ACTIONS = {
@@ -68,8 +68,9 @@ async def search(request: Request, who: Who, ctx: Ctx) -> Template:
         return render(request, "jobs.html", jobs=None, **shown)
     if who.is_admin and not await ctx.db(ctx.store.team_exists, team):
         raise Refused(status_code=404, detail=f"no such team {team!r}")
+    filtered = bool(state or name or due_from or due_to)
     page = await ctx.db(ctx.store.list_jobs, team, state=state, name=name, due_before=due_to, due_after=due_from,
-                        before_id=before, limit=PAGE, scan=SCAN)
+                        before_id=before, limit=PAGE, scan=SCAN if filtered else PAGE)
     query = {k: v for k, v in form.items() if v and k != "id"}
     next_url = f"?{urlencode({**query, 'before': page.next_cursor})}" if page.next_cursor else None
     return render(request, "jobs.html", jobs=[_row(j, team) for j in page.jobs], next_url=next_url,
