@@ -619,14 +619,32 @@ SELECT e.at, e.attempts, e.max_attempts, e.error
  ORDER BY e.at DESC
  LIMIT %(limit)s::int
 
+-- name: admin_team_id
+-- A team's id (NULL: no such team): the dead-jobs reads below take it as
+-- a value, so the planner sees whose letters it reads.
+SELECT (SELECT t.id FROM teams t WHERE t.name = %(team)s::text) AS team_id
+
+-- The three dead-jobs reads are sent unprepared (Store.dead_jobs,
+-- dead_names), so each is planned with its values: how many dead jobs a
+-- team has of a name ranges from none to a whole backlog, and a plan made
+-- for an average team (a generic plan) could read a backlog whole. And
+-- they run with bitmap scans off (admin_index_order): a bitmap scan reads
+-- its whole index range before a LIMIT applies, so counting a backlog of
+-- 50,000 dead jobs up to 1,000 would read all 50,000; a plain index scan
+-- stops at the LIMIT.
+
+-- name: admin_index_order
+-- For the rest of this transaction: no bitmap scans (reads stop at their LIMIT).
+SELECT set_config('enable_bitmapscan', 'off', true)
+
 -- name: admin_dead_jobs
 -- One page of a team's dead jobs of every name, by (name, id) after the
 -- keyset (after_name, after_id): the page read from dead_jobs_by_team in
--- its order (index only: the shard is read from the id), then each job's
--- record by its primary key for its last error.
+-- its order (the shard is read from the id), then each job's record by its
+-- primary key for its last error.
 SELECT d.job_id, d.name, j.attempts, j.max_attempts, j.last_error, j.finished_at, j.created_at, j.requeued_at
   FROM (SELECT d.name, d.job_id FROM dead_jobs d
-         WHERE d.team_id = (SELECT t.id FROM teams t WHERE t.name = %(team)s::text)
+         WHERE d.team_id = %(team_id)s::int
            AND (d.name, d.job_id) > (%(after_name)s::text, %(after_id)s::bigint)
          ORDER BY d.name, d.job_id
          LIMIT %(limit)s::int) d
@@ -634,12 +652,11 @@ SELECT d.job_id, d.name, j.attempts, j.max_attempts, j.last_error, j.finished_at
  ORDER BY d.name, d.job_id
 
 -- name: admin_dead_jobs_of_name
--- The same for one name (a statement of its own, so that a generic plan
--- still starts and stops the index range at that name).
+-- The same for one name (a statement of its own: the index range starts
+-- and stops at that name).
 SELECT d.job_id, d.name, j.attempts, j.max_attempts, j.last_error, j.finished_at, j.created_at, j.requeued_at
   FROM (SELECT d.name, d.job_id FROM dead_jobs d
-         WHERE d.team_id = (SELECT t.id FROM teams t WHERE t.name = %(team)s::text)
-           AND d.name = %(name)s::text AND d.job_id > %(after_id)s::bigint
+         WHERE d.team_id = %(team_id)s::int AND d.name = %(name)s::text AND d.job_id > %(after_id)s::bigint
          ORDER BY d.name, d.job_id
          LIMIT %(limit)s::int) d
   JOIN jobs j ON j.shard = mh_shard_of(d.job_id) AND j.id = d.job_id
@@ -649,18 +666,18 @@ SELECT d.job_id, d.name, j.attempts, j.max_attempts, j.last_error, j.finished_at
 -- The names a team has dead jobs of (the first `names` in order), each
 -- with its count up to `cap`: a skip scan of dead_jobs_by_team, one probe
 -- per name, then at most `cap` index entries counted per name.
-WITH RECURSIVE team AS (SELECT t.id FROM teams t WHERE t.name = %(team)s::text),
-dead_names AS (
-    (SELECT d.name FROM dead_jobs d WHERE d.team_id = (SELECT id FROM team) ORDER BY d.name LIMIT 1)
+WITH RECURSIVE dead_names AS (
+    (SELECT d.name FROM dead_jobs d WHERE d.team_id = %(team_id)s::int ORDER BY d.name LIMIT 1)
     UNION ALL
     SELECT (SELECT d.name FROM dead_jobs d
-             WHERE d.team_id = (SELECT id FROM team) AND d.name > n.name ORDER BY d.name LIMIT 1)
+             WHERE d.team_id = %(team_id)s::int AND d.name > n.name ORDER BY d.name LIMIT 1)
       FROM dead_names n WHERE n.name IS NOT NULL)
 SELECT n.name, c.dead
   FROM (SELECT name FROM dead_names WHERE name IS NOT NULL LIMIT %(names)s::int) n
  CROSS JOIN LATERAL (
      SELECT count(*)::int AS dead FROM (
-         SELECT 1 FROM dead_jobs d WHERE d.team_id = (SELECT id FROM team) AND d.name = n.name
+         SELECT 1 FROM dead_jobs d WHERE d.team_id = %(team_id)s::int AND d.name = n.name
+          ORDER BY d.team_id, d.name, d.job_id      -- the index's order: read in it, stopped at the cap
           LIMIT %(cap)s::int) x) c
  ORDER BY n.name
 

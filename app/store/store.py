@@ -768,24 +768,42 @@ class Store:
             return JobRecord(**row), [JobDeath(**r) for r in found]
         return self.retrying(run)
 
+    def _in_index_order(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """A read planned with its values and no bitmap scan, so that it stops
+        at its LIMIT (sql/queries.sql, admin_index_order, says why)."""
+        def run() -> list[dict[str, Any]]:
+            with self.connection() as conn, conn.transaction():
+                conn.execute(q("admin_index_order"))
+                return conn.execute(q(name), params, prepare=False).fetchall()
+        return self.retrying(run)
+
+    def _team_id(self, team: str) -> int | None:
+        return self._one("admin_team_id", {"team": team})["team_id"]
+
     def dead_jobs(self, team: str, *, name: str | None = None, after: tuple[str, int] | None = None,
                   limit: int = 50) -> DeadPage:
         """One page of the team's dead jobs (of one name, or every name), by
         (name, id) after the keyset `after` (with a name, only its id counts),
         each with its last error."""
+        team_id = self._team_id(team)
+        if team_id is None:
+            return DeadPage([], None)
         after_name, after_id = after or ("", self._BEFORE_ALL_IDS)
+        params = {"team_id": team_id, "after_id": after_id, "limit": limit + 1}
         if name is None:
-            rows = self._all("admin_dead_jobs", {"team": team, "after_name": after_name, "after_id": after_id,
-                                                 "limit": limit + 1})
+            rows = self._in_index_order("admin_dead_jobs", {**params, "after_name": after_name})
         else:
-            rows = self._all("admin_dead_jobs_of_name", {"team": team, "name": name, "after_id": after_id,
-                                                         "limit": limit + 1})
+            rows = self._in_index_order("admin_dead_jobs_of_name", {**params, "name": name})
         jobs = [DeadJob(**r) for r in rows[:limit]]
         return DeadPage(jobs, (jobs[-1].name, jobs[-1].job_id) if len(rows) > limit else None)
 
     def dead_names(self, team: str, *, names: int = 50, cap: int = 1000) -> list[DeadName]:
         """The first `names` names the team has dead jobs of, each counted up to `cap`."""
-        return [DeadName(**r) for r in self._all("admin_dead_names", {"team": team, "names": names, "cap": cap})]
+        team_id = self._team_id(team)
+        if team_id is None:
+            return []
+        return [DeadName(**r) for r in self._in_index_order("admin_dead_names", {"team_id": team_id, "names": names,
+                                                                                  "cap": cap})]
 
     def series_team(self, series_id: int) -> str | None:
         """The team a series belongs to (None: no such series)."""
