@@ -106,6 +106,11 @@ def test_requeue_a_dead_job_and_see_it_scheduled(admin_tab, admin_site, db):
     assert db.execute("SELECT attempts, requeued_at IS NOT NULL FROM jobs WHERE id = %s",
                       (job_id,)).fetchone() == (0, True)
     assert db.execute("SELECT count(*) FROM dead_jobs WHERE job_id = %s", (job_id,)).fetchone()[0] == 0
+    # one name's dead jobs, with the form that takes them all (after a confirmation)
+    admin_tab.goto("/admin/dead?team=beta&name=beta.flaky")
+    assert admin_tab.page.locator("#dead-jobs tbody tr").count() == len(admin_site.seeded.dead["beta"])
+    assert admin_tab.page.locator("#requeue-all").is_visible()
+    admin_tab.screenshot("dead-by-name")
 
 
 def test_pause_a_series_and_see_no_new_run(admin_tab, admin_site, db):

@@ -260,14 +260,16 @@ def test_an_unknown_action_is_404(admin, ui_store):
     assert admin.post(f"/admin/jobs/{job_id}/explode", data={"csrf": csrf(admin)}).status_code == 404
 
 
-@pytest.mark.parametrize("path", ["/admin/jobs/{job}/cancel", "/admin/dead", "/admin/series/{series}/pause"])
+@pytest.mark.parametrize("path", ["/admin/jobs/{job}/cancel", "/admin/dead", "/admin/dead/all",
+                                  "/admin/series/{series}/pause"])
 @pytest.mark.parametrize("token", [None, "forged"])
 def test_a_form_without_its_csrf_token_is_refused_and_writes_nothing(admin, ui_store, conn, path, token):
     job = submit(ui_store, "t", due_at=conn.execute("SELECT now() + interval '1 hour'").fetchone()[0])
     dead = dead_job(ui_store)
     series = ui_store.submit_series("t", JobSpec(name="tick", repeat=_every(60))).series_id
     before = written(conn)
-    data = {"confirm": "yes", "team": "t", "op": "requeue", "job": str(dead), **({"csrf": token} if token else {})}
+    data = {"confirm": "yes", "team": "t", "name": "job", "op": "requeue", "job": str(dead),
+            **({"csrf": token} if token else {})}
     r = admin.post(path.format(job=job, series=series), data=data)
     assert r.status_code == 403 and "CSRF" in r.text
     assert written(conn) == before
@@ -336,6 +338,34 @@ def test_a_bad_dead_jobs_form_is_refused_and_writes_nothing(admin, ui_store, con
     dead_job(ui_store)
     before = written(conn)
     r = admin.post("/admin/dead", data={"csrf": csrf(admin), **data})
+    assert r.status_code == status and says in r.text
+    assert written(conn) == before
+
+
+def test_every_dead_job_of_a_name_after_a_confirmation(admin, ui_store, conn):
+    mail = [dead_job(ui_store, "t", "mail") for _ in range(3)]
+    other = dead_job(ui_store, "t", "sms")
+    theirs = dead_job(ui_store, "u", "mail")
+    form = {"csrf": csrf(admin), "team": "t", "name": "mail", "op": "requeue"}
+    ask = admin.post("/admin/dead/all", data=form)
+    assert ask.status_code == 200 and "every dead job of team t named mail" in ask.text
+    assert [state_of(conn, j) for j in mail] == ["dead"] * 3
+    r = admin.post("/admin/dead/all", data={**form, "confirm": "yes"}, follow_redirects=False)
+    assert r.status_code == 303 and "done=requeue%3A3" in r.headers["location"]
+    assert [state_of(conn, j) for j in mail] == ["scheduled"] * 3
+    assert (state_of(conn, other), state_of(conn, theirs)) == ("dead", "dead")
+    assert audit(conn) == [("admin", "requeue dead jobs named", "mail", True)]
+
+
+@pytest.mark.parametrize("data,status,says", [
+    ({"team": "t", "op": "requeue"}, 400, "name the team and the job name"),
+    ({"team": "t", "name": "mail", "op": "burn"}, 400, "choose requeue or discard"),
+    ({"team": "nobody", "name": "mail", "op": "requeue"}, 404, "no such team"),
+])
+def test_a_bad_name_wide_form_is_refused_and_writes_nothing(admin, ui_store, conn, data, status, says):
+    dead_job(ui_store, "t", "mail")
+    before = written(conn)
+    r = admin.post("/admin/dead/all", data={"csrf": csrf(admin), "confirm": "yes", **data})
     assert r.status_code == status and says in r.text
     assert written(conn) == before
 
@@ -417,7 +447,8 @@ def test_a_team_sees_only_its_own_jobs_even_by_url(team_t, ui_store, conn):
     token = csrf(team_t)
     for path, data in ((f"/admin/jobs/{theirs}/cancel", {}), (f"/admin/jobs/{theirs_dead}/requeue", {}),
                        (f"/admin/series/{theirs_series}/pause", {}),
-                       ("/admin/dead", {"team": "t", "op": "requeue", "job": str(theirs_dead)})):
+                       ("/admin/dead", {"team": "t", "op": "requeue", "job": str(theirs_dead)}),
+                       ("/admin/dead/all", {"team": "u", "name": "theirs", "op": "requeue"})):
         r = team_t.post(path, data={"csrf": token, "confirm": "yes", **data})
         assert r.status_code == 404, path
     assert written(conn) == before

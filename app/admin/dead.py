@@ -3,6 +3,7 @@ discard those selected.
 
     GET  /dead?team=&name=&after_name=&after_id=   the names (with counts) and one page of dead jobs
     POST /dead                                      team, op (requeue|discard), job (each selected id)
+    POST /dead/all                                  team, name, op: every dead job of the name (confirmed)
 
 Read from the dead letters (dead_jobs, a row per job while it is dead)
 through their (team, name, job) index, a page at a time by keyset; each
@@ -11,7 +12,8 @@ of the same index, each counted up to NAME_COUNT_CAP. The selected jobs are
 requeued or discarded in one audited transaction through the store methods
 the API uses (Store.requeue, Store.discard): if any of them is no longer
 dead (another browser or the API got there first), none is changed and the
-page says which.
+page says which. Every dead job of one name (an incident's backlog) is
+settled BULK at a time by the API's requeue_dead / discard_dead.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from minutehand.admin.finding import a_name, an_id, bad, settled, team_in_view, 
 PAGE = 50
 NAMES = 50
 NAME_COUNT_CAP = 1000
+BULK = 10_000                  # dead jobs of one name requeued or discarded per click
 OPS = {"requeue": "only a dead job can be requeued", "discard": "only a dead job can be discarded"}
 
 
@@ -91,4 +94,34 @@ async def settle(request: Request, who: Who, ctx: Ctx) -> Template | Redirect:
     return Redirect(f"/admin/dead?{urlencode(back)}", status_code=303)
 
 
-HANDLERS: list = [dead_page, settle]
+@post("/dead/all", name="admin.dead.all", status_code=200)
+async def settle_name(request: Request, who: Who, ctx: Ctx) -> Template | Redirect:
+    """Every dead job of one name (an incident's backlog), BULK at a time,
+    through Store.requeue_dead / discard_dead, after a confirmation."""
+    form = await request.form()
+    team = team_in_view(who, text(form, "team"))
+    name = a_name(text(form, "name"))
+    op = text(form, "op")
+    if team is None or name is None:
+        raise bad("name the team and the job name whose dead jobs these are")
+    if op not in OPS:
+        raise bad("choose requeue or discard")
+    if who.is_admin and not await ctx.db(ctx.store.team_exists, team):
+        raise Refused(status_code=404, detail=f"no such team {team!r}")
+    if form.get("confirm") != "yes":
+        verb = "Requeue" if op == "requeue" else "Discard"
+        return render(request, "confirm.html", title=f"{verb} every dead job named {name}?",
+                      what=f"{verb} every dead job of team {team} named {name} (up to {BULK:,} now)?",
+                      why=("They go back on the wheel, due now, their attempts counted again from 0."
+                           if op == "requeue" else "They are set aside for good (state discarded), errors kept."),
+                      action_url="/dead/all", button=f"{verb} them",
+                      back_url="/dead?" + urlencode({"team": team, "name": name}),
+                      danger=op == "discard", fields={"team": [team], "name": [name], "op": [op]})
+    call = ctx.store.requeue_dead if op == "requeue" else ctx.store.discard_dead
+    done = await action(ctx, who.note(f"{op} dead jobs named", name, team=team, limit=BULK),
+                        lambda: call(team, name, limit=BULK))
+    back = {"team": team, "name": name, "done": f"{op}:{done.count}" + (":more" if done.more else "")}
+    return Redirect(f"/admin/dead?{urlencode(back)}", status_code=303)
+
+
+HANDLERS: list = [dead_page, settle, settle_name]
