@@ -714,9 +714,11 @@ SELECT t.name AS team, s.team_id, s.token_hash, s.csrf
 DELETE FROM admin_sessions WHERE id_hash = %(id_hash)s::text RETURNING id_hash
 
 -- name: admin_sessions_purge
--- Drop up to `limit` expired sessions (at each sign-in).
+-- Drop up to `limit` expired sessions, the oldest first (at each sign-in):
+-- found through admin_sessions_expiry, deleted by key.
 DELETE FROM admin_sessions
- WHERE id_hash IN (SELECT s.id_hash FROM admin_sessions s WHERE s.expires_at <= mh_now() LIMIT %(limit)s::int)
+ WHERE id_hash = ANY (ARRAY(SELECT s.id_hash FROM admin_sessions s WHERE s.expires_at <= mh_now()
+                              ORDER BY s.expires_at LIMIT %(limit)s::int))
 
 -- name: admin_audit_add
 -- Record one action taken through the admin UI; the entry's id.
@@ -733,11 +735,17 @@ SELECT a.id, a.at, a.actor, a.token_ref, t.name AS team, a.action, a.target, a.o
  ORDER BY a.id DESC
  LIMIT %(limit)s::int
 
+-- name: admin_team_id
+-- A team's id (no row: no such team).
+SELECT t.id FROM teams t WHERE t.name = %(team)s::text
+
 -- name: admin_audit_team_page
--- One team's audit entries with id < before, newest first: keyset on admin_audit_team.
-SELECT a.id, a.at, a.actor, a.token_ref, t.name AS team, a.action, a.target, a.ok, a.detail
-  FROM admin_audit a JOIN teams t ON t.id = a.team_id
- WHERE a.team_id = (SELECT t2.id FROM teams t2 WHERE t2.name = %(team)s::text)
+-- One team's audit entries (by its id, admin_team_id) with id < before,
+-- newest first: keyset on admin_audit_team (or on the primary key, filtered,
+-- when the team's entries are dense; the planner weighs the two).
+SELECT a.id, a.at, a.actor, a.token_ref, %(team)s::text AS team, a.action, a.target, a.ok, a.detail
+  FROM admin_audit a
+ WHERE a.team_id = %(team_id)s::int
    AND a.id < coalesce(%(before)s::bigint, 9223372036854775807)
  ORDER BY a.id DESC
  LIMIT %(limit)s::int
@@ -747,16 +755,27 @@ SELECT a.id, a.at, a.actor, a.token_ref, t.name AS team, a.action, a.target, a.o
 SELECT mh_now() AS now
 
 -- name: admin_minutes
--- The last hour minute by minute (the fleet, or one team): the counters of
+-- The last hour minute by minute, the whole fleet: the counters of
 -- team_stats's minute rows (the roll-up leaves the last hour as minutes),
--- through team_stats_minute, or the team's primary key; O(teams x names x
--- stripes x 60), never the jobs.
+-- through team_stats_unrolled; O(teams x names x stripes x 60), never the jobs.
 SELECT s.minute, sum(s.submitted)::bigint AS submitted, sum(s.started)::bigint AS started,
        sum(s.succeeded)::bigint AS succeeded, sum(s.failed)::bigint AS failed, sum(s.dead)::bigint AS dead,
        mh_hist_sum(array_agg(s.lateness_hist)) AS lateness_hist
   FROM team_stats s
  WHERE s.minute >= mh_minute(mh_now()) - interval '59 minutes' AND s.stripe >= 0
-   AND (%(team)s::text IS NULL OR s.team_id = (SELECT t.id FROM teams t WHERE t.name = %(team)s::text))
+ GROUP BY s.minute
+ ORDER BY s.minute
+
+-- name: admin_team_minutes
+-- The same for one team, through its primary key (team_id, minute, ...).
+-- No condition on the stripe: hour rows (stripe -1) lie more than an hour
+-- back, and one would steer the plan to team_stats_unrolled, every team's.
+SELECT s.minute, sum(s.submitted)::bigint AS submitted, sum(s.started)::bigint AS started,
+       sum(s.succeeded)::bigint AS succeeded, sum(s.failed)::bigint AS failed, sum(s.dead)::bigint AS dead,
+       mh_hist_sum(array_agg(s.lateness_hist)) AS lateness_hist
+  FROM team_stats s
+ WHERE s.team_id = (SELECT t.id FROM teams t WHERE t.name = %(team)s::text)
+   AND s.minute >= mh_minute(mh_now()) - interval '59 minutes'
  GROUP BY s.minute
  ORDER BY s.minute
 

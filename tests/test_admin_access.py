@@ -16,7 +16,8 @@ from litestar.testing import TestClient
 from minutehand.serve import build
 from minutehand.settings import Settings
 from minutehand.store import migrate
-from minutehand.store.records import AuditNote
+from minutehand.store import errors
+from minutehand.store.records import AuditNote, JobSpec
 from minutehand.store.store import Store, hash_token
 
 pytestmark = pytest.mark.reused_db
@@ -72,8 +73,12 @@ def test_every_page_sends_a_stranger_to_the_sign_in_page(client):
         r = client.get(page, follow_redirects=False)
         assert r.status_code == 303, page
         assert r.headers["location"].startswith("/admin/signin?next="), page
-    r = client.get("/admin/teams", headers={"HX-Request": "true"}, follow_redirects=False)
-    assert r.headers["HX-Redirect"].startswith("/admin/signin")
+    r = client.get("/admin/overview/live", headers={"HX-Request": "true", "HX-Current-URL": "http://x/admin/?a=1"},
+                   follow_redirects=False)
+    assert r.status_code == 204 and r.headers["HX-Redirect"] == "/admin/signin?next=%2Fadmin%2F%3Fa%3D1"
+    r = client.get("/admin/overview/live", headers={"HX-Request": "true", "HX-Current-URL": "https://evil.example/"},
+                   follow_redirects=False)
+    assert r.headers["HX-Redirect"] == "/admin/signin?next=%2Fadmin%2F"
     # the sign-in page itself and the static files need no session
     assert client.get("/admin/signin").status_code == 200
     assert client.get("/admin/static/htmx.min.js").status_code == 200
@@ -94,6 +99,13 @@ def test_the_admin_signs_in_with_a_session_cookie_and_is_audited(client, conn):
     stored = conn.execute("SELECT id_hash, team_id FROM admin_sessions").fetchall()
     assert stored == [(hash_token(session_id), None)]
     assert audit_rows(conn) == [("admin", None, "sign-in", "admin", True)]
+
+
+def test_no_admin_page_can_be_framed_by_another_site(client):
+    for page in ["/admin/signin", "/admin/"]:                  # (pages: static files are not pages)
+        headers = client.get(page).headers
+        assert "frame-ancestors 'none'" in headers["content-security-policy"], page
+        assert headers["x-frame-options"] == "DENY" and headers["x-content-type-options"] == "nosniff"
 
 
 def test_the_cookie_is_secure_over_tls(conn, app):
@@ -231,3 +243,11 @@ def test_every_page_renders_for_the_admin_and_a_team_sees_only_what_is_its_own(c
         other = team.get("/admin/teams/u")
         assert other.status_code == 404 and "no such team" in other.text
         assert ">u<" not in team.get("/admin/teams").text
+
+
+def test_a_procedures_refusal_inside_an_audited_action_is_the_stores_error(conn, ui_store):
+    note = AuditNote("admin", "0" * 12, "t", "submit", "t")
+    with pytest.raises(errors.InvalidInput):
+        ui_store.audited(note, lambda: ui_store.submit("t", JobSpec(name="x", max_attempts=0)))
+    assert conn.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
+    assert [r[4] for r in audit_rows(conn)] == [False]

@@ -50,7 +50,7 @@ def test_the_overview_shows_the_fleet_and_refreshes_itself(admin_tab):
     with admin_tab.page.expect_response(lambda r: "/admin/overview/live" in r.url and r.status == 200,
                                         timeout=20_000):
         pass
-    assert admin_tab.no_sideways_scroll()
+    assert admin_tab.fits_every_size()
     admin_tab.screenshot("overview")
 
 
@@ -60,11 +60,13 @@ def test_the_dispatchers_page_shows_leases_and_the_seeded_worker(admin_tab, admi
     assert admin_site.server.name in text                     # the server's dispatcher holds shards
     assert WORKER in text
     assert str(admin_site.seeded.running[0]) in text
+    assert admin_tab.fits_every_size()
     admin_tab.screenshot("dispatchers")
 
 
 def test_the_admin_edits_a_team_and_a_bad_value_is_refused(admin_tab, db):
     admin_tab.goto("/admin/teams")
+    assert admin_tab.fits_every_size()
     admin_tab.screenshot("teams")
     admin_tab.page.click("text=alpha")
     admin_tab.page.fill("#f-quota", "77")
@@ -84,6 +86,7 @@ def test_the_admin_edits_a_team_and_a_bad_value_is_refused(admin_tab, db):
     admin_tab.goto("/admin/audit")
     first = admin_tab.page.locator("tbody tr").first.inner_text()
     assert "edit team" in first and "alpha" in first
+    assert admin_tab.fits_every_size()
     admin_tab.screenshot("audit")
 
 
@@ -125,3 +128,11 @@ def test_the_keyboard_reaches_the_skip_link_and_the_navigation(admin_tab):
             admin_tab.page.keyboard.press("Tab")
         admin_tab.page.keyboard.press("Enter")                   # the 7th link: Audit
     assert admin_tab.page.url.endswith("/admin/audit")
+
+
+def test_an_ended_session_takes_the_live_overview_back_to_sign_in(admin_tab, db):
+    admin_tab.goto("/admin/")
+    db.execute("DELETE FROM minutehand.admin_sessions")          # signed out elsewhere (or expired)
+    admin_tab.page.wait_for_url("**/admin/signin?next=*", timeout=25_000)   # at the next refresh
+    assert admin_tab.page.url.endswith("/admin/signin?next=%2Fadmin%2F")      # back to the page, not the fragment
+    assert admin_tab.page.locator("#token").is_visible()

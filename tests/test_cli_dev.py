@@ -17,7 +17,9 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
+from http.cookiejar import CookieJar
 from pathlib import Path
 
 from minutehand.dev.localpg import LocalCluster
@@ -117,6 +119,19 @@ def submit_when_up(port: int, token: str, name: str) -> str:
     raise AssertionError("the API never answered")
 
 
+def sign_in_to_admin(admin_url: str, token: str) -> str:
+    """Sign in to the admin UI as a browser would (cookies, the form's CSRF
+    token); the page it lands on, with a marker of who is signed in."""
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(CookieJar()))
+    with opener.open(admin_url, timeout=5) as resp:                   # redirected to the sign-in page
+        page = resp.read().decode()
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page).group(1)
+    form = urllib.parse.urlencode({"csrf": csrf, "token": token, "next": "/admin/audit"}).encode()
+    with opener.open(admin_url + "signin", data=form, timeout=5) as resp:
+        landed = resp.read().decode()
+    return "Signed in as admin" if ">admin</span>" in landed and "sign-in" in landed else landed
+
+
 def listening(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
@@ -143,7 +158,10 @@ def test_dev_runs_the_demo_and_the_api_then_a_second_run_reuses_the_cluster(tmp_
         first = dev(tmp_path, port, "--seconds", "12")
         procs.append(first)
         token = first.expect(r"token: (mh_\S+)").group(1)
+        admin_url, admin_token = first.expect(r"admin UI at (\S+) : sign in with the admin token (mha_\S+)").groups()
         submit_when_up(port, token, "hello")     # nobody handles "hello": it stays, and is not the demo's
+        assert admin_url == f"http://127.0.0.1:{port}/admin/"
+        assert "Signed in as admin" in sign_in_to_admin(admin_url, admin_token)
         assert first.finish() == 0, first.output
         out = first.output
         assert "succeeded" in out and "embedded PostgreSQL stopped" in out, out

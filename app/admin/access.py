@@ -15,8 +15,9 @@ runs, so nothing is changed. Handlers marked opt={"public": True} (sign-in,
 static files) are let through; the sign-in form has a CSRF token of its own
 (a cookie and a form field that must match).
 
-Pages use: `Signed` (the `who` dependency), `render` (a template with the
-common context), `action` (an audited store call), `admin_only`.
+Pages use: `Who` and `Ctx` (their dependencies: the Signed browser, the
+API's Context), `render` (a template with the common context), `action` (an
+audited store call), `admin_only`, `Refused` (see app/admin/app.py).
 """
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ from urllib.parse import quote, urlsplit
 
 from litestar import Request, Response, get, post
 from litestar.datastructures import Cookie
-from litestar.exceptions import HTTPException
 from litestar.di import NamedDependency
+from litestar.exceptions import HTTPException
 from litestar.params import SkipValidation
 from litestar.response import Redirect, Template
 
@@ -131,11 +132,14 @@ def _is_tls(request: Request) -> bool:
 
 def _redirect_to_signin(request: Request) -> Response:
     target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-    location = f"{PREFIX}/signin?next={quote(target, safe='')}"
     if request.headers.get("hx-request"):
-        # htmx follows a redirect inside its fragment: tell it to load the whole page instead
+        # htmx follows a redirect inside its fragment: have it load the sign-in page whole,
+        # and come back to the page the fragment is part of
+        current = urlsplit(request.headers.get("hx-current-url", ""))
+        target = _safe_next(current.path + (f"?{current.query}" if current.query else ""))
+        location = f"{PREFIX}/signin?next={quote(target, safe='')}"
         return Response(content=b"", status_code=204, headers={"HX-Redirect": location})
-    return Redirect(location, status_code=303)
+    return Redirect(f"{PREFIX}/signin?next={quote(target, safe='')}", status_code=303)
 
 
 def _refused_page(request: Request, detail: str) -> Template:
@@ -227,10 +231,9 @@ async def signin(request: Request) -> Response:
                                 error="unknown token: give the admin token (MINUTEHAND_ADMIN_TOKEN) or a team's "
                                       "token as printed when the team was created or last rotated")
     session_id, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
-    await ctx.db(ctx.store.create_admin_session, hash_token(session_id), team, token_hash, csrf,
-                 ctx.settings.admin_session_s)
     actor = "admin" if team is None else team
-    await ctx.db(ctx.store.audit, AuditNote(actor, token_hash[:12], team, "sign-in", actor))
+    await action(ctx, AuditNote(actor, token_hash[:12], team, "sign-in", actor), ctx.store.create_admin_session,
+                 hash_token(session_id), team, token_hash, csrf, ctx.settings.admin_session_s)
     response = Redirect(_safe_next(next_path), status_code=303)
     response.cookies.append(Cookie(key=SESSION_COOKIE, value=session_id, path=PREFIX, httponly=True,
                                    samesite="strict", secure=_is_tls(request),
@@ -243,8 +246,7 @@ async def signin(request: Request) -> Response:
 @post("/signout", name="admin.signout", status_code=303)
 async def signout(request: Request) -> Response:
     ctx, who = context_of(request), signed(request)
-    await ctx.db(ctx.store.end_admin_session, who.session)
-    await ctx.db(ctx.store.audit, who.note("sign-out", who.actor))
+    await action(ctx, who.note("sign-out", who.actor), ctx.store.end_admin_session, who.session)
     response = Redirect(f"{PREFIX}/signin", status_code=303)
     response.cookies.append(Cookie(key=SESSION_COOKIE, value="", path=PREFIX, max_age=0, httponly=True,
                                    samesite="strict", secure=_is_tls(request)))

@@ -72,10 +72,10 @@ def line_chart(times: Sequence[dt.datetime], series: Sequence[tuple[str, Sequenc
 
 
 def histogram(times: Sequence[dt.datetime], values: Sequence[int], *, label: str, now_index: int | None = None,
-              height: int = 200) -> Markup:
+              width: int = 1200, height: int = 220) -> Markup:
     """One bar per minute (times[i] holds values[i]); now_index marks the present."""
-    left, bottom, bar = 44, 22, 2
-    width = left + bar * max(len(values), 1) + 8
+    left, bottom = 44, 22
+    bar = (width - left - 8) / max(len(values), 1)
     top = _nice_max(max(values, default=0))
 
     def x_of(i: int) -> float:
@@ -86,12 +86,13 @@ def histogram(times: Sequence[dt.datetime], values: Sequence[int], *, label: str
     for i, v in enumerate(values):
         if v:
             h = (base - 8) * v / top
-            parts.append(f'<rect x="{x_of(i):.1f}" y="{base - h:.1f}" width="{bar}" height="{h:.1f}" fill="#0b4f9c">'
+            parts.append(f'<rect x="{x_of(i):.2f}" y="{base - h:.1f}" width="{max(bar, 1):.2f}" height="{h:.1f}" '
+                         f'fill="#0b4f9c">'
                          f'<title>{times[i]:%H:%M}: {v}</title></rect>')
     if now_index is not None:
         x = x_of(now_index)
-        parts.append(f'<line x1="{x}" x2="{x}" y1="8" y2="{base}" stroke="#a1121b" stroke-width="2"/>'
-                     f'<text x="{x + 3}" y="18" fill="#a1121b">now</text>')
+        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="8" y2="{base}" stroke="#a1121b" stroke-width="2"/>'
+                     f'<text x="{x + 3:.1f}" y="18" fill="#a1121b">now</text>')
     parts += _time_labels(times, lambda i: x_of(i) + bar / 2, height - 6, 120, "%H:%M")
     parts.append("</svg>")
     return Markup("".join(parts))

@@ -64,7 +64,8 @@ def view(overview: Overview) -> dict[str, Any]:
         "day_chart": charts.histogram(ahead, _by_minute(ahead, planned), now_index=60,
                                       label="jobs planned per run minute, from an hour back to 24 hours ahead")
         if overview.depth is not None else None,
-        "day_peak": max(((planned.get(t, 0), t) for t in ahead[60:]), default=(0, None)),
+        "day_peak": max(((n, t) for t in ahead[60:] if (n := planned.get(t, 0))),     # the first of the busiest
+                        key=lambda p: (p[0], -p[1].timestamp()), default=(0, None)),
         "depth": overview.depth,
         "now": now,
         "refresh_s": REFRESH_S,

@@ -7,6 +7,7 @@ writes nothing."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Annotated, Any
 
 from litestar import Request, get, post
@@ -24,6 +25,8 @@ from minutehand.store.store import KEEP
 PAGE = 50
 INT_MAX = 2**31 - 1
 FIELDS = ("quota", "weight", "submit_rate", "submit_burst", "max_pending", "retention_s")
+WHOLE = re.compile(r"[0-9]{1,12}")                    # ASCII digits only (int() takes any script's)
+DECIMAL = re.compile(r"[0-9]{1,12}(\.[0-9]{1,12})?([eE][+-]?[0-9]{1,3})?")
 TeamName = Annotated[str, Parameter(pattern=TEAM_NAME_PATTERN)]
 
 
@@ -40,7 +43,7 @@ def _whole(field: str, text: str, *, required: bool) -> int | None:
         if required:
             raise FormProblem(field, f"{field}: give a whole number from 1 to {INT_MAX:,}")
         return None
-    if not text.isdigit() or not 1 <= int(text) <= INT_MAX:
+    if not WHOLE.fullmatch(text) or not 1 <= int(text) <= INT_MAX:
         raise FormProblem(field, f"{field}: {text[:40]!r} is not a whole number from 1 to {INT_MAX:,}")
     return int(text)
 
@@ -48,10 +51,7 @@ def _whole(field: str, text: str, *, required: bool) -> int | None:
 def _rate(text: str) -> float | None:
     if not text:
         return None
-    try:
-        rate = float(text)
-    except ValueError:
-        rate = math.nan
+    rate = float(text) if DECIMAL.fullmatch(text) else math.nan
     if not math.isfinite(rate) or not 0 < rate <= 1_000_000:
         raise FormProblem("submit_rate", f"submit_rate: {text[:40]!r} is not a number of jobs per second above 0, "
                                          "at most 1,000,000 (empty: no rate limit)")

@@ -5,7 +5,8 @@ and a demo workload submitted through the store, with a status line every
 few seconds.
 
 It prints what a newcomer needs: the demo team's token (with a curl line),
-and the environment for a worker of their own against this instance (the
+the admin UI's address and a token to sign in with (the admin_token
+setting, or one made up for this run and handed to serve), and the environment for a worker of their own against this instance (the
 database URL, the dispatcher URL and a worker token "dev-user" of its own,
 new each run).
 
@@ -31,6 +32,7 @@ import datetime as dt
 import os
 import random
 import runpy
+import secrets
 import signal
 import subprocess
 import sys
@@ -247,11 +249,13 @@ def demo_jobs(n: int) -> list[JobSpec]:
     return jobs
 
 
-def print_intro(url: str, base: str, token: str, user_token: str, rate: int) -> None:
+def print_intro(url: str, base: str, token: str, user_token: str, rate: int, admin_token: str | None) -> None:
     bindir = Path(sys.executable).parent
     print(f"HTTP API and dispatcher at {base} (OpenAPI: {base}/schema/swagger); team {TEAM!r} token: {token}")
     print(f"  curl -H 'Authorization: Bearer {token}' -H 'Content-Type: application/json' "
           f"-d '{{\"name\": \"demo.now\"}}' {base}/v1/jobs")
+    signin = f"the admin token {admin_token}" if admin_token else "your admin_token setting"
+    print(f"admin UI at {base}/admin/ : sign in with {signin} (or the team token above)")
     print(f"your own worker against this instance (in another shell, in the folder of mymodule.py; it gets\n"
           f"the jobs named after its handlers; worker token {USER_WORKER!r}, new each run, shown once):\n"
           f"  export MINUTEHAND_DATABASE_URL={url}\n"
@@ -290,7 +294,10 @@ def run(settings: Settings, args) -> None:
         start_demo_series(store)
 
         base = f"http://{settings.http_host}:{settings.http_port}"
-        children.append(start_child(settings, {"MINUTEHAND_DATABASE_URL": url}, "serve"))
+        # The admin UI needs an admin token: the setting's, or one for this run.
+        admin_token = settings.admin_token or "mha_" + secrets.token_urlsafe(24)
+        children.append(start_child(settings, {"MINUTEHAND_DATABASE_URL": url, "MINUTEHAND_ADMIN_TOKEN": admin_token},
+                                    "serve"))
         wait_for_api(base, children[0])
         # The demo worker logs errors only: its jobs fail on purpose now and
         # then (retries show in the status line), a warning line each would
@@ -300,7 +307,7 @@ def run(settings: Settings, args) -> None:
                                                "MINUTEHAND_WORKER_CONCURRENCY": "50",
                                                "MINUTEHAND_LOG_LEVEL": "ERROR"},
                                     "worker", "minutehand.dev.demo_worker:worker"))
-        print_intro(url, base, token, user_token, args.rate)
+        print_intro(url, base, token, user_token, args.rate, None if settings.admin_token else admin_token)
         demo_loop(store, children, args)
     except Stop:
         print(f"\nstopping ({stopper.signal})", flush=True)

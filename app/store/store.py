@@ -12,7 +12,7 @@ import random
 import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
@@ -138,11 +138,7 @@ class Store:
         """A pooled connection, clock applied; procedure refusals become StoreErrors.
         Inside Store.audited: that transaction's connection."""
         joined = _JOINED.get()
-        if joined is not None:
-            yield joined
-            return
-        with self.pool.connection() as conn, metrics.timed(self._db_seconds):
-            self._apply_clock(conn)
+        with nullcontext(joined) if joined is not None else self._pooled() as conn:
             try:
                 yield conn
             except psycopg.Error as exc:
@@ -150,6 +146,12 @@ class Store:
                 if error is exc:
                     raise
                 raise error from exc
+
+    @contextmanager
+    def _pooled(self) -> Iterator[psycopg.Connection]:
+        with self.pool.connection() as conn, metrics.timed(self._db_seconds):
+            self._apply_clock(conn)
+            yield conn
 
     def _apply_clock(self, conn: psycopg.Connection) -> None:
         if self.clock is not None:
@@ -1019,8 +1021,7 @@ class Store:
             raise
 
     def audit(self, note: AuditNote, *, ok: bool = True) -> int:
-        """Record an action whose effect is not in this database's transaction
-        (a sign-in, a sign-out); the entry's id."""
+        """Record an action with no effect in the database of its own; the entry's id."""
         return self._one("admin_audit_add", self._audit_params(note, ok=ok))["id"]
 
     @staticmethod
@@ -1036,8 +1037,12 @@ class Store:
         """Audit entries with id < before, newest first (team None: every
         entry; else the entries concerning that team); one page and the
         cursor of the next (None: no more)."""
-        params = {"team": team, "before": before, "limit": limit + 1}
-        rows = self._all("admin_audit_page" if team is None else "admin_audit_team_page", params)
+        params = {"before": before, "limit": limit + 1}
+        if team is None:
+            rows = self._all("admin_audit_page", params)
+        else:
+            found = self._one("admin_team_id", {"team": team})
+            rows = self._all("admin_audit_team_page", {**params, "team": team, "team_id": found["id"]}) if found else []
         entries = [AuditEntry(**r) for r in rows[:limit]]
         return entries, (entries[-1].id if len(rows) > limit else None)
 
@@ -1050,7 +1055,8 @@ class Store:
             now = conn.execute(q("admin_now")).fetchone()["now"]
             minutes = [MinuteCounts(r["minute"], r["submitted"], r["started"], r["succeeded"], r["failed"], r["dead"],
                                     tuple(r["lateness_hist"]))
-                       for r in conn.execute(q("admin_minutes"), {"team": team})]
+                       for r in conn.execute(q("admin_minutes" if team is None else "admin_team_minutes"),
+                                             {"team": team})]
             running = [(r["team"], r["running"], r["quota"]) for r in conn.execute(q("metrics_running"))
                        if team is None or r["team"] == team]
             if team is not None:
