@@ -619,19 +619,15 @@ SELECT e.at, e.attempts, e.max_attempts, e.error
  ORDER BY e.at DESC
  LIMIT %(limit)s::int
 
--- name: admin_team_id
--- A team's id (NULL: no such team): the dead-jobs reads below take it as
--- a value, so the planner sees whose letters it reads.
-SELECT (SELECT t.id FROM teams t WHERE t.name = %(team)s::text) AS team_id
-
--- The three dead-jobs reads are sent unprepared (Store.dead_jobs,
--- dead_names), so each is planned with its values: how many dead jobs a
--- team has of a name ranges from none to a whole backlog, and a plan made
--- for an average team (a generic plan) could read a backlog whole. And
--- they run with bitmap scans off (admin_index_order): a bitmap scan reads
--- its whole index range before a LIMIT applies, so counting a backlog of
--- 50,000 dead jobs up to 1,000 would read all 50,000; a plain index scan
--- stops at the LIMIT.
+-- The three dead-jobs reads take the team's id as a value (admin_team_id),
+-- so the planner sees whose letters it reads, and are sent unprepared
+-- (Store.dead_jobs, dead_names), so each is planned with its values: how
+-- many dead jobs a team has of a name ranges from none to a whole backlog,
+-- and a plan made for an average team (a generic plan) could read a
+-- backlog whole. And they run with bitmap scans off (admin_index_order): a
+-- bitmap scan reads its whole index range before a LIMIT applies, so
+-- counting a backlog of 50,000 dead jobs up to 1,000 would read all 50,000;
+-- a plain index scan stops at the LIMIT.
 
 -- name: admin_index_order
 -- For the rest of this transaction: no bitmap scans (reads stop at their LIMIT).

@@ -55,7 +55,7 @@ def test_the_jobs_of_a_team_page_by_page(admin_tab, admin_site):
     links = admin_tab.page.locator("#results tbody a")
     assert links.count() >= 10
     assert "Nothing older" in admin_tab.page.inner_text("#read-window")
-    assert admin_tab.no_sideways_scroll()
+    assert admin_tab.fits_every_size()
     admin_tab.screenshot("jobs-of-team")
     admin_tab.goto("/admin/jobs?team=alpha&state=dead")
     assert admin_tab.page.locator("#results tbody tr").count() == len(admin_site.seeded.dead["alpha"])
@@ -76,6 +76,7 @@ def test_cancel_a_pending_job_and_see_it_cancelled_in_the_database(admin_tab, ad
     job_id = admin_site.seeded.pending["alpha"][0]
     admin_tab.goto(f"/admin/jobs/{job_id}")
     assert "scheduled" in admin_tab.page.inner_text("#job-state")
+    assert admin_tab.fits_every_size()
     admin_tab.screenshot("job")
     with admin_tab.page.expect_navigation():
         admin_tab.page.click("#act-cancel")
@@ -96,7 +97,7 @@ def test_requeue_a_dead_job_and_see_it_scheduled(admin_tab, admin_site, db):
     admin_tab.goto("/admin/dead?team=alpha")
     text = admin_tab.page.inner_text("main")
     assert "alpha.flaky" in text and "boom: connection refused by upstream" in text
-    assert admin_tab.no_sideways_scroll()
+    assert admin_tab.fits_every_size()
     admin_tab.screenshot("dead")
     admin_tab.page.check(f"#pick-{job_id}")
     with admin_tab.page.expect_navigation():
@@ -121,6 +122,7 @@ def test_pause_a_series_and_see_no_new_run(admin_tab, admin_site, db):
         admin_tab.page.click(f"a[href='/admin/series/{series_id}']")
     assert "active" in admin_tab.page.inner_text("#series-state")
     assert admin_tab.page.locator("#fire-times li").count() == 5
+    assert admin_tab.fits_every_size()
     admin_tab.screenshot("series")
     [(first_run, waiting)] = runs_of(db, series_id)
     assert waiting == "scheduled"

@@ -780,7 +780,8 @@ class Store:
         return self.retrying(run)
 
     def _team_id(self, team: str) -> int | None:
-        return self._one("admin_team_id", {"team": team})["team_id"]
+        row = self._one("admin_team_id", {"team": team})
+        return row["id"] if row else None
 
     def dead_jobs(self, team: str, *, name: str | None = None, after: tuple[str, int] | None = None,
                   limit: int = 50) -> DeadPage:
