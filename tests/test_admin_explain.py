@@ -331,6 +331,32 @@ def test_dead_names_skip_through_the_index_one_probe_per_name(conn, team):
         assert dict(rows)[BACKLOG_NAME] == 1000          # 50,000 dead: counted to the cap, no further
 
 
+@pytest.mark.parametrize("generic", [False, True])
+def test_the_bulk_requeues_shard_walk_keeps_to_the_primary_key(conn, generic):
+    """requeue_dead / discard_dead read a shard's letters of a team and name
+    (sql/functions/dead.sql): beside dead_jobs_by_team, still through the
+    primary key, which names the shard (the other index would read every
+    shard's letters of the name to find one shard's)."""
+    params = {"team_id": team_id_of(conn, BACKLOG_TEAM), "name": BACKLOG_NAME, "shard": 7, "limit": 100}
+    text = ("SELECT d.job_id FROM dead_jobs d WHERE d.shard = %(shard)s::int AND d.team_id = %(team_id)s::int "
+            "AND d.name = %(name)s::text ORDER BY d.job_id LIMIT %(limit)s::int")
+    if generic:
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        conn.execute("PREPARE mh_shard_walk (int, int, text, int) AS " + re.sub(
+            r"%\((\w+)\)s", lambda m: "$" + str(["shard", "team_id", "name", "limit"].index(m.group(1)) + 1), text))
+        try:
+            plan = explain_json(conn, "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE mh_shard_walk "
+                                      "(%(shard)s, %(team_id)s, %(name)s, %(limit)s)", params)
+        finally:
+            conn.execute("DEALLOCATE mh_shard_walk")
+            conn.execute("RESET plan_cache_mode")
+    else:
+        plan = explain_json(conn, "EXPLAIN (ANALYZE, FORMAT JSON) " + text, params)
+    reads = index_reads(plan, "dead_jobs")
+    assert reads and all(n["Index Name"] == "dead_jobs_pkey" and "shard" in n["Index Cond"] for n in reads), reads
+    assert plan["Actual Rows"] == 100
+
+
 # ---------------------------------------------------------------- the series pages (procedures: auto_explain)
 
 def series_id_of(conn: psycopg.Connection, team: str = BIG) -> int:
