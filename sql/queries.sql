@@ -598,6 +598,103 @@ SELECT (SELECT count(*) FROM due_minutes d WHERE d.slot = %(current_slot)s::smal
           JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'due_hours'::regclass) AS hours,
        (SELECT greatest(c.reltuples, 0)::bigint FROM pg_class c WHERE c.oid = 'due_far'::regclass) AS far
 
+-- ---------------------------------------------------------------- the admin UI: jobs, dead jobs, series
+-- Its job search is list_jobs (a bounded window of one team's jobs), its
+-- series pages series_detail, series_runs and list_series; what follows is
+-- only what the API has no statement for. Each reads O(page) rows whatever
+-- the number of jobs stored (tests/test_admin_explain.py).
+
+-- name: admin_job
+-- The whole record of one job: one primary-key lookup (shard from the id);
+-- no row for another team's job (team NULL: any). Payload and result come
+-- as pretty JSON cut to `cap` characters, with their full size, so a large
+-- one is never decoded whole; lateness as job_status reckons it.
+SELECT j.id AS job_id, t.name AS team, j.name, j.state::text AS state, j.priority, j.due_at, j.flex_s,
+       j.strict, j.agreed_at, j.run_at, j.deadline, j.attempts, j.max_attempts, j.backoff_base_s,
+       j.backoff_cap_s, j.claimed_by, j.claim_expires_at, j.idempotency_key, j.series_id,
+       CASE WHEN j.lateness IS NOT NULL THEN j.lateness
+            WHEN j.state IN ('scheduled', 'retrying', 'claimed') AND mh_now() > j.agreed_at
+            THEN mh_now() - j.agreed_at END AS lateness,
+       j.lateness IS NOT NULL AS lateness_final, j.last_error,
+       left(jsonb_pretty(j.payload), %(cap)s::int) AS payload, octet_length(j.payload::text) AS payload_bytes,
+       left(jsonb_pretty(j.result), %(cap)s::int) AS result, octet_length(j.result::text) AS result_bytes,
+       j.created_at, j.claimed_at, j.started_at, j.finished_at, j.updated_at, j.requeued_at
+  FROM jobs j JOIN teams t ON t.id = j.team_id
+ WHERE j.shard = mh_shard_of(%(job_id)s::bigint) AND j.id = %(job_id)s::bigint
+   AND (%(team)s::text IS NULL OR t.name = %(team)s::text)
+
+-- name: admin_job_events
+-- The times one job became dead (newest first, at most `limit`), with the
+-- attempts it had had and the error then: job_events_job, on its shard.
+SELECT e.at, e.attempts, e.max_attempts, e.error
+  FROM job_events e
+ WHERE e.shard = mh_shard_of(%(job_id)s::bigint) AND e.job_id = %(job_id)s::bigint
+ ORDER BY e.at DESC
+ LIMIT %(limit)s::int
+
+-- The three dead-jobs reads take the team's id as a value (admin_team_id),
+-- so the planner sees whose letters it reads, and are sent unprepared
+-- (Store.dead_jobs, dead_names), so each is planned with its values: how
+-- many dead jobs a team has of a name ranges from none to a whole backlog,
+-- and a plan made for an average team (a generic plan) could read a
+-- backlog whole. And they run with bitmap scans off (admin_index_order): a
+-- bitmap scan reads its whole index range before a LIMIT applies, so
+-- counting a backlog of 50,000 dead jobs up to 1,000 would read all 50,000;
+-- a plain index scan stops at the LIMIT.
+
+-- name: admin_index_order
+-- For the rest of this transaction: no bitmap scans (reads stop at their LIMIT).
+SELECT set_config('enable_bitmapscan', 'off', true)
+
+-- name: admin_dead_jobs
+-- One page of a team's dead jobs of every name, by (name, id) after the
+-- keyset (after_name, after_id): the page read from dead_jobs_by_team in
+-- its order (the shard is read from the id), then each job's record by its
+-- primary key for its last error.
+SELECT d.job_id, d.name, j.attempts, j.max_attempts, j.last_error, j.finished_at, j.created_at, j.requeued_at
+  FROM (SELECT d.name, d.job_id FROM dead_jobs d
+         WHERE d.team_id = %(team_id)s::int
+           AND (d.name, d.job_id) > (%(after_name)s::text, %(after_id)s::bigint)
+         ORDER BY d.name, d.job_id
+         LIMIT %(limit)s::int) d
+  JOIN jobs j ON j.shard = mh_shard_of(d.job_id) AND j.id = d.job_id
+ ORDER BY d.name, d.job_id
+
+-- name: admin_dead_jobs_of_name
+-- The same for one name (a statement of its own: the index range starts
+-- and stops at that name).
+SELECT d.job_id, d.name, j.attempts, j.max_attempts, j.last_error, j.finished_at, j.created_at, j.requeued_at
+  FROM (SELECT d.name, d.job_id FROM dead_jobs d
+         WHERE d.team_id = %(team_id)s::int AND d.name = %(name)s::text AND d.job_id > %(after_id)s::bigint
+         ORDER BY d.name, d.job_id
+         LIMIT %(limit)s::int) d
+  JOIN jobs j ON j.shard = mh_shard_of(d.job_id) AND j.id = d.job_id
+ ORDER BY d.job_id
+
+-- name: admin_dead_names
+-- The names a team has dead jobs of (the first `names` in order), each
+-- with its count up to `cap`: a skip scan of dead_jobs_by_team, one probe
+-- per name, then at most `cap` index entries counted per name.
+WITH RECURSIVE dead_names AS (
+    (SELECT d.name FROM dead_jobs d WHERE d.team_id = %(team_id)s::int ORDER BY d.name LIMIT 1)
+    UNION ALL
+    SELECT (SELECT d.name FROM dead_jobs d
+             WHERE d.team_id = %(team_id)s::int AND d.name > n.name ORDER BY d.name LIMIT 1)
+      FROM dead_names n WHERE n.name IS NOT NULL)
+SELECT n.name, c.dead
+  FROM (SELECT name FROM dead_names WHERE name IS NOT NULL LIMIT %(names)s::int) n
+ CROSS JOIN LATERAL (
+     SELECT count(*)::int AS dead FROM (
+         SELECT 1 FROM dead_jobs d WHERE d.team_id = %(team_id)s::int AND d.name = n.name
+          ORDER BY d.team_id, d.name, d.job_id      -- the index's order: read in it, stopped at the cap
+          LIMIT %(cap)s::int) x) c
+ ORDER BY n.name
+
+-- name: admin_series_team
+-- The team of a series (an administrator acts through it): its primary key.
+SELECT t.name AS team FROM series s JOIN teams t ON t.id = s.team_id
+ WHERE s.shard = mh_shard_of(%(series_id)s::bigint) AND s.id = %(series_id)s::bigint
+
 -- ---------------------------------------------------------------- the admin UI
 -- app/admin/: its sessions and audit log (sql/tables/admin.sql) and what its
 -- pages read. Every read is bounded by the page, the clock or the number of

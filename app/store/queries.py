@@ -11,7 +11,11 @@ _HEADER = re.compile(r"^-- name: (\w+)\n(?:--[^\n]*\n)*", re.M)
 def all_queries() -> dict[str, str]:
     text = sqlfiles.read("queries.sql")
     parts = _HEADER.split(text)[1:]          # [name, body, name, body, ...]
-    return {name: body.strip() for name, body in zip(parts[::2], parts[1::2])}
+    names = parts[::2]
+    if twice := sorted({n for n in names if names.count(n) > 1}):
+        # a later statement of the same name would silently replace the first
+        raise ValueError(f"sql/queries.sql names more than one statement {', '.join(twice)}")
+    return {name: body.strip() for name, body in zip(names, parts[1::2])}
 
 
 def q(name: str) -> str:

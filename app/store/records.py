@@ -496,6 +496,80 @@ class JobEvent:
 
 
 @dataclass(frozen=True)
+class JobRecord:
+    """The whole record of one job, as the admin UI's job page shows it.
+    payload and result: pretty JSON cut to the reader's cap (None: no
+    result), with their full size in bytes."""
+    job_id: int
+    team: str
+    name: str
+    state: str
+    priority: int
+    due_at: dt.datetime
+    flex_s: int
+    strict: bool
+    agreed_at: dt.datetime
+    run_at: dt.datetime
+    deadline: dt.datetime | None
+    attempts: int
+    max_attempts: int
+    backoff_base_s: float
+    backoff_cap_s: float
+    claimed_by: str | None
+    claim_expires_at: dt.datetime | None
+    idempotency_key: str | None
+    series_id: int | None
+    lateness: dt.timedelta | None
+    lateness_final: bool
+    last_error: str | None
+    payload: str
+    payload_bytes: int
+    result: str | None
+    result_bytes: int | None
+    created_at: dt.datetime
+    claimed_at: dt.datetime | None
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    updated_at: dt.datetime
+    requeued_at: dt.datetime | None
+
+
+@dataclass(frozen=True)
+class JobDeath:
+    """A time a job became dead (its job_events row): the attempts it had had and the error then."""
+    at: dt.datetime
+    attempts: int
+    max_attempts: int
+    error: str | None
+
+
+@dataclass(frozen=True)
+class DeadJob:
+    """A dead job as the admin UI's dead-jobs page lists it."""
+    job_id: int
+    name: str
+    attempts: int
+    max_attempts: int
+    last_error: str | None
+    finished_at: dt.datetime | None
+    created_at: dt.datetime
+    requeued_at: dt.datetime | None
+
+
+@dataclass(frozen=True)
+class DeadPage:
+    jobs: list[DeadJob]
+    next_cursor: tuple[str, int] | None   # (name, id) the next page starts after; None: no more
+
+
+@dataclass(frozen=True)
+class DeadName:
+    """A name a team has dead jobs of, and how many (counted up to a cap)."""
+    name: str
+    dead: int
+
+
+@dataclass(frozen=True)
 class Webhook:
     url: str
     failures: int                      # failed attempts of the batch now being delivered

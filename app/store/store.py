@@ -25,9 +25,10 @@ from minutehand import metrics
 from minutehand.store import errors, repeat, schema
 from minutehand.store.queries import q
 from minutehand.store.records import (AdminSession, Admitted, AuditEntry, AuditNote, DispatcherSeen, FleetView,
-                                     MinuteCounts, Overview, ShardLease, WorkerSeen, BatchItem, ClaimRequest, Complete, DeadSettled, EdgeCell, Fail,
-                                     FlexDefault, FleetStats, FleetTeam, Heartbeat, JobEvent, JobGone, JobPage,
-                                     JobSpec, JobStatus, JobSummary, Maintenance, MetricsRead, Outcome,
+                                     MinuteCounts, Overview, ShardLease, WorkerSeen, BatchItem, ClaimRequest, Complete,
+                                     DeadJob, DeadName, DeadPage, DeadSettled, EdgeCell, Fail, FlexDefault, FleetStats,
+                                     FleetTeam, Heartbeat, JobDeath, JobEvent, JobGone, JobPage, JobRecord, JobSpec,
+                                     JobStatus, JobSummary, Maintenance, MetricsRead, Outcome,
                                      PendingDelivery, PlannedClaim, Release, Report, Repeat, Retained, SeriesControl,
                                      SeriesDetail, SeriesPage, SeriesRun, SeriesSummary, Start, Submitted, Tally,
                                      TeamPage, TeamSettings, TeamStats, TeamTerms, Webhook, WebhookDelivery)
@@ -783,6 +784,67 @@ class Store:
         if team is not None:
             return team
         row = self._one("job_team", {"job_id": job_id})
+        return row["team"] if row else None
+
+    # ------------------------------------------------------------ the admin UI's reads
+    # A keyset that starts before every job id (ids are positive: mh_new_id).
+    _BEFORE_ALL_IDS = -1
+
+    def job_record(self, job_id: int, team: str | None, *, cap: int, deaths: int = 20
+                   ) -> tuple[JobRecord, list[JobDeath]] | None:
+        """The whole record of a job of `team` (None: any team), payload and
+        result cut to `cap` characters of pretty JSON, and the `deaths`
+        latest times it became dead; None if there is no such job of the team."""
+        def run() -> tuple[JobRecord, list[JobDeath]] | None:
+            with self.connection() as conn, conn.transaction():
+                row = conn.execute(q("admin_job"), {"job_id": job_id, "team": team, "cap": cap}).fetchone()
+                if row is None:
+                    return None
+                found = conn.execute(q("admin_job_events"), {"job_id": job_id, "limit": deaths}).fetchall()
+            return JobRecord(**row), [JobDeath(**r) for r in found]
+        return self.retrying(run)
+
+    def _in_index_order(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """A read planned with its values and no bitmap scan, so that it stops
+        at its LIMIT (sql/queries.sql, admin_index_order, says why)."""
+        def run() -> list[dict[str, Any]]:
+            with self.connection() as conn, conn.transaction():
+                conn.execute(q("admin_index_order"))
+                return conn.execute(q(name), params, prepare=False).fetchall()
+        return self.retrying(run)
+
+    def _team_id(self, team: str) -> int | None:
+        row = self._one("admin_team_id", {"team": team})
+        return row["id"] if row else None
+
+    def dead_jobs(self, team: str, *, name: str | None = None, after: tuple[str, int] | None = None,
+                  limit: int = 50) -> DeadPage:
+        """One page of the team's dead jobs (of one name, or every name), by
+        (name, id) after the keyset `after` (with a name, only its id counts),
+        each with its last error."""
+        team_id = self._team_id(team)
+        if team_id is None:
+            return DeadPage([], None)
+        after_name, after_id = after or ("", self._BEFORE_ALL_IDS)
+        params = {"team_id": team_id, "after_id": after_id, "limit": limit + 1}
+        if name is None:
+            rows = self._in_index_order("admin_dead_jobs", {**params, "after_name": after_name})
+        else:
+            rows = self._in_index_order("admin_dead_jobs_of_name", {**params, "name": name})
+        jobs = [DeadJob(**r) for r in rows[:limit]]
+        return DeadPage(jobs, (jobs[-1].name, jobs[-1].job_id) if len(rows) > limit else None)
+
+    def dead_names(self, team: str, *, names: int = 50, cap: int = 1000) -> list[DeadName]:
+        """The first `names` names the team has dead jobs of, each counted up to `cap`."""
+        team_id = self._team_id(team)
+        if team_id is None:
+            return []
+        return [DeadName(**r) for r in self._in_index_order("admin_dead_names", {"team_id": team_id, "names": names,
+                                                                                  "cap": cap})]
+
+    def series_team(self, series_id: int) -> str | None:
+        """The team a series belongs to (None: no such series)."""
+        row = self._one("admin_series_team", {"series_id": series_id})
         return row["team"] if row else None
 
     # ------------------------------------------------------------ webhooks

@@ -15,6 +15,10 @@ CREATE TABLE dead_jobs (
     job_id   bigint   NOT NULL,
     PRIMARY KEY (shard, team_id, name, job_id)
 );
+-- The admin UI's dead-jobs page: a team's dead jobs by name, one page at a
+-- time, without probing every shard. Written only when a job becomes dead
+-- and when it leaves that state, never on submit.
+CREATE INDEX dead_jobs_by_team ON dead_jobs (team_id, name, job_id);
 
 -- Terminal failures reported to their submitter: one row per job that
 -- became dead, written by the transaction that made it so. A team reads
@@ -40,6 +44,9 @@ CREATE TABLE job_events (
 CREATE INDEX job_events_feed ON job_events (team_id, xid, id);
 -- Retention, one shard at a time.
 CREATE INDEX job_events_age ON job_events (shard, at);
+-- A job's own events (the admin UI's job page shows each time it became
+-- dead): written once per death, never on submit.
+CREATE INDEX job_events_job ON job_events (shard, job_id);
 
 -- A team's webhook (a reference table on Citus: one row per team): where its
 -- events are POSTed, the secret they are signed with, and how far delivery
