@@ -623,6 +623,15 @@ SELECT j.id AS job_id, t.name AS team, j.name, j.state::text AS state, j.priorit
  WHERE j.shard = mh_shard_of(%(job_id)s::bigint) AND j.id = %(job_id)s::bigint
    AND (%(team)s::text IS NULL OR t.name = %(team)s::text)
 
+-- name: admin_job_attempts
+-- One job's attempts that ended without success (newest first, at most
+-- `limit`): job_attempts' primary key, on its shard.
+SELECT a.attempt, a.ended_at, a.worker, a.claimed_at, a.started_at, a.outcome::text AS outcome, a.error
+  FROM job_attempts a
+ WHERE a.shard = mh_shard_of(%(job_id)s::bigint) AND a.job_id = %(job_id)s::bigint
+ ORDER BY a.attempt DESC, a.ended_at DESC
+ LIMIT %(limit)s::int
+
 -- name: admin_job_events
 -- The times one job became dead (newest first, at most `limit`), with the
 -- attempts it had had and the error then: job_events_job, on its shard.

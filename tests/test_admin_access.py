@@ -18,7 +18,8 @@ from minutehand.settings import Settings
 from minutehand.store import migrate
 from minutehand.store import errors
 from minutehand.store.records import AuditNote, JobSpec
-from minutehand.store.store import Store, hash_token
+from minutehand.store.store import hash_token
+from tests.admin_ui import csrf_of, set_tokens, sign_in, small_store, ui_app
 
 pytestmark = pytest.mark.reused_db
 
@@ -29,39 +30,25 @@ PAGES = ["/admin/", "/admin/overview/live", "/admin/audit", "/admin/teams", "/ad
 
 @pytest.fixture(scope="module")
 def ui_store(module_dsn):
-    s = Store(module_dsn, max_size=4, pool_options={"timeout": 5})
+    s = small_store(module_dsn)
     yield s
     s.close()
 
 
 @pytest.fixture(scope="module")
 def app(ui_store):
-    # no submit threads: the app is started (and stopped) by a client per test
-    return build(Settings(admin_token=ADMIN, api_submit_workers=0), ui_store, dispatch=False, head=migrate.head()).app
+    return ui_app(ui_store, ADMIN)
 
 
 @pytest.fixture
 def conn(db_dsn, module_conn):
-    module_conn.execute("UPDATE teams SET token_hash = %s WHERE name = 't'", (hash_token(TOKEN_T),))
-    module_conn.execute("UPDATE teams SET token_hash = %s WHERE name = 'u'", (hash_token(TOKEN_U),))
-    return module_conn
+    return set_tokens(module_conn, {"t": TOKEN_T, "u": TOKEN_U})
 
 
 @pytest.fixture
 def client(conn, app):
     with TestClient(app) as c:
         yield c
-
-
-def csrf_of(html: str) -> str:
-    return re.search(r'name="csrf" value="([^"]+)"', html).group(1)
-
-
-def sign_in(client: TestClient, token: str, next_path: str | None = None):
-    page = client.get("/admin/signin", params={"next": next_path} if next_path else None)
-    assert page.status_code == 200
-    return client.post("/admin/signin", data={"csrf": csrf_of(page.text), "token": token,
-                                              "next": next_path or "/admin/"}, follow_redirects=False)
 
 
 def audit_rows(conn) -> list[tuple]:

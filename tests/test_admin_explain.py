@@ -256,6 +256,22 @@ def test_a_jobs_deaths_are_read_through_their_own_index(conn):
     assert node["Index Name"] == "job_events_job" and node["Actual Rows"] == 1
 
 
+def test_a_jobs_ended_attempts_are_read_through_their_key(conn):
+    """With an attempt history for every dead or retried job of the million
+    (written in this test's transaction, rolled back after)."""
+    job_id = one_id(conn, "state = 'dead' AND id %% 5 <> 0")
+    with conn.transaction(force_rollback=True):
+        conn.execute("""INSERT INTO job_attempts (shard, job_id, attempt, ended_at, outcome, error)
+                        SELECT j.shard, j.id, a, now(), 'retrying', 'boom' FROM jobs j, generate_series(1, 3) a
+                         WHERE j.state IN ('dead', 'retrying')""")
+        conn.execute("ANALYZE job_attempts")
+        plan = analyze(conn, "admin_job_attempts", {"job_id": job_id, "limit": 50})
+    assert_bounded(plan, 50)
+    assert relations(plan) == {"job_attempts"}
+    [node] = nodes_on(plan, "job_attempts")
+    assert node["Node Type"] in ("Index Scan", "Index Only Scan") and node["Actual Rows"] == 3
+
+
 # ---------------------------------------------------------------- the dead-jobs page
 # (as Store sends them: unprepared, each planned with its values, bitmap scans off)
 

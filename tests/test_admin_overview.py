@@ -13,12 +13,8 @@ import re
 import pytest
 from litestar.testing import TestClient
 
-from minutehand.serve import build
-from minutehand.settings import Settings
-from minutehand.store import migrate
 from minutehand.store.records import STATS_BOUNDS_S
-from minutehand.store.store import Store, hash_token
-from tests.test_admin_access import sign_in
+from tests.admin_ui import set_tokens, sign_in, small_store, ui_app
 
 pytestmark = pytest.mark.reused_db
 
@@ -29,15 +25,14 @@ BUCKETS = len(STATS_BOUNDS_S) + 1
 
 @pytest.fixture(scope="module")
 def app(module_dsn):
-    store = Store(module_dsn, max_size=4, pool_options={"timeout": 5})
-    yield build(Settings(admin_token=ADMIN, api_submit_workers=0), store, dispatch=False, head=migrate.head()).app
+    store = small_store(module_dsn)
+    yield ui_app(store, ADMIN)
     store.close()
 
 
 @pytest.fixture
 def conn(db_dsn, module_conn):
-    module_conn.execute("UPDATE teams SET token_hash = %s WHERE name = 'u'", (hash_token(TOKEN_U),))
-    return module_conn
+    return set_tokens(module_conn, {"u": TOKEN_U})
 
 
 def count(conn, team: str, minutes_ago: int, stripe: int, started: int, succeeded: int, failed: int, dead: int,

@@ -17,11 +17,9 @@ import psycopg
 import pytest
 from litestar.testing import TestClient
 
-from minutehand.serve import build
-from minutehand.settings import Settings
-from minutehand.store import migrate
 from minutehand.store.records import Fail, JobSpec
-from minutehand.store.store import Store, hash_token
+from minutehand.store.store import Store
+from tests.admin_ui import set_tokens, small_store, ui_app
 from tests.support import claim
 
 pytestmark = pytest.mark.reused_db
@@ -32,21 +30,19 @@ TOKENS = {"t": "tok-pages-t", "u": "tok-pages-u"}
 
 @pytest.fixture(scope="module")
 def ui_store(module_dsn):
-    s = Store(module_dsn, max_size=4, pool_options={"timeout": 5})
+    s = small_store(module_dsn)
     yield s
     s.close()
 
 
 @pytest.fixture(scope="module")
 def app(ui_store):
-    return build(Settings(admin_token=ADMIN, api_submit_workers=0), ui_store, dispatch=False, head=migrate.head()).app
+    return ui_app(ui_store, ADMIN)
 
 
 @pytest.fixture
 def conn(db_dsn, module_conn):
-    for team, token in TOKENS.items():
-        module_conn.execute("UPDATE teams SET token_hash = %s WHERE name = %s", (hash_token(token), team))
-    return module_conn
+    return set_tokens(module_conn, TOKENS)
 
 
 @pytest.fixture

@@ -12,11 +12,8 @@ from __future__ import annotations
 import pytest
 from litestar.testing import TestClient
 
-from minutehand.serve import build
-from minutehand.settings import Settings
-from minutehand.store import migrate
-from minutehand.store.store import Store, hash_token
-from tests.test_admin_access import csrf_of, sign_in
+from minutehand.store.store import hash_token
+from tests.admin_ui import csrf_of, set_tokens, sign_in, small_store, ui_app
 
 pytestmark = pytest.mark.reused_db
 
@@ -29,15 +26,14 @@ GOOD = {"quota": "70", "weight": "3", "submit_rate": "", "submit_burst": "", "ma
 
 @pytest.fixture(scope="module")
 def app(module_dsn):
-    store = Store(module_dsn, max_size=4, pool_options={"timeout": 5})
-    yield build(Settings(admin_token=ADMIN, api_submit_workers=0), store, dispatch=False, head=migrate.head()).app
+    store = small_store(module_dsn)
+    yield ui_app(store, ADMIN)
     store.close()
 
 
 @pytest.fixture
 def conn(db_dsn, module_conn):
-    module_conn.execute("UPDATE teams SET token_hash = %s WHERE name = 't'", (hash_token(TOKEN_T),))
-    return module_conn
+    return set_tokens(module_conn, {"t": TOKEN_T})
 
 
 @pytest.fixture

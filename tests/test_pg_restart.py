@@ -17,6 +17,7 @@ which keeps running: what they record does not depend on the restarted server.
 """
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import threading
@@ -40,17 +41,24 @@ RESUME_S = 15.0             # processing resumes within this long of the databas
 RATE = 100                  # jobs submitted per second (in batches of 10)
 
 
-@pytest.fixture
-def cluster() -> Iterator[LocalCluster]:
-    tmp = Path(tempfile.mkdtemp(prefix="mh-restart-"))
+@contextlib.contextmanager
+def local_cluster(prefix: str, **settings: str) -> Iterator[LocalCluster]:
+    """A durable cluster of the test's own, in a directory removed after it."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
     tmp.chmod(0o755)
-    c = LocalCluster(tmp / "pgdata", settings={"shared_buffers": "64MB", "max_wal_size": "256MB"})
+    c = LocalCluster(tmp / "pgdata", settings={"shared_buffers": "64MB", **settings})
     try:
         c.ensure_started()
         yield c
     finally:
         c.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster() -> Iterator[LocalCluster]:
+    with local_cluster("mh-restart-", max_wal_size="256MB") as c:
+        yield c
 
 
 class Submitter:
@@ -175,15 +183,8 @@ def test_a_postgresql_restart_under_load_loses_nothing(cluster: LocalCluster, db
 def unhurried_cluster() -> Iterator[LocalCluster]:
     """A cluster whose WAL writer flushes asynchronous commits only every 10 s
     (the longest it may wait), so that one made just before a crash is lost."""
-    tmp = Path(tempfile.mkdtemp(prefix="mh-crash-"))
-    tmp.chmod(0o755)
-    c = LocalCluster(tmp / "pgdata", settings={"shared_buffers": "64MB", "wal_writer_delay": "10s"})
-    try:
-        c.ensure_started()
+    with local_cluster("mh-crash-", wal_writer_delay="10s") as c:
         yield c
-    finally:
-        c.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.mark.parametrize("synchronous", [False, True], ids=["claims-async", "claims-synchronous"])

@@ -111,11 +111,14 @@ def test_finished_jobs_past_the_retention_go_and_every_other_job_stays(store, le
     assert store.cancel(recent, "t").ok                 # finished on day 3
     assert state(pinned_conn, dead) == "dead" and state(pinned_conn, gone_cancelled) == "cancelled"
 
+    assert [a.outcome for a in store.job_attempts(dead)] == ["dead"]
+
     at(store, T0 + dt.timedelta(days=7) + SECOND)
     removed, deferred = retain(store)
     assert removed == 3
     for job_id in (ok, dead, gone_cancelled):
         assert not exists(pinned_conn, job_id)
+    assert store.job_attempts(dead) == []             # its history goes with it
     assert state(pinned_conn, waiting) == "scheduled"
     assert state(pinned_conn, claimed) == "claimed"
     assert state(pinned_conn, recent) == "cancelled"

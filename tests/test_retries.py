@@ -75,6 +75,12 @@ def test_fail_twice_then_succeed(pinned_conn, pinned_store):
     st = pinned_store.status(job_id)
     assert (st.state, st.attempts, st.result) == ("succeeded", 3, {"third": "time lucky"})
     assert due_rows(pinned_conn, job_id) == []
+    # The two attempts that failed are kept, each with its worker, times and
+    # error (the job's record holds only the latest).
+    ended = pinned_store.job_attempts(job_id)
+    assert [(a.attempt, a.outcome, a.error, a.worker) for a in ended] == [
+        (2, "retrying", "error 2", "d1"), (1, "retrying", "error 1", "d1")]
+    assert all(a.claimed_at is not None and a.claimed_at < a.ended_at for a in ended)
 
 
 def test_fail_via_sql_schedules_the_retry(pinned_conn, pinned_store):
@@ -209,6 +215,10 @@ def test_expired_claim_at_the_last_attempt_is_dead(pinned_conn, pinned_store):
     st = pinned_store.status(job_id)
     assert (st.state, st.attempts, st.finished_at) == ("dead", 2, T0 + 62 * S)
     assert "expired" in st.last_error
+    ended = pinned_store.job_attempts(job_id)
+    assert [(a.attempt, a.outcome, a.ended_at, a.worker) for a in ended] == [
+        (2, "dead", T0 + 62 * S, None), (1, "scheduled", T0 + 31 * S, None)]
+    assert all("claim expired on attempt" in a.error and a.claimed_at is not None for a in ended)
     assert due_rows(pinned_conn, job_id) == []
     pinned_store.clock = T0 + 3600 * S
     assert claim(pinned_store, [job_id]) == []

@@ -102,8 +102,9 @@ def _claim_delay(record: JobRecord) -> dt.timedelta | None:
 @get("/jobs/{job_id:int}", name="admin.job")
 async def job_page(request: Request, who: Who, ctx: Ctx, job_id: FromPath[int]) -> Template:
     record, deaths = await _record(ctx, who, job_id)
+    ended = await ctx.db(ctx.store.job_attempts, job_id)
     done = text(request.query_params, "done")
-    return render(request, "job.html", job=record, deaths=deaths, claim_delay=_claim_delay(record),
+    return render(request, "job.html", job=record, deaths=deaths, ended=ended, claim_delay=_claim_delay(record),
                   json_cap=JSON_CAP, done=done if done in ACTIONS else None,
                   actions=[op for op in ACTIONS if can(record, op)], labels=ACTIONS)
 

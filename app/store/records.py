@@ -544,6 +544,19 @@ class JobDeath:
 
 
 @dataclass(frozen=True)
+class JobAttempt:
+    """An attempt of a job that ended without success (its job_attempts row);
+    worker None for an expired claim (its error names the worker)."""
+    attempt: int
+    ended_at: dt.datetime
+    worker: str | None
+    claimed_at: dt.datetime | None
+    started_at: dt.datetime | None
+    outcome: str
+    error: str | None
+
+
+@dataclass(frozen=True)
 class DeadJob:
     """A dead job as the admin UI's dead-jobs page lists it."""
     job_id: int

@@ -27,7 +27,7 @@ from minutehand.store.queries import q
 from minutehand.store.records import (AdminSession, Admitted, AuditEntry, AuditNote, DispatcherSeen, FleetView,
                                      MinuteCounts, Overview, ShardLease, WorkerSeen, BatchItem, ClaimRequest, Complete,
                                      DeadJob, DeadName, DeadPage, DeadSettled, EdgeCell, Fail, FlexDefault, FleetStats,
-                                     FleetTeam, Heartbeat, JobDeath, JobEvent, JobGone, JobPage, JobRecord, JobSpec,
+                                     FleetTeam, Heartbeat, JobAttempt, JobDeath, JobEvent, JobGone, JobPage, JobRecord, JobSpec,
                                      JobStatus, JobSummary, Maintenance, MetricsRead, Outcome,
                                      PendingDelivery, PlannedClaim, Release, Report, Repeat, Retained, SeriesControl,
                                      SeriesDetail, SeriesPage, SeriesRun, SeriesSummary, Start, Submitted, Tally,
@@ -803,6 +803,11 @@ class Store:
                 found = conn.execute(q("admin_job_events"), {"job_id": job_id, "limit": deaths}).fetchall()
             return JobRecord(**row), [JobDeath(**r) for r in found]
         return self.retrying(run)
+
+    def job_attempts(self, job_id: int, limit: int = 50) -> list[JobAttempt]:
+        """A job's attempts that ended without success, newest first (the
+        caller has checked the job is the reader's)."""
+        return [JobAttempt(**r) for r in self._all("admin_job_attempts", {"job_id": job_id, "limit": limit})]
 
     def _in_index_order(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         """A read planned with its values and no bitmap scan, so that it stops

@@ -57,7 +57,12 @@ BEGIN
          WHERE j.shard = p_shard AND j.id = i.id
            AND j.state IN ('claimed', 'running') AND j.claim_expires_at < v_now
         RETURNING j.id, j.state, j.strict, j.priority, j.team_id, j.name, j.started_at, j.attempts, j.max_attempts,
-                  j.last_error
+                  j.last_error, j.claimed_at
+    ), ended AS (             -- the attempt, for its history (job_attempts; its error names the worker)
+        INSERT INTO job_attempts (shard, job_id, attempt, ended_at, claimed_at, started_at, outcome, error)
+        SELECT p_shard, e.id, e.attempts, v_now, e.claimed_at, e.started_at, e.state, e.last_error
+          FROM expired e ORDER BY e.id
+        ON CONFLICT DO NOTHING
     )
     SELECT array_agg(ROW(p_shard, e.strict, e.priority, v_now, e.id, e.team_id)::due_row) FILTER (WHERE e.state = 'scheduled'),
            count(*) FILTER (WHERE e.state = 'scheduled'),

@@ -55,6 +55,22 @@ BEGIN
      ORDER BY u.shard, u.team_id
     ON CONFLICT (shard, team_id) DO UPDATE SET running = greatest(r.running + excluded.running, 0);
 END $$;
+-- Attempts that ended without success (job_attempts): p_jobs as they were
+-- while the attempt ran, with the state and error its end gave them; the
+-- worker NULL where the end does not know it (an expired claim's error names
+-- it). In the caller's transaction, in key order.
+CREATE OR REPLACE FUNCTION mh_record_attempts(p_jobs jobs[], p_now timestamptz) RETURNS void
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+BEGIN
+    IF coalesce(cardinality(p_jobs), 0) = 0 THEN
+        RETURN;
+    END IF;
+    INSERT INTO job_attempts (shard, job_id, attempt, ended_at, worker, claimed_at, started_at, outcome, error)
+    SELECT j.shard, j.id, j.attempts, p_now, j.claimed_by, j.claimed_at, j.started_at, j.state, j.last_error
+      FROM unnest(p_jobs) j
+     ORDER BY j.shard, j.id
+    ON CONFLICT DO NOTHING;
+END $$;
 -- Exponential backoff with jitter: attempt n waits a random time in
 -- [d/2, d] with d = min(cap, base * 2^(n-1)): it grows, spreads, and never
 -- exceeds the cap.
@@ -199,6 +215,7 @@ DECLARE
     v_teams   int[] := '{}';
     v_stats   stats_delta[] := '{}';
     v_dead    jobs[] := '{}';
+    v_ended   jobs[] := '{}';
     i         int;
 BEGIN
     FOR i IN SELECT u.ord FROM unnest(p_ids) WITH ORDINALITY AS u(id, ord) ORDER BY mh_shard_of(u.id), u.id, u.ord
@@ -221,6 +238,9 @@ BEGIN
             PERFORM mh_enqueue(v_job.shard, v_job.id, v_run_at, (v_job).strict, v_job.priority, v_job.team_id, v_now);
             v_stats := v_stats || ROW(16 + v_job.shard % 16, v_job.team_id, v_job.name, 0, 0, 0, 1, 0, 0,
                                       NULL, NULL)::stats_delta;
+            v_job.state := 'retrying';
+            v_job.last_error := v_error;
+            v_ended := v_ended || v_job;
             v_answers[i] := ROW(v_job.id, true, 'retrying'::job_state, NULL::text)::outcome;
         ELSE
             UPDATE jobs j
@@ -237,11 +257,14 @@ BEGIN
                                       mh_seconds(v_now - coalesce(v_job.started_at, v_job.claimed_at)))::stats_delta;
             v_job.last_error := v_error;
             v_dead := v_dead || v_job;
+            v_job.state := 'dead';
+            v_ended := v_ended || v_job;
             v_answers[i] := ROW(v_job.id, true, 'dead'::job_state, NULL::text)::outcome;
         END IF;
     END LOOP;
     PERFORM mh_not_running(v_shards, v_teams);
     PERFORM mh_add_stats(v_now, v_stats);
+    PERFORM mh_record_attempts(v_ended, v_now);
     -- The dead ones are listed by team and name and reported to their team.
     IF cardinality(v_dead) > 0 THEN
         PERFORM mh_record_dead(ARRAY(SELECT d.shard FROM unnest(v_dead) d), ARRAY(SELECT d.id FROM unnest(v_dead) d),

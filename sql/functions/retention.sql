@@ -84,7 +84,12 @@ BEGIN
         DELETE FROM jobs j
          WHERE j.shard = p_shard AND j.id = ANY (coalesce(v_gone, '{}'))
            AND j.state IN ('succeeded', 'dead', 'cancelled', 'discarded')
-        RETURNING j.team_id, j.name, j.id, j.state
+        RETURNING j.team_id, j.name, j.id, j.state, j.attempts
+    ), attempts AS (          -- the history of attempts that failed (none for a first-time success)
+        DELETE FROM job_attempts a
+         WHERE a.shard = p_shard
+           AND a.job_id = ANY (ARRAY(SELECT g.id FROM gone g
+                                      WHERE g.attempts > 1 OR (g.attempts = 1 AND g.state <> 'succeeded')))
     )
     SELECT count(*), array_agg(g.team_id) FILTER (WHERE g.state = 'dead'),
            array_agg(g.name) FILTER (WHERE g.state = 'dead'), array_agg(g.id) FILTER (WHERE g.state = 'dead')

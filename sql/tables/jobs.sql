@@ -114,3 +114,22 @@ CREATE INDEX idempotency_keys_expiry ON idempotency_keys (shard, expires_at);
 -- What submit_jobs answers per item, and every outcome procedure per job.
 CREATE TYPE submit_result AS (idx int, job_id bigint, run_at timestamptz, created boolean, error text);
 CREATE TYPE outcome AS (job_id bigint, ok boolean, state job_state, reason text);
+
+-- Attempts that ended without success, one row each: the job's own record
+-- keeps only its latest attempt (worker, claim, start, end, error), so a
+-- retried or expired one would otherwise be known only by the attempt
+-- count. Written by the transaction that ends the attempt (fail_many,
+-- expire_claims), never on the way to success, so the hot path writes
+-- nothing here; removed with the job (retention).
+CREATE TABLE job_attempts (
+    shard      smallint    NOT NULL,
+    job_id     bigint      NOT NULL,
+    attempt    int         NOT NULL,
+    ended_at   timestamptz NOT NULL,
+    worker     text,                      -- NULL: an expired claim (its error names the worker)
+    claimed_at timestamptz,
+    started_at timestamptz,
+    outcome    job_state   NOT NULL,      -- what the end made the job: retrying, scheduled (expired), dead
+    error      text,
+    PRIMARY KEY (shard, job_id, attempt, ended_at)
+);
