@@ -32,14 +32,17 @@ BEGIN
 END $$;
 
 -- Why p_owner does not hold the current lease of a shard with epoch p_epoch
--- (NULL: it does).
+-- (NULL: it does). PL/pgSQL: Citus cannot plan a SQL function's own
+-- parameterized statement over a distributed table.
 CREATE OR REPLACE FUNCTION mh_lease_problem(p_shard int, p_owner text, p_epoch bigint, p_now timestamptz) RETURNS text
-LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN NOT EXISTS (
-        SELECT 1 FROM shards s
-         WHERE s.shard = p_shard AND s.owner = p_owner AND s.epoch = p_epoch AND s.lease_expires_at > p_now)
-    THEN format('shard %s: %L does not hold a current lease with epoch %s', p_shard, p_owner, p_epoch) END
-$$;
+LANGUAGE plpgsql STABLE SET search_path = minutehand, pg_temp AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM shards s
+                    WHERE s.shard = p_shard AND s.owner = p_owner AND s.epoch = p_epoch AND s.lease_expires_at > p_now) THEN
+        RETURN format('shard %s: %L does not hold a current lease with epoch %s', p_shard, p_owner, p_epoch);
+    END IF;
+    RETURN NULL;
+END $$;
 
 -- The statement that takes due rows off one minute bucket, for EXECUTE with
 --   $1 shard, $2 now, $3 limit; it returns the claimed job ids as an array.
@@ -51,7 +54,7 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT format($f$
         WITH picked AS (
             DELETE FROM %1$I d
-             WHERE d.ctid = ANY (ARRAY(
+             WHERE d.shard = $1 AND d.ctid = ANY (ARRAY(
                    SELECT c.ctid FROM %1$I c
                     WHERE c.shard = $1 AND c.run_at <= $2
                     ORDER BY c.strict DESC, c.priority DESC, c.run_at
@@ -73,7 +76,7 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT format($f$
         WITH picked AS (
             DELETE FROM %1$I d
-             WHERE d.ctid = ANY (ARRAY(
+             WHERE d.shard = $1 AND d.ctid = ANY (ARRAY(
                    SELECT c.ctid FROM %1$I c
                      JOIN jobs j ON j.shard = c.shard AND j.id = c.job_id
                     WHERE c.shard = $1 AND c.run_at <= $2
@@ -99,7 +102,7 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT format($f$
         WITH picked AS (
             DELETE FROM %1$I d
-             WHERE d.ctid = ANY (ARRAY(
+             WHERE d.shard = $1 AND d.ctid = ANY (ARRAY(
                    SELECT x.ctid
                      FROM unnest($2::boolean[], $3::smallint[], $4::int[], $5::int[]) AS k(strict, priority, team_id, lim)
                     CROSS JOIN LATERAL (
@@ -189,10 +192,12 @@ END $$;
 -- before starts at the sweep line, so rows that came due before its first
 -- claim are found at once rather than by the sweep.
 CREATE OR REPLACE FUNCTION mh_hand(p_shard int, p_cur timestamptz) RETURNS timestamptz
-LANGUAGE sql STABLE AS $$
-    SELECT greatest(coalesce(max(s.hand), p_cur - mh_sweep_after()), p_cur - mh_sweep_after())
-      FROM shards s WHERE s.shard = p_shard
-$$;
+LANGUAGE plpgsql STABLE SET search_path = minutehand, pg_temp AS $$
+BEGIN
+    -- (PL/pgSQL, as mh_lease_problem.)
+    RETURN (SELECT greatest(coalesce(max(s.hand), p_cur - mh_sweep_after()), p_cur - mh_sweep_after())
+              FROM shards s WHERE s.shard = p_shard);
+END $$;
 
 -- Claim up to p_limit due jobs of one shard for a worker, of the given
 -- names and teams (NULL: any), in the shard's own order: bucket by bucket
