@@ -121,6 +121,10 @@ class Settings:
     # (each pass takes up to retention_batch jobs per shard it owns).
     retention_every_s: float = 5.0
     retention_batch: int = 500
+    # `minutehand migrate --citus`: Citus shards per distributed table when the
+    # database is first distributed (ops/citus/README.md says how it was chosen;
+    # a distributed database keeps its count).
+    citus_shard_count: int = 16
 
     def __post_init__(self) -> None:
         for name in ("default_team_quota", "default_team_weight", "retention_batch"):
