@@ -26,18 +26,6 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
         ELSE 'lease token does not match the current claim (it expired and the job was claimed again)'
     END
 $$;
--- A job's state and lease token, looked up only when p_needed (an item that
--- was refused): the lookup is skipped for the items that went through.
--- (A set-returning SQL function, so that the planner inlines it.)
-CREATE OR REPLACE FUNCTION mh_job_state(p_job bigint, p_needed boolean)
-RETURNS TABLE (found boolean, state job_state, lease_token uuid)
-LANGUAGE sql STABLE AS $$
-    SELECT true, j.state, j.lease_token FROM jobs j
-     WHERE p_needed AND j.shard = mh_shard_of(p_job) AND j.id = p_job
-    UNION ALL
-    SELECT false, NULL::job_state, NULL::uuid
-    LIMIT 1
-$$;
 -- Jobs that left claimed/running, subtracted from team_running: one row per
 -- (shard, team), taken in that order, never below zero. An upsert, so that
 -- the rows are taken in the order of its SELECT; only existing rows are
@@ -50,7 +38,7 @@ BEGIN
     END IF;
     INSERT INTO team_running AS r (shard, team_id, running)
     SELECT u.shard, u.team_id, -count(*) FROM unnest(p_shards, p_teams) u(shard, team_id)
-     WHERE EXISTS (SELECT 1 FROM team_running x WHERE x.shard = u.shard AND x.team_id = u.team_id)
+      JOIN team_running x ON x.shard = u.shard AND x.team_id = u.team_id     -- (a join: Citus plans no correlated EXISTS here)
      GROUP BY u.shard, u.team_id
      ORDER BY u.shard, u.team_id
     ON CONFLICT (shard, team_id) DO UPDATE SET running = greatest(r.running + excluded.running, 0);
@@ -87,17 +75,18 @@ BEGIN
         RETURNING j.id, i.ord, j.shard, j.team_id, j.name, j.lateness, o.started_at IS NULL AS first
     ), counted AS (
         SELECT mh_add_stats(v_now, array_agg(ROW(16 + s.shard % 16, s.team_id, s.name, 0, 1, 0, 0, 0, 0,
-                                                 mh_seconds(s.lateness), NULL)::stats_delta)) AS done
+                                                 mh_seconds(s.lateness), NULL)::stats_delta)) IS NULL AS done
           FROM started s WHERE s.first
     )
     SELECT i.id, s.id IS NOT NULL OR (j.state = 'running' AND j.lease_token IS NOT DISTINCT FROM i.token),
            CASE WHEN s.id IS NOT NULL THEN 'running'::job_state ELSE j.state END,
            CASE WHEN s.id IS NULL AND (j.state IS DISTINCT FROM 'running' OR j.lease_token IS DISTINCT FROM i.token)
-                THEN mh_refusal(j.found, j.state) END
+                THEN mh_refusal(j.id IS NOT NULL, j.state) END
       FROM input i
       CROSS JOIN counted                 -- (referenced, so that it runs)
       LEFT JOIN started s ON s.ord = i.ord
-      LEFT JOIN LATERAL mh_job_state(i.id, s.id IS NULL) j ON true
+      -- a refused item's job, probed only for those (a NULL id finds nothing)
+      LEFT JOIN jobs j ON j.shard = mh_shard_of(i.id) AND j.id = CASE WHEN s.id IS NULL THEN i.id END
      ORDER BY i.ord;
 END $$;
 
@@ -125,10 +114,11 @@ BEGIN
         RETURNING j.id, j.state, i.ord
     )
     SELECT i.id, r.id IS NOT NULL, coalesce(r.state, j.state),
-           CASE WHEN r.id IS NULL THEN mh_refusal(j.found, j.state) END
+           CASE WHEN r.id IS NULL THEN mh_refusal(j.id IS NOT NULL, j.state) END
       FROM input i
       LEFT JOIN renewed r ON r.ord = i.ord
-      LEFT JOIN LATERAL mh_job_state(i.id, r.id IS NULL) j ON true
+      -- a refused item's job, probed only for those (a NULL id finds nothing)
+      LEFT JOIN jobs j ON j.shard = mh_shard_of(i.id) AND j.id = CASE WHEN r.id IS NULL THEN i.id END
      ORDER BY i.ord;
 END $$;
 
@@ -168,17 +158,18 @@ BEGIN
         -- After the keys and team_running (the subqueries of its FROM run first).
         SELECT mh_add_stats(v_now, (SELECT array_agg(ROW(16 + d.shard % 16, d.team_id, d.name, 0, d.first::int, 1, 0,
                                                            0, 0, CASE WHEN d.first THEN mh_seconds(d.lateness) END,
-                                                           mh_seconds(d.run))::stats_delta) FROM done d)) AS done
+                                                           mh_seconds(d.run))::stats_delta) FROM done d)) IS NULL AS done
           FROM (SELECT count(*) FROM stored) k,
                (SELECT mh_not_running(array_agg(d.shard), array_agg(d.team_id)) FROM done d) r
     )
     SELECT i.id, d.id IS NOT NULL,
            CASE WHEN d.id IS NOT NULL THEN 'succeeded'::job_state ELSE j.state END,
-           CASE WHEN d.id IS NULL THEN mh_refusal(j.found, j.state) END
+           CASE WHEN d.id IS NULL THEN mh_refusal(j.id IS NOT NULL, j.state) END
       FROM input i
       CROSS JOIN counted                 -- (referenced, so that it runs)
       LEFT JOIN done d ON d.ord = i.ord
-      LEFT JOIN LATERAL mh_job_state(i.id, d.id IS NULL) j ON true
+      -- a refused item's job, probed only for those (a NULL id finds nothing)
+      LEFT JOIN jobs j ON j.shard = mh_shard_of(i.id) AND j.id = CASE WHEN d.id IS NULL THEN i.id END
      ORDER BY i.ord;
 END $$;
 
@@ -288,10 +279,11 @@ BEGIN
     END IF;
     RETURN QUERY
     SELECT u.id, r.ord IS NOT NULL, coalesce(r.state, j.state),
-           CASE WHEN r.ord IS NULL THEN mh_refusal(j.found, j.state) END
+           CASE WHEN r.ord IS NULL THEN mh_refusal(j.id IS NOT NULL, j.state) END
       FROM unnest(p_ids) WITH ORDINALITY AS u(id, ord)
       LEFT JOIN unnest(v_ords, v_states) AS r(ord, state) ON r.ord = u.ord
-      LEFT JOIN LATERAL mh_job_state(u.id, r.ord IS NULL) j ON true
+      -- a refused item's job, probed only for those (a NULL id finds nothing)
+      LEFT JOIN jobs j ON j.shard = mh_shard_of(u.id) AND j.id = CASE WHEN r.ord IS NULL THEN u.id END
      ORDER BY u.ord;
 END $$;
 
