@@ -45,12 +45,12 @@ BEGIN
         UPDATE jobs j
            SET state = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'scheduled' END::job_state,
                finished_at = CASE WHEN j.attempts >= j.max_attempts THEN v_now END,
-               last_error = CASE WHEN j.attempts >= j.max_attempts
-                   THEN format('claim expired on attempt %s of %s (by %s, at %s): no attempts left. The worker '
-                               'stopped reporting; the job may have run (at-least-once)',
-                               j.attempts, j.max_attempts, j.claimed_by, j.claim_expires_at)
-                   ELSE format('claim expired on attempt %s of %s (by %s, at %s)',
-                               j.attempts, j.max_attempts, j.claimed_by, j.claim_expires_at) END,
+               -- (|| and IMMUTABLE casts, not format(): Citus evaluates nothing STABLE over a row in SET)
+               last_error = 'claim expired on attempt ' || j.attempts::text || ' of ' || j.max_attempts::text
+                   || ' (by ' || coalesce(j.claimed_by, '') || ', at ' || mh_time_text(j.claim_expires_at) || ')'
+                   || CASE WHEN j.attempts >= j.max_attempts
+                           THEN ': no attempts left. The worker stopped reporting; the job may have run (at-least-once)'
+                           ELSE '' END,
                run_at = CASE WHEN j.attempts >= j.max_attempts THEN j.run_at ELSE v_now END,
                claimed_by = NULL, claim_expires_at = NULL, lease_token = NULL, updated_at = v_now
           FROM unnest(v_ids) AS i(id)
