@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from minutehand.store.records import JobSpec
-from tests.support import T0, claim, make_store, pin
+from tests.support import T0, claim, make_store, pin, table_of
 
 TEAM = "wheelers"
 S = dt.timedelta(seconds=1)
@@ -44,7 +44,7 @@ def where(db: psycopg.Connection, ids) -> dict[int, list[str]]:
     """job id -> the tables/partitions holding a due row of it (a list: duplicates show)."""
     out: dict[int, list[str]] = {i: [] for i in ids}
     for job_id, rel, _slot, _run_at in db.execute(WHERE_SQL, {"ids": list(ids)}).fetchall():
-        out[job_id].append(rel)
+        out[job_id].append(table_of(db, rel))
     return out
 
 

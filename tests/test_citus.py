@@ -1,0 +1,93 @@
+"""The schema on a Citus cluster (tests/fixtures/citus.py says how the suite
+runs on one): distribution is idempotent, every table is placed, the hot
+procedures stay single-shard, and no statement of ours takes the shape that
+crashes a Citus 13.2 coordinator. On plain PostgreSQL the Citus-only tests
+skip, saying why; the crash-shape test runs on both."""
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from minutehand.store import citus
+from tests.support import on_citus
+
+NOT_CITUS = "needs a Citus coordinator: MINUTEHAND_TEST_DSN and MINUTEHAND_TEST_CITUS_WORKERS (tests/fixtures/citus.py)"
+
+
+@pytest.fixture
+def citus_db(db):
+    if not on_citus(db):
+        pytest.skip(NOT_CITUS)
+    return db
+
+
+def layout(conn: psycopg.Connection) -> list[tuple]:
+    """Everything Citus' metadata says about our tables and functions."""
+    tables = conn.execute("""SELECT logicalrelid::regclass::text, partmethod::text, colocationid,
+                                    (SELECT count(*) FROM pg_dist_shard s WHERE s.logicalrelid = p.logicalrelid)
+                               FROM pg_dist_partition p ORDER BY 1""").fetchall()
+    functions = conn.execute("""SELECT objid::regprocedure::text, distribution_argument_index, colocationid
+                                  FROM pg_dist_object WHERE classid = 'pg_proc'::regclass ORDER BY 1""").fetchall()
+    return tables + functions
+
+
+def test_distributing_twice_changes_nothing(citus_db, db_dsn):
+    before = layout(citus_db)
+    again = citus.distribute(db_dsn, 8)
+    assert (again.distributed, again.reference, again.functions) == ([], [], [])
+    assert "nothing changed" in str(again)
+    assert layout(citus_db) == before
+
+
+def test_every_table_is_placed_and_the_distributed_ones_are_colocated_with_jobs(citus_db):
+    assert citus.unknown_tables(citus_db) == []
+    kinds = dict(citus_db.execute(
+        """SELECT logicalrelid::regclass::text, partmethod::text FROM pg_dist_partition
+            WHERE NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = logicalrelid)""").fetchall())
+    assert {t for t, k in kinds.items() if k == "h"} == set(citus.DISTRIBUTED)
+    assert {t for t, k in kinds.items() if k == "n"} == set(citus.REFERENCE)
+    assert not set(kinds) & set(citus.LOCAL)
+    groups = {g for (g,) in citus_db.execute(
+        "SELECT DISTINCT colocationid FROM pg_dist_partition WHERE partmethod = 'h'").fetchall()}
+    assert len(groups) == 1
+    # one shard of jobs and its wheel rows, keys and series live on one worker
+    nodes = citus_db.execute(
+        """SELECT count(DISTINCT nodeport) FROM citus_shards
+            WHERE shardid IN (SELECT get_shard_id_for_distribution_column(t, 7::smallint)
+                                FROM unnest(%s::regclass[]) t)""",
+        ([f"minutehand.{t}" for t in ("jobs", "due_far", "idempotency_keys", "series", "team_running")],)).fetchone()[0]
+    assert nodes == 1
+
+
+def test_a_migration_after_distribution_leaves_it_distributed(citus_db, db_dsn):
+    from minutehand.store import migrate
+
+    before = layout(citus_db)
+    migrate.upgrade(db_dsn)
+    assert layout(citus_db) == before
+    assert citus.distribute(db_dsn, 8).functions == []
+
+
+# The shape that crashes a Citus 13.2.2 coordinator (signal 11): an UPDATE of a
+# distributed table whose WHERE folds to false for one shard, such as
+# `UPDATE jobs SET state = 'dead' WHERE shard = 1 AND false`. Our procedures
+# reach their UPDATEs with empty inputs through constant-folded plans only if
+# they do not return early; each is called here with nothing to do, and the
+# coordinator must still answer afterwards (on plain PostgreSQL: the same calls).
+EMPTY_CALLS = (
+    "SELECT * FROM start_many('{}'::bigint[], '{}'::uuid[])",
+    "SELECT * FROM heartbeat_many('{}'::bigint[], '{}'::uuid[], 30)",
+    "SELECT * FROM complete_many('{}'::bigint[], '{}'::uuid[], '{}'::jsonb[])",
+    "SELECT * FROM fail_many('{}'::bigint[], '{}'::uuid[], '{}'::text[])",
+    "SELECT * FROM release_many('{}'::bigint[], '{}'::uuid[])",
+    "SELECT * FROM expire_claims(1)",
+    "SELECT * FROM purge_idempotency_keys(1)",
+    "SELECT * FROM mh_not_running('{}'::smallint[], '{}'::int[])",
+)
+
+
+@pytest.mark.parametrize("call", EMPTY_CALLS)
+def test_no_procedure_with_nothing_to_do_crashes_the_coordinator(db, db_dsn, call):
+    db.execute(call).fetchall()
+    with psycopg.connect(db_dsn, autocommit=True) as fresh:      # the server is still up
+        assert fresh.execute("SELECT 1").fetchone() == (1,)
