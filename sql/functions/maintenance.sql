@@ -111,15 +111,18 @@ DECLARE
     v_part       text;
     v_any        boolean;
     v_rows       due_row[];
+    v_cut        timestamptz;
 BEGIN
     from_far := 0; from_hours := 0;
     SELECT w.cascaded_until INTO v_since FROM wheel w WHERE w.id = 1 FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN RETURN; END IF;
 
+    -- The earliest p_far_limit rows, taken by a cut in run_at (every row at
+    -- the cut goes too), not by ctid: Citus deletes by no ctid across shards.
+    SELECT max(c.run_at) INTO v_cut
+      FROM (SELECT c.run_at FROM due_far c WHERE c.run_at < v_hour_end ORDER BY c.run_at LIMIT p_far_limit) c;
     WITH moved AS (
-        DELETE FROM due_far f
-         WHERE f.ctid = ANY (ARRAY(SELECT c.ctid FROM due_far c WHERE c.run_at < v_hour_end
-                                    ORDER BY c.run_at LIMIT p_far_limit))
+        DELETE FROM due_far f WHERE f.run_at <= v_cut
         RETURNING f.*
     )
     SELECT array_agg(ROW(m.shard, m.strict, m.priority, m.run_at, m.job_id, m.team_id)::due_row), count(*)
