@@ -23,11 +23,14 @@ from minutehand.store.schema import SCHEMA
 DISTRIBUTED = ("jobs", "shards", "claim_checks", "idempotency_keys", "series", "due_minutes", "due_hours",
                "due_far", "team_running", "dead_jobs", "job_events", "retention_marks", "retention_checks")
 # Small, read by every node, written rarely: a copy on every node.
-REFERENCE = ("teams", "worker_tokens", "dispatchers", "duty_leases", "wheel", "flex_defaults", "webhooks",
-             "timezone_names")
-# Per-team rows with no shard column, written with every event: local to the
-# coordinator (a reference table would replicate each write to every node).
-LOCAL = ("team_stats", "team_pending", "team_buckets", "load_minutes", "webhook_deliveries", "alembic_version")
+REFERENCE = ("teams", "worker_tokens", "dispatchers", "duty_leases", "flex_defaults", "webhooks", "timezone_names")
+# Local to the coordinator, where the procedures that write them run: per-team
+# rows with no shard column, written with every event (a reference table
+# would replicate each write to every node), and `wheel`, whose row the
+# global duties lock with SKIP LOCKED (a row lock on a reference table takes
+# a lock Citus holds to commit: the second duty would wait, not skip).
+LOCAL = ("team_stats", "team_pending", "team_buckets", "load_minutes", "webhook_deliveries", "wheel",
+         "alembic_version")
 
 # Functions whose first argument is the shard of everything they touch:
 # Citus may run the whole call on that shard's worker (create_distributed_function).
