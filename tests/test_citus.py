@@ -91,3 +91,37 @@ def test_no_procedure_with_nothing_to_do_crashes_the_coordinator(db, db_dsn, cal
     db.execute(call).fetchall()
     with psycopg.connect(db_dsn, autocommit=True) as fresh:      # the server is still up
         assert fresh.execute("SELECT 1").fetchone() == (1,)
+
+
+# ---------------------------------------------------------------- router plans: one shard, one task
+def task_count(conn: psycopg.Connection, statement: str, params: dict | None = None) -> int:
+    """Citus' tasks for a statement: 1 is a router plan (one shard, one worker)."""
+    plan = conn.execute("EXPLAIN (FORMAT JSON) " + statement, params).fetchone()[0][0]["Plan"]
+    assert plan["Node Type"] == "Custom Scan", plan
+    return plan["Distributed Query"]["Job"]["Task Count"]
+
+
+def test_hot_statements_are_router_plans(citus_db):
+    from minutehand.store.queries import q
+
+    db = citus_db
+    db.execute("INSERT INTO teams (name) VALUES ('t')")
+    job_id = db.execute("SELECT submit_job('t', 'probe', NULL)").fetchone()[0]
+    shard, slot = db.execute("SELECT shard, slot FROM due_minutes WHERE job_id = %s", (job_id,)).fetchone()
+    at = {"shard": str(shard)}
+    # the claim: the DELETE of one bucket of one shard, and its cell form
+    claim = db.execute("SELECT mh_claim_sql(%s)", (slot,)).fetchone()[0]
+    assert task_count(db, claim.replace("$1", at["shard"]).replace("$2", "now()").replace("$3", "10")) == 1
+    cells = db.execute("SELECT mh_claim_cells_sql(%s, false)", (slot,)).fetchone()[0]
+    cells = (cells.replace("$1", at["shard"]).replace("$2", "'{f}'::boolean[]").replace("$3", "'{0}'::smallint[]")
+             .replace("$4", "'{1}'::int[]").replace("$5", "'{10}'::int[]").replace("$6", "now()"))
+    assert task_count(db, cells) == 1
+    # next due: the dispatcher's summary of one bucket of one shard
+    part = db.execute("SELECT mh_minute_part(%s)", (slot,)).fetchone()[0]
+    assert task_count(db, f"SELECT min(run_at) FROM {part} WHERE shard = {shard} AND run_at > now()") == 1
+    # status: the job by (shard, id), with its team and series
+    assert task_count(db, q("job_status"), {"job_id": job_id, "team": None}) == 1
+    # submit: the job row and its wheel row
+    assert task_count(db, f"""INSERT INTO due_minutes (slot, shard, strict, priority, run_at, job_id, team_id)
+                              VALUES ({slot}, {shard}, false, 0, now(), 1, 1)""") == 1
+    assert task_count(db, f"UPDATE jobs SET updated_at = now() WHERE shard = {shard} AND id = {job_id}") == 1
