@@ -83,6 +83,9 @@ EMPTY_CALLS = (
     "SELECT * FROM expire_claims(1)",
     "SELECT * FROM purge_idempotency_keys(1)",
     "SELECT * FROM mh_not_running('{}'::smallint[], '{}'::int[])",
+    "SELECT * FROM cascade_wheel()",
+    "SELECT * FROM sweep_passed()",
+    "SELECT * FROM maintain()",
 )
 
 
@@ -125,3 +128,56 @@ def test_hot_statements_are_router_plans(citus_db):
     assert task_count(db, f"""INSERT INTO due_minutes (slot, shard, strict, priority, run_at, job_id, team_id)
                               VALUES ({slot}, {shard}, false, 0, now(), 1, 1)""") == 1
     assert task_count(db, f"UPDATE jobs SET updated_at = now() WHERE shard = {shard} AND id = {job_id}") == 1
+
+
+# ---------------------------------------------------------------- one shard, one worker, one-phase commit
+def remote_commands(conn: psycopg.Connection, call: str, params: tuple = ()) -> list[tuple[str, str]]:
+    """(server, command) of every command the call sent to a worker (citus.log_remote_commands)."""
+    seen: list[tuple[str, str]] = []
+
+    def notice(d) -> None:
+        if (d.message_primary or "").startswith("issuing "):
+            seen.append(((d.message_detail or "").split(" connectionId")[0], d.message_primary[len("issuing "):]))
+
+    conn.add_notice_handler(notice)
+    try:
+        conn.execute("SET citus.log_remote_commands = on")
+        conn.execute("SET client_min_messages = log")
+        conn.execute(call, params).fetchall()
+    finally:
+        conn.execute("RESET client_min_messages")
+        conn.execute("RESET citus.log_remote_commands")
+        conn.remove_notice_handler(notice)
+    return seen
+
+
+def assert_one_worker_one_phase(commands: list[tuple[str, str]]) -> None:
+    assert len({server for server, _ in commands}) == 1, commands
+    assert not [c for _, c in commands if c.startswith(("PREPARE TRANSACTION", "COMMIT PREPARED"))], commands
+    assert commands[-1][1] == "COMMIT", commands
+
+
+def test_a_submit_and_a_claim_of_one_shard_run_on_one_worker_with_a_one_phase_commit(citus_db):
+    db = citus_db
+    db.execute("INSERT INTO teams (name) VALUES ('t')")
+    sent = remote_commands(db, "SELECT submit_job('t', 'probe', NULL, '{}', p_idempotency_key => 'k1')")
+    assert_one_worker_one_phase(sent)
+    job_id = db.execute("SELECT id FROM jobs").fetchone()[0]
+    shard = db.execute("SELECT mh_shard_of(%s)", (job_id,)).fetchone()[0]
+    epoch = db.execute("SELECT take_shard_lease(%s, 'd1', 600)", (shard,)).fetchone()[0]
+    sent = remote_commands(db, "SELECT job_id, refused FROM claim_due(%s, 10, 'd1', %s, 30)", (shard, epoch))
+    assert_one_worker_one_phase(sent)
+    assert db.execute("SELECT state FROM jobs WHERE id = %s", (job_id,)).fetchone()[0] == "claimed"
+
+
+def test_claims_with_nothing_due_do_not_crash_the_coordinator(db, db_dsn):
+    """The claim's UPDATE is not sent with an empty set of ids (`id = ANY (NULL)` folds to false)."""
+    db.execute("INSERT INTO teams (name) VALUES ('t')")
+    epoch = db.execute("SELECT take_shard_lease(3, 'd1', 600)").fetchone()[0]
+    assert db.execute("SELECT * FROM claim_due(3, 10, 'd1', %s, 30)", (epoch,)).fetchall() == []
+    team = db.execute("SELECT id FROM teams WHERE name = 't'").fetchone()[0]
+    assert db.execute("SELECT * FROM claim_planned(3, 'd1', %s, 30, 'w', mh_minute(mh_now()), '{f}', '{0}', %s, '{10}')",
+                      (epoch, [team])).fetchall() == []
+    assert db.execute("SELECT * FROM mh_take_claimed(3, NULL, 'w', 30, mh_now())").fetchall() == []
+    with psycopg.connect(db_dsn, autocommit=True) as fresh:
+        assert fresh.execute("SELECT 1").fetchone() == (1,)

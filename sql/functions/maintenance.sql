@@ -121,13 +121,18 @@ BEGIN
     -- the cut goes too), not by ctid: Citus deletes by no ctid across shards.
     SELECT max(c.run_at) INTO v_cut
       FROM (SELECT c.run_at FROM due_far c WHERE c.run_at < v_hour_end ORDER BY c.run_at LIMIT p_far_limit) c;
-    WITH moved AS (
-        DELETE FROM due_far f WHERE f.run_at <= v_cut
-        RETURNING f.*
-    )
-    SELECT array_agg(ROW(m.shard, m.strict, m.priority, m.run_at, m.job_id, m.team_id)::due_row), count(*)
-      INTO v_rows, from_far FROM moved m;
-    PERFORM mh_enqueue_many(v_rows, v_now);
+    -- (None due: no DELETE at all. `run_at <= NULL` folds to false, and an
+    -- UPDATE or DELETE whose condition folds to false fails on Citus 13.2,
+    -- or crashes its coordinator.)
+    IF v_cut IS NOT NULL THEN
+        WITH moved AS (
+            DELETE FROM due_far f WHERE f.run_at <= v_cut
+            RETURNING f.*
+        )
+        SELECT array_agg(ROW(m.shard, m.strict, m.priority, m.run_at, m.job_id, m.team_id)::due_row), count(*)
+          INTO v_rows, from_far FROM moved m;
+        PERFORM mh_enqueue_many(v_rows, v_now);
+    END IF;
 
     IF v_since IS NOT NULL AND v_since >= v_minute_end - interval '24 hours' THEN
         v_hour := v_minute_end - interval '24 hours';
