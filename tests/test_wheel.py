@@ -160,7 +160,7 @@ def test_jobs_due_inside_the_hour_level_cascade_to_minutes_in_bulk(db_dsn, db, p
         assert due_total(db) == (500, 500)
     placed = db.execute(WHERE_SQL, {"ids": list(ids)}).fetchall()
     for job_id, rel, slot, run_at in placed:
-        assert rel == minute_part(db, run_at)
+        assert table_of(db, rel) == minute_part(db, run_at)
     assert db.execute("SELECT count(*) FROM due_hours").fetchone()[0] == 0
 
 
@@ -346,6 +346,7 @@ def test_concurrent_cascades_and_sweeps_neither_fail_nor_duplicate(db_dsn, db, p
     maintain(pinned_store)
     minute_end, hour_end = bounds(db, clock)
     for job_id, rel, _slot, run_at in db.execute(WHERE_SQL, {"ids": list(ids)}).fetchall():
+        rel = table_of(db, rel)
         if run_at >= hour_end:
             assert rel == "due_far"
         elif run_at >= minute_end:
