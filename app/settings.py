@@ -134,6 +134,10 @@ class Settings:
     # owns, so it runs seldom and takes much.
     retention_every_s: float = 30.0
     retention_batch: int = 2000
+    # `minutehand migrate --citus`: Citus shards per distributed table when the
+    # database is first distributed (ops/citus/README.md says how it was chosen;
+    # a distributed database keeps its count).
+    citus_shard_count: int = 16
 
     def __post_init__(self) -> None:
         for name in ("default_team_quota", "default_team_weight", "retention_batch"):

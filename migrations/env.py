@@ -13,7 +13,7 @@ from alembic import context
 from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
 
-from minutehand.store import sqlfiles
+from minutehand.store import citus, sqlfiles
 from minutehand.store.schema import SCHEMA, SEARCH_PATH
 
 FIRST_IN_SCHEMA = "0005"      # the revision that moved everything into SCHEMA
@@ -64,6 +64,7 @@ with engine.connect() as connection:
     with context.begin_transaction():
         pg = connection.connection.driver_connection
         sqlfiles.lock(pg)
+        citus.before_migrate(pg)
         pg.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
         _version_table(pg, below_schema=False)          # Alembic reads it in SCHEMA
         migration = context.get_context()

@@ -351,8 +351,9 @@ SELECT shard, CASE WHEN lease_expires_at > mh_now() THEN owner END AS owner, epo
 
 -- name: set_worker_token
 -- Create a worker credential, or replace its token's hash (rotation).
-INSERT INTO worker_tokens (name, token_hash) VALUES (%(name)s, %(token_hash)s)
-ON CONFLICT (name) DO UPDATE SET token_hash = excluded.token_hash, created_at = now()
+-- (The time as a value, not now() in DO UPDATE: Citus evaluates nothing over a row there.)
+INSERT INTO worker_tokens (name, token_hash, created_at) VALUES (%(name)s, %(token_hash)s, now())
+ON CONFLICT (name) DO UPDATE SET token_hash = excluded.token_hash, created_at = excluded.created_at
 RETURNING name
 
 -- name: worker_by_token

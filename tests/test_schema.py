@@ -148,7 +148,7 @@ def test_name_resolution_every_plpgsql_and_client_function_pins_its_path_helpers
             assert config == ["search_path=minutehand, pg_temp"], name
         else:
             assert config is None, name
-    for helper in ("mh_now", "mh_shard_of", "mh_job_state", "mh_minute_slot", "mh_lease_problem", "mh_batch_items"):
+    for helper in ("mh_now", "mh_shard_of", "mh_minute_slot", "mh_batch_items"):
         assert dict((r[0], r[2]) for r in rows)[helper] is None
 
 

@@ -19,7 +19,7 @@ from minutehand.settings import Settings
 from minutehand.store import errors, migrate
 from minutehand.store.records import JobSpec, Repeat
 from minutehand.store.store import hash_token
-from tests.support import T0, pin
+from tests.support import AUTO_EXPLAIN_ON_CITUS, T0, pin, skip_on_citus
 
 pytestmark = pytest.mark.reused_db   # one database for the module, reset before each test
 
@@ -246,8 +246,9 @@ def test_round_cron_series_get_the_round_cron_default(pinned_conn, pinned_store)
     pinned_store.set_flex_default("t", None, 1800)              # team t's own
     def series_flex(team: str, name: str, cron: str) -> int:
         s = pinned_store.submit(team, JobSpec(name=name, repeat=Repeat(cron=cron)))
-        return pinned_conn.execute("SELECT s.flex_s FROM series s JOIN jobs j ON j.series_id = s.id "
-                                   "WHERE j.id = %s AND j.flex_s = s.flex_s", (s.job_id,)).fetchone()[0]
+        return pinned_conn.execute("SELECT s.flex_s FROM series s JOIN jobs j ON j.shard = s.shard "
+                                   "AND j.series_id = s.id WHERE j.id = %s AND j.flex_s = s.flex_s",
+                                   (s.job_id,)).fetchone()[0]
     assert series_flex("t", "nightly", "0 0 * * *") == 1800
     assert series_flex("u", "nightly", "0 0 * * *") == 300
     assert series_flex("t", "odd", "7 0 * * *") == 0
@@ -390,6 +391,7 @@ def test_http_bad_window_requests_are_refused_and_write_nothing(client, pinned_c
 # ---------------------------------------------------------------- plans
 def test_plans_the_counts_read_is_a_bounded_index_scan_and_the_upsert_uses_the_key(db_dsn):
     with psycopg.connect(db_dsn, autocommit=True) as conn:
+        skip_on_citus(conn, AUTO_EXPLAIN_ON_CITUS)
         conn.execute("SET search_path = minutehand")
         conn.execute("""INSERT INTO load_minutes (minute, stripe, jobs)
                         SELECT %s::timestamptz + k * interval '1 minute', s, 1

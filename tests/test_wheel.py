@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from minutehand.store.records import JobSpec
-from tests.support import T0, claim, make_store, pin
+from tests.support import T0, claim, make_store, pin, table_of
 
 TEAM = "wheelers"
 S = dt.timedelta(seconds=1)
@@ -44,7 +44,7 @@ def where(db: psycopg.Connection, ids) -> dict[int, list[str]]:
     """job id -> the tables/partitions holding a due row of it (a list: duplicates show)."""
     out: dict[int, list[str]] = {i: [] for i in ids}
     for job_id, rel, _slot, _run_at in db.execute(WHERE_SQL, {"ids": list(ids)}).fetchall():
-        out[job_id].append(rel)
+        out[job_id].append(table_of(db, rel))
     return out
 
 
@@ -160,7 +160,7 @@ def test_jobs_due_inside_the_hour_level_cascade_to_minutes_in_bulk(db_dsn, db, p
         assert due_total(db) == (500, 500)
     placed = db.execute(WHERE_SQL, {"ids": list(ids)}).fetchall()
     for job_id, rel, slot, run_at in placed:
-        assert rel == minute_part(db, run_at)
+        assert table_of(db, rel) == minute_part(db, run_at)
     assert db.execute("SELECT count(*) FROM due_hours").fetchone()[0] == 0
 
 
@@ -346,6 +346,7 @@ def test_concurrent_cascades_and_sweeps_neither_fail_nor_duplicate(db_dsn, db, p
     maintain(pinned_store)
     minute_end, hour_end = bounds(db, clock)
     for job_id, rel, _slot, run_at in db.execute(WHERE_SQL, {"ids": list(ids)}).fetchall():
+        rel = table_of(db, rel)
         if run_at >= hour_end:
             assert rel == "due_far"
         elif run_at >= minute_end:

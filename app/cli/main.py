@@ -41,6 +41,9 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> None:
     else:
         migrate.upgrade(settings.database_url)
     print(f"schema at revision {migrate.current(settings.database_url)}")
+    if args.citus and not args.downgrade:
+        from minutehand.store import citus
+        print(citus.distribute(settings.database_url, settings.citus_shard_count))
 
 
 def cmd_maintain(settings: Settings, args: argparse.Namespace) -> None:
@@ -309,6 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("migrate", cmd_migrate, "upgrade the schema to the latest revision (a no-op when current)")
     p.add_argument("--downgrade", action="store_true", help="undo the latest revision instead")
+    p.add_argument("--citus", action="store_true",
+                   help="then distribute the tables over the Citus cluster the database URL names (its "
+                        "coordinator): idempotent, and safe again after a later migration")
     command("maintain", cmd_maintain, "run every maintenance duty once over every shard")
     team = command("team", None, "create a team, set its quota and weight, list teams").add_subparsers(
         dest="action", required=True)

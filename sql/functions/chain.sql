@@ -32,8 +32,8 @@ BEGIN
     WITH dropped AS (
         UPDATE jobs j
            SET state = 'cancelled', finished_at = p_now, updated_at = p_now,
-               last_error = format('skipped: its series fired again (%s) before it was claimed (misfire skip)',
-                                   j.deadline)
+               last_error = 'skipped: its series fired again (' || mh_time_text(j.deadline)
+                            || ') before it was claimed (misfire skip)'
          WHERE j.shard = p_shard AND j.id = ANY (p_ids) AND j.state IN ('scheduled', 'retrying')
            AND j.deadline <= p_now AND j.attempts = 0
         RETURNING j.id, j.team_id, j.name, j.series_id

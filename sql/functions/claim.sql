@@ -32,14 +32,17 @@ BEGIN
 END $$;
 
 -- Why p_owner does not hold the current lease of a shard with epoch p_epoch
--- (NULL: it does).
+-- (NULL: it does). PL/pgSQL: Citus cannot plan a SQL function's own
+-- parameterized statement over a distributed table.
 CREATE OR REPLACE FUNCTION mh_lease_problem(p_shard int, p_owner text, p_epoch bigint, p_now timestamptz) RETURNS text
-LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN NOT EXISTS (
-        SELECT 1 FROM shards s
-         WHERE s.shard = p_shard AND s.owner = p_owner AND s.epoch = p_epoch AND s.lease_expires_at > p_now)
-    THEN format('shard %s: %L does not hold a current lease with epoch %s', p_shard, p_owner, p_epoch) END
-$$;
+LANGUAGE plpgsql STABLE SET search_path = minutehand, pg_temp AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM shards s
+                    WHERE s.shard = p_shard AND s.owner = p_owner AND s.epoch = p_epoch AND s.lease_expires_at > p_now) THEN
+        RETURN format('shard %s: %L does not hold a current lease with epoch %s', p_shard, p_owner, p_epoch);
+    END IF;
+    RETURN NULL;
+END $$;
 
 -- The statement that takes due rows off one minute bucket, for EXECUTE with
 --   $1 shard, $2 now, $3 limit; it returns the claimed job ids as an array.
@@ -51,7 +54,7 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT format($f$
         WITH picked AS (
             DELETE FROM %1$I d
-             WHERE d.ctid = ANY (ARRAY(
+             WHERE d.shard = $1 AND d.ctid = ANY (ARRAY(
                    SELECT c.ctid FROM %1$I c
                     WHERE c.shard = $1 AND c.run_at <= $2
                     ORDER BY c.strict DESC, c.priority DESC, c.run_at
@@ -73,7 +76,7 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT format($f$
         WITH picked AS (
             DELETE FROM %1$I d
-             WHERE d.ctid = ANY (ARRAY(
+             WHERE d.shard = $1 AND d.ctid = ANY (ARRAY(
                    SELECT c.ctid FROM %1$I c
                      JOIN jobs j ON j.shard = c.shard AND j.id = c.job_id
                     WHERE c.shard = $1 AND c.run_at <= $2
@@ -99,7 +102,7 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT format($f$
         WITH picked AS (
             DELETE FROM %1$I d
-             WHERE d.ctid = ANY (ARRAY(
+             WHERE d.shard = $1 AND d.ctid = ANY (ARRAY(
                    SELECT x.ctid
                      FROM unnest($2::boolean[], $3::smallint[], $4::int[], $5::int[]) AS k(strict, priority, team_id, lim)
                     CROSS JOIN LATERAL (
@@ -143,40 +146,68 @@ LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
     v_token   uuid := gen_random_uuid();
     v_expires timestamptz := p_now + make_interval(secs => p_lease_s);
+    v_claimed jobs[];
+    v_done    bigint[];
+    v_chain   bigint[];
+    v_keys    idempotency_keys[];
+    v_team    int;
+    v_count   int;
     v_got     int;
 BEGIN
-    RETURN QUERY
+    -- One statement per table, each naming the shard and passing rows on in
+    -- variables, not through a chain of CTEs: on Citus each is then a router
+    -- query on the shard's worker and the claim one single-shard transaction
+    -- (Citus splits a CTE chain into intermediate results sent to every
+    -- worker, with a two-phase commit). Steps with nothing to do are skipped
+    -- (an UPDATE whose condition folds to false, `id = ANY (NULL)`, fails on
+    -- Citus 13.2 or crashes its coordinator).
+    IF coalesce(cardinality(p_ids), 0) = 0 THEN
+        RETURN;
+    END IF;
     WITH claimed AS (
         UPDATE jobs j
            SET state = 'claimed', attempts = j.attempts + 1, claimed_by = p_claimer,
                lease_token = v_token, claim_expires_at = v_expires, claimed_at = p_now, updated_at = p_now
          WHERE j.shard = p_shard AND j.id = ANY (p_ids) AND j.state IN ('scheduled', 'retrying')
            AND (j.deadline IS NULL OR j.deadline > p_now OR j.attempts > 0)
-        RETURNING j.id, j.team_id, j.name, j.payload, j.attempts, j.max_attempts, j.idempotency_key,
-                  j.lease_token, j.claim_expires_at, j.due_at, j.run_at, j.priority, j.strict, j.series_id
-    ), chained AS (
-        UPDATE series s SET chain_after = s.last_due_at, updated_at = p_now
-         WHERE s.shard = p_shard
-           AND s.id IN (SELECT mh_series_to_chain(p_shard,
-                                                  ARRAY(SELECT c.series_id FROM claimed c WHERE c.series_id IS NOT NULL),
-                                                  ARRAY(SELECT c.id FROM claimed c WHERE c.series_id IS NOT NULL)))
-    ), reminder AS (
-        INSERT INTO claim_checks (shard, check_at, job_ids)
-        SELECT p_shard, v_expires, array_agg(c.id) FROM claimed c HAVING count(*) > 0
-    ), counted AS (
-        INSERT INTO team_running AS r (shard, team_id, running)
-        SELECT p_shard, c.team_id, count(*) FROM claimed c GROUP BY c.team_id ORDER BY c.team_id
-        ON CONFLICT (shard, team_id) DO UPDATE SET running = r.running + excluded.running
+        RETURNING j AS job
     )
+    SELECT array_agg(c.job ORDER BY (c.job).strict DESC, (c.job).priority DESC, (c.job).run_at) INTO v_claimed
+      FROM claimed c;
+    IF v_claimed IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM unnest(v_claimed) c WHERE c.series_id IS NOT NULL) THEN
+            v_chain := ARRAY(SELECT mh_series_to_chain(p_shard,
+                                                       ARRAY(SELECT c.series_id FROM unnest(v_claimed) c
+                                                              WHERE c.series_id IS NOT NULL),
+                                                       ARRAY(SELECT c.id FROM unnest(v_claimed) c
+                                                              WHERE c.series_id IS NOT NULL)));
+            UPDATE series s SET chain_after = s.last_due_at, updated_at = p_now
+             WHERE s.shard = p_shard AND s.id = ANY (v_chain);
+        END IF;
+        v_done := ARRAY(SELECT c.id FROM unnest(v_claimed) c);
+        INSERT INTO claim_checks (shard, check_at, job_ids) VALUES (p_shard, v_expires, v_done);
+        -- A row per team, in team order (INSERT ... SELECT would go through
+        -- Citus' coordinator and commit in two phases; a claim names few teams).
+        FOR v_team, v_count IN SELECT c.team_id, count(*) FROM unnest(v_claimed) c GROUP BY c.team_id ORDER BY c.team_id
+        LOOP
+            INSERT INTO team_running AS r (shard, team_id, running) VALUES (p_shard, v_team, v_count)
+            ON CONFLICT (shard, team_id) DO UPDATE SET running = r.running + excluded.running;
+        END LOOP;
+        IF EXISTS (SELECT 1 FROM unnest(v_claimed) c WHERE c.idempotency_key IS NOT NULL) THEN
+            SELECT array_agg(k) INTO v_keys FROM idempotency_keys k
+             WHERE k.shard = p_shard AND k.key = ANY (ARRAY(SELECT c.idempotency_key FROM unnest(v_claimed) c
+                                                             WHERE c.idempotency_key IS NOT NULL))
+               AND k.completed_at IS NOT NULL AND k.expires_at > p_now;
+        END IF;
+    END IF;
+    RETURN QUERY
     SELECT c.id, t.name, c.name, c.payload::text, c.attempts, c.max_attempts, c.idempotency_key,
            c.lease_token, c.claim_expires_at, mh_readable(c.due_at), mh_readable(c.run_at),
            k.result::text, c.team_id, c.strict, c.priority
-      FROM claimed c
+      FROM unnest(v_claimed) WITH ORDINALITY AS c
       JOIN teams t ON t.id = c.team_id
-      LEFT JOIN idempotency_keys k
-        ON c.idempotency_key IS NOT NULL AND k.shard = p_shard AND k.team_id = c.team_id
-       AND k.key = c.idempotency_key AND k.completed_at IS NOT NULL AND k.expires_at > p_now
-     ORDER BY c.strict DESC, c.priority DESC, c.run_at;
+      LEFT JOIN unnest(v_keys) k ON k.team_id = c.team_id AND k.key = c.idempotency_key
+     ORDER BY c.ordinality;
     GET DIAGNOSTICS v_got = ROW_COUNT;
     IF v_got < cardinality(p_ids) THEN
         PERFORM mh_drop_missed(p_shard, p_ids, p_now);
@@ -189,10 +220,12 @@ END $$;
 -- before starts at the sweep line, so rows that came due before its first
 -- claim are found at once rather than by the sweep.
 CREATE OR REPLACE FUNCTION mh_hand(p_shard int, p_cur timestamptz) RETURNS timestamptz
-LANGUAGE sql STABLE AS $$
-    SELECT greatest(coalesce(max(s.hand), p_cur - mh_sweep_after()), p_cur - mh_sweep_after())
-      FROM shards s WHERE s.shard = p_shard
-$$;
+LANGUAGE plpgsql STABLE SET search_path = minutehand, pg_temp AS $$
+BEGIN
+    -- (PL/pgSQL, as mh_lease_problem.)
+    RETURN (SELECT greatest(coalesce(max(s.hand), p_cur - mh_sweep_after()), p_cur - mh_sweep_after())
+              FROM shards s WHERE s.shard = p_shard);
+END $$;
 
 -- Claim up to p_limit due jobs of one shard for a worker, of the given
 -- names and teams (NULL: any), in the shard's own order: bucket by bucket

@@ -44,3 +44,12 @@ CREATE OR REPLACE FUNCTION mh_readable(t timestamptz) RETURNS timestamptz
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE WHEN t >= '0001-01-01 00:00:00+00' AND t < '10000-01-01 00:00:00+00' THEN t END
 $$;
+
+-- A time as text in UTC, as a UTC session prints it ('2030-01-01 12:00:30+00').
+-- IMMUTABLE, unlike format() or a cast of a timestamptz (they follow the
+-- session's TimeZone): Citus evaluates only IMMUTABLE functions over a row's
+-- columns in UPDATE ... SET, where error messages name a job's times.
+CREATE OR REPLACE FUNCTION mh_time_text(t timestamptz) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT rtrim(rtrim(to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US'), '0'), '.') || '+00'
+$$;

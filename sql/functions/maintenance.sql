@@ -45,12 +45,12 @@ BEGIN
         UPDATE jobs j
            SET state = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'scheduled' END::job_state,
                finished_at = CASE WHEN j.attempts >= j.max_attempts THEN v_now END,
-               last_error = CASE WHEN j.attempts >= j.max_attempts
-                   THEN format('claim expired on attempt %s of %s (by %s, at %s): no attempts left. The worker '
-                               'stopped reporting; the job may have run (at-least-once)',
-                               j.attempts, j.max_attempts, j.claimed_by, j.claim_expires_at)
-                   ELSE format('claim expired on attempt %s of %s (by %s, at %s)',
-                               j.attempts, j.max_attempts, j.claimed_by, j.claim_expires_at) END,
+               -- (|| and IMMUTABLE casts, not format(): Citus evaluates nothing STABLE over a row in SET)
+               last_error = 'claim expired on attempt ' || j.attempts::text || ' of ' || j.max_attempts::text
+                   || ' (by ' || coalesce(j.claimed_by, '') || ', at ' || mh_time_text(j.claim_expires_at) || ')'
+                   || CASE WHEN j.attempts >= j.max_attempts
+                           THEN ': no attempts left. The worker stopped reporting; the job may have run (at-least-once)'
+                           ELSE '' END,
                run_at = CASE WHEN j.attempts >= j.max_attempts THEN j.run_at ELSE v_now END,
                claimed_by = NULL, claim_expires_at = NULL, lease_token = NULL, updated_at = v_now
           FROM unnest(v_ids) AS i(id)
@@ -116,20 +116,28 @@ DECLARE
     v_part       text;
     v_any        boolean;
     v_rows       due_row[];
+    v_cut        timestamptz;
 BEGIN
     from_far := 0; from_hours := 0;
     SELECT w.cascaded_until INTO v_since FROM wheel w WHERE w.id = 1 FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN RETURN; END IF;
 
-    WITH moved AS (
-        DELETE FROM due_far f
-         WHERE f.ctid = ANY (ARRAY(SELECT c.ctid FROM due_far c WHERE c.run_at < v_hour_end
-                                    ORDER BY c.run_at LIMIT p_far_limit))
-        RETURNING f.*
-    )
-    SELECT array_agg(ROW(m.shard, m.strict, m.priority, m.run_at, m.job_id, m.team_id)::due_row), count(*)
-      INTO v_rows, from_far FROM moved m;
-    PERFORM mh_enqueue_many(v_rows, v_now);
+    -- The earliest p_far_limit rows, taken by a cut in run_at (every row at
+    -- the cut goes too), not by ctid: Citus deletes by no ctid across shards.
+    SELECT max(c.run_at) INTO v_cut
+      FROM (SELECT c.run_at FROM due_far c WHERE c.run_at < v_hour_end ORDER BY c.run_at LIMIT p_far_limit) c;
+    -- (None due: no DELETE at all. `run_at <= NULL` folds to false, and an
+    -- UPDATE or DELETE whose condition folds to false fails on Citus 13.2,
+    -- or crashes its coordinator.)
+    IF v_cut IS NOT NULL THEN
+        WITH moved AS (
+            DELETE FROM due_far f WHERE f.run_at <= v_cut
+            RETURNING f.*
+        )
+        SELECT array_agg(ROW(m.shard, m.strict, m.priority, m.run_at, m.job_id, m.team_id)::due_row), count(*)
+          INTO v_rows, from_far FROM moved m;
+        PERFORM mh_enqueue_many(v_rows, v_now);
+    END IF;
 
     IF v_since IS NOT NULL AND v_since >= v_minute_end - interval '24 hours' THEN
         v_hour := v_minute_end - interval '24 hours';

@@ -26,18 +26,6 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
         ELSE 'lease token does not match the current claim (it expired and the job was claimed again)'
     END
 $$;
--- A job's state and lease token, looked up only when p_needed (an item that
--- was refused): the lookup is skipped for the items that went through.
--- (A set-returning SQL function, so that the planner inlines it.)
-CREATE OR REPLACE FUNCTION mh_job_state(p_job bigint, p_needed boolean)
-RETURNS TABLE (found boolean, state job_state, lease_token uuid)
-LANGUAGE sql STABLE AS $$
-    SELECT true, j.state, j.lease_token FROM jobs j
-     WHERE p_needed AND j.shard = mh_shard_of(p_job) AND j.id = p_job
-    UNION ALL
-    SELECT false, NULL::job_state, NULL::uuid
-    LIMIT 1
-$$;
 -- Jobs that left claimed/running, subtracted from team_running: one row per
 -- (shard, team), taken in that order, never below zero. An upsert, so that
 -- the rows are taken in the order of its SELECT; only existing rows are
@@ -50,7 +38,7 @@ BEGIN
     END IF;
     INSERT INTO team_running AS r (shard, team_id, running)
     SELECT u.shard, u.team_id, -count(*) FROM unnest(p_shards, p_teams) u(shard, team_id)
-     WHERE EXISTS (SELECT 1 FROM team_running x WHERE x.shard = u.shard AND x.team_id = u.team_id)
+      JOIN team_running x ON x.shard = u.shard AND x.team_id = u.team_id     -- (a join: Citus plans no correlated EXISTS here)
      GROUP BY u.shard, u.team_id
      ORDER BY u.shard, u.team_id
     ON CONFLICT (shard, team_id) DO UPDATE SET running = greatest(r.running + excluded.running, 0);
@@ -80,11 +68,53 @@ LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
       FROM (SELECT least(p_cap_s::float8, p_base_s * power(2::float8, greatest(p_attempt, 1) - 1)) AS d) x
 $$;
 
+-- The answers of an outcome batch, in input order: the items that went
+-- through (p_ords, with the state each left its job in) ok; every other
+-- item refused with why, from its job as read after the batch by (shard,
+-- id) — only those jobs, in one statement over their shards (refusals are
+-- few; on Citus the statement is pruned to those shards, where a join of
+-- the batch with jobs would read every shard). A refused item whose job the
+-- batch changed through another item (one job named twice) was refused by
+-- its token. p_running_ok: an item whose job is running under its own token
+-- is answered ok (a repeated start).
+CREATE OR REPLACE FUNCTION mh_answers(p_ids bigint[], p_tokens uuid[], p_ords bigint[], p_states job_state[],
+                                      p_running_ok boolean DEFAULT false) RETURNS SETOF outcome
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+DECLARE
+    v_refused bigint[];
+    v_shards  smallint[];
+    v_ids     bigint[];
+    v_states  job_state[];
+    v_tokens  uuid[];
+BEGIN
+    v_refused := ARRAY(SELECT u.id FROM unnest(p_ids) WITH ORDINALITY AS u(id, ord)
+                         LEFT JOIN unnest(p_ords) AS d(ord) ON d.ord = u.ord WHERE d.ord IS NULL AND u.id IS NOT NULL);
+    IF cardinality(v_refused) > 0 THEN
+        v_shards := ARRAY(SELECT DISTINCT mh_shard_of(x) FROM unnest(v_refused) x);
+        SELECT array_agg(j.id), array_agg(j.state), array_agg(j.lease_token) INTO v_ids, v_states, v_tokens
+          FROM jobs j WHERE j.shard = ANY (v_shards) AND j.id = ANY (v_refused);
+    END IF;
+    RETURN QUERY
+    SELECT u.id, d.ord IS NOT NULL OR coalesce(r.again, false),
+           coalesce(d.state, j.state),
+           CASE WHEN d.ord IS NOT NULL OR coalesce(r.again, false) THEN NULL
+                WHEN b.id IS NOT NULL THEN mh_refusal(true, 'claimed')
+                ELSE mh_refusal(j.id IS NOT NULL, j.state) END
+      FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS u(id, token, ord)
+      LEFT JOIN unnest(p_ords, p_states) AS d(ord, state) ON d.ord = u.ord
+      LEFT JOIN unnest(v_ids, v_states, v_tokens) AS j(id, state, lease_token) ON d.ord IS NULL AND j.id = u.id
+      LEFT JOIN (SELECT DISTINCT p_ids[x.ord::int] AS id FROM unnest(p_ords) AS x(ord)) b ON d.ord IS NULL AND b.id = u.id
+      CROSS JOIN LATERAL (SELECT p_running_ok AND j.state = 'running' AND j.lease_token IS NOT DISTINCT FROM u.token
+                                 AS again) r
+     ORDER BY u.ord;
+END $$;
+
 CREATE OR REPLACE FUNCTION start_many(p_ids bigint[], p_tokens uuid[]) RETURNS SETOF outcome
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
-DECLARE v_now timestamptz := mh_now();
+DECLARE
+    v_now  timestamptz := mh_now();
+    v_ords bigint[];
 BEGIN
-    RETURN QUERY
     WITH input AS (
         SELECT u.id, u.token, u.ord FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS u(id, token, ord)
          ORDER BY mh_shard_of(u.id), u.id
@@ -103,18 +133,14 @@ BEGIN
         RETURNING j.id, i.ord, j.shard, j.team_id, j.name, j.lateness, o.started_at IS NULL AS first
     ), counted AS (
         SELECT mh_add_stats(v_now, array_agg(ROW(16 + s.shard % 16, s.team_id, s.name, 0, 1, 0, 0, 0, 0,
-                                                 mh_seconds(s.lateness), NULL)::stats_delta)) AS done
+                                                 mh_seconds(s.lateness), NULL)::stats_delta)) IS NULL AS done
           FROM started s WHERE s.first
     )
-    SELECT i.id, s.id IS NOT NULL OR (j.state = 'running' AND j.lease_token IS NOT DISTINCT FROM i.token),
-           CASE WHEN s.id IS NOT NULL THEN 'running'::job_state ELSE j.state END,
-           CASE WHEN s.id IS NULL AND (j.state IS DISTINCT FROM 'running' OR j.lease_token IS DISTINCT FROM i.token)
-                THEN mh_refusal(j.found, j.state) END
-      FROM input i
-      CROSS JOIN counted                 -- (referenced, so that it runs)
-      LEFT JOIN started s ON s.ord = i.ord
-      LEFT JOIN LATERAL mh_job_state(i.id, s.id IS NULL) j ON true
-     ORDER BY i.ord;
+    SELECT (SELECT array_agg(s.ord) FROM started s) INTO v_ords
+      FROM counted;                      -- (referenced, so that it runs)
+    RETURN QUERY SELECT * FROM mh_answers(p_ids, p_tokens, v_ords,
+                                          array_fill('running'::job_state, ARRAY[coalesce(cardinality(v_ords), 0)]),
+                                          true);
 END $$;
 
 -- A heartbeat extends a claim to now + p_extend_s; it never shortens one
@@ -124,12 +150,13 @@ LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
     v_now     timestamptz := mh_now();
     v_expires timestamptz;
+    v_ords    bigint[];
+    v_states  job_state[];
 BEGIN
     IF p_extend_s IS NULL OR NOT (p_extend_s BETWEEN 1 AND 86400) THEN
         RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = 'extension must be between 1 and 86400 seconds';
     END IF;
     v_expires := v_now + make_interval(secs => p_extend_s);
-    RETURN QUERY
     WITH input AS (
         SELECT u.id, u.token, u.ord FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS u(id, token, ord)
          ORDER BY mh_shard_of(u.id), u.id
@@ -140,21 +167,18 @@ BEGIN
            AND j.state IN ('claimed', 'running')
         RETURNING j.id, j.state, i.ord
     )
-    SELECT i.id, r.id IS NOT NULL, coalesce(r.state, j.state),
-           CASE WHEN r.id IS NULL THEN mh_refusal(j.found, j.state) END
-      FROM input i
-      LEFT JOIN renewed r ON r.ord = i.ord
-      LEFT JOIN LATERAL mh_job_state(i.id, r.id IS NULL) j ON true
-     ORDER BY i.ord;
+    SELECT array_agg(r.ord), array_agg(r.state) INTO v_ords, v_states FROM renewed r;
+    RETURN QUERY SELECT * FROM mh_answers(p_ids, p_tokens, v_ords, v_states);
 END $$;
 
 -- Success closes the job and stores its result under its idempotency key,
 -- so a later run with that key replays the result instead of running.
 CREATE OR REPLACE FUNCTION complete_many(p_ids bigint[], p_tokens uuid[], p_results jsonb[] DEFAULT NULL)
 RETURNS SETOF outcome LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
-DECLARE v_now timestamptz := mh_now();
+DECLARE
+    v_now  timestamptz := mh_now();
+    v_ords bigint[];
 BEGIN
-    RETURN QUERY
     WITH input AS (
         SELECT u.id, u.token, u.result, u.ord
           FROM unnest(p_ids, p_tokens, p_results) WITH ORDINALITY AS u(id, token, result, ord)
@@ -184,18 +208,14 @@ BEGIN
         -- After the keys and team_running (the subqueries of its FROM run first).
         SELECT mh_add_stats(v_now, (SELECT array_agg(ROW(16 + d.shard % 16, d.team_id, d.name, 0, d.first::int, 1, 0,
                                                            0, 0, CASE WHEN d.first THEN mh_seconds(d.lateness) END,
-                                                           mh_seconds(d.run))::stats_delta) FROM done d)) AS done
+                                                           mh_seconds(d.run))::stats_delta) FROM done d)) IS NULL AS done
           FROM (SELECT count(*) FROM stored) k,
                (SELECT mh_not_running(array_agg(d.shard), array_agg(d.team_id)) FROM done d) r
     )
-    SELECT i.id, d.id IS NOT NULL,
-           CASE WHEN d.id IS NOT NULL THEN 'succeeded'::job_state ELSE j.state END,
-           CASE WHEN d.id IS NULL THEN mh_refusal(j.found, j.state) END
-      FROM input i
-      CROSS JOIN counted                 -- (referenced, so that it runs)
-      LEFT JOIN done d ON d.ord = i.ord
-      LEFT JOIN LATERAL mh_job_state(i.id, d.id IS NULL) j ON true
-     ORDER BY i.ord;
+    SELECT (SELECT array_agg(d.ord) FROM done d) INTO v_ords
+      FROM counted;                      -- (referenced, so that it runs)
+    RETURN QUERY SELECT * FROM mh_answers(p_ids, p_tokens, v_ords,
+                                          array_fill('succeeded'::job_state, ARRAY[coalesce(cardinality(v_ords), 0)]));
 END $$;
 
 -- Failure: retry after backoff while attempts remain and the error is
@@ -309,13 +329,7 @@ BEGIN
                                ARRAY(SELECT (r).team_id FROM unnest(v_rows) r));
         PERFORM mh_enqueue_many(v_rows, v_now);
     END IF;
-    RETURN QUERY
-    SELECT u.id, r.ord IS NOT NULL, coalesce(r.state, j.state),
-           CASE WHEN r.ord IS NULL THEN mh_refusal(j.found, j.state) END
-      FROM unnest(p_ids) WITH ORDINALITY AS u(id, ord)
-      LEFT JOIN unnest(v_ords, v_states) AS r(ord, state) ON r.ord = u.ord
-      LEFT JOIN LATERAL mh_job_state(u.id, r.ord IS NULL) j ON true
-     ORDER BY u.ord;
+    RETURN QUERY SELECT * FROM mh_answers(p_ids, p_tokens, v_ords, v_states);
 END $$;
 
 -- Single-job forms.

@@ -268,11 +268,24 @@ RETURNS bigint LANGUAGE sql SECURITY DEFINER SET search_path = minutehand, pg_te
                               p_strict, p_idempotency_key, p_backoff_base_s, p_backoff_cap_s)).job_id
 $$;
 
--- The items of a batch of team p_team, defaults filled in (a flex window
+-- The default flex windows by job name a batch of team p_team gets (the
+-- team's rule wins over the operator's; a plain job is no cron series), for
+-- mh_batch_items: the names, and the windows in the same order.
+CREATE OR REPLACE FUNCTION mh_batch_rules(p_team int, OUT names text[], OUT flex int[])
+LANGUAGE plpgsql STABLE SET search_path = minutehand, pg_temp AS $$
+BEGIN
+    SELECT array_agg(r.job_name), array_agg(r.flex_s) INTO names, flex
+      FROM (SELECT DISTINCT ON (r.job_name) r.job_name, r.flex_s FROM flex_defaults r
+             WHERE r.team_id IN (p_team, 0) AND r.job_name <> ''
+             ORDER BY r.job_name, r.team_id DESC) r;
+END $$;
+
+-- The items of a batch, with the team's default flex windows by name
+-- (mh_batch_rules), defaults filled in (a flex window
 -- omitted: mh_flex_of; sent_flex_s keeps what was sent, for idempotency
 -- keys) and each checked: problem is NULL for a valid item.
 CREATE OR REPLACE FUNCTION mh_batch_items(
-    p_team int, p_names text[], p_due_ats timestamptz[], p_payloads jsonb[], p_priorities int[],
+    p_rule_names text[], p_rule_flex int[], p_names text[], p_due_ats timestamptz[], p_payloads jsonb[], p_priorities int[],
     p_max_attempts int[], p_flex_s int[], p_stricts boolean[], p_keys text[], p_backoff_base_s real[],
     p_backoff_cap_s real[], p_now timestamptz)
 RETURNS TABLE (idx int, name text, due_at timestamptz, payload jsonb, priority int, max_attempts int,
@@ -291,11 +304,9 @@ LANGUAGE sql STABLE AS $$
                           p_stricts, p_keys, p_backoff_base_s, p_backoff_cap_s)
                    WITH ORDINALITY AS u(name, due_at, payload, priority, max_attempts, flex_s, strict, key,
                                         base, cap, ord)
-              -- the name rules of the team and the operator's, read once for the batch
-              -- (mh_default_flex, set-based; a plain job is no cron series)
-              LEFT JOIN (SELECT DISTINCT ON (r.job_name) r.job_name, r.flex_s FROM flex_defaults r
-                          WHERE r.team_id IN (p_team, 0) AND r.job_name <> ''
-                          ORDER BY r.job_name, r.team_id DESC) d
+              -- the name rules of the team and the operator's (mh_batch_rules), read once
+              -- for the batch by the caller (Citus inlines no SQL function that reads a table)
+              LEFT JOIN unnest(p_rule_names, p_rule_flex) AS d(job_name, flex_s)
                 ON d.job_name = u.name AND u.flex_s IS NULL) i
 $$;
 
@@ -327,6 +338,7 @@ DECLARE
     v_placed  timestamptz[];          -- by idx + 1: the run time placed for each valid item
     v_load    timestamptz[];          -- run times of the jobs created
     v_keyed   record;
+    v_rules   record;
     v_label   text;
     r         record;
 BEGIN
@@ -343,8 +355,10 @@ BEGIN
             MESSAGE = format('p_%s has a different length than p_names (%s): pass one value per job, or NULL',
                              v_label, v_n);
     END IF;
+    SELECT * INTO v_rules FROM mh_batch_rules(v_team);
     WITH checked AS (
-        SELECT * FROM mh_batch_items(v_team, p_names, p_due_ats, p_payloads, p_priorities, p_max_attempts,
+        SELECT * FROM mh_batch_items(v_rules.names, v_rules.flex, p_names, p_due_ats, p_payloads, p_priorities,
+                                     p_max_attempts,
                                      p_flex_s, p_stricts, p_keys, p_backoff_base_s, p_backoff_cap_s, v_now)
     ), placed AS (
         SELECT p.idx, p.run_at
@@ -380,7 +394,8 @@ BEGIN
     RETURN QUERY SELECT * FROM unnest(v_results);
 
     IF v_placed IS NOT NULL THEN
-        FOR r IN SELECT * FROM mh_batch_items(v_team, p_names, p_due_ats, p_payloads, p_priorities, p_max_attempts,
+        FOR r IN SELECT * FROM mh_batch_items(v_rules.names, v_rules.flex, p_names, p_due_ats, p_payloads, p_priorities,
+                                     p_max_attempts,
                                               p_flex_s, p_stricts, p_keys, p_backoff_base_s, p_backoff_cap_s, v_now) c
                   WHERE c.key IS NOT NULL AND c.problem IS NULL
                   ORDER BY mh_key_shard(v_team, c.key), c.key, c.idx

@@ -1,0 +1,183 @@
+"""The schema on a Citus cluster (tests/fixtures/citus.py says how the suite
+runs on one): distribution is idempotent, every table is placed, the hot
+procedures stay single-shard, and no statement of ours takes the shape that
+crashes a Citus 13.2 coordinator. On plain PostgreSQL the Citus-only tests
+skip, saying why; the crash-shape test runs on both."""
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from minutehand.store import citus
+from tests.support import on_citus
+
+NOT_CITUS = "needs a Citus coordinator: MINUTEHAND_TEST_DSN and MINUTEHAND_TEST_CITUS_WORKERS (tests/fixtures/citus.py)"
+
+
+@pytest.fixture
+def citus_db(db):
+    if not on_citus(db):
+        pytest.skip(NOT_CITUS)
+    return db
+
+
+def layout(conn: psycopg.Connection) -> list[tuple]:
+    """Everything Citus' metadata says about our tables and functions."""
+    tables = conn.execute("""SELECT logicalrelid::regclass::text, partmethod::text, colocationid,
+                                    (SELECT count(*) FROM pg_dist_shard s WHERE s.logicalrelid = p.logicalrelid)
+                               FROM pg_dist_partition p ORDER BY 1""").fetchall()
+    functions = conn.execute("""SELECT objid::regprocedure::text, distribution_argument_index, colocationid
+                                  FROM pg_dist_object WHERE classid = 'pg_proc'::regclass ORDER BY 1""").fetchall()
+    return tables + functions
+
+
+def test_distributing_twice_changes_nothing(citus_db, db_dsn):
+    before = layout(citus_db)
+    again = citus.distribute(db_dsn, 8)
+    assert (again.distributed, again.reference, again.functions) == ([], [], [])
+    assert "nothing changed" in str(again)
+    assert layout(citus_db) == before
+
+
+def test_every_table_is_placed_and_the_distributed_ones_are_colocated_with_jobs(citus_db):
+    assert citus.unknown_tables(citus_db) == []
+    kinds = dict(citus_db.execute(
+        """SELECT logicalrelid::regclass::text, partmethod::text FROM pg_dist_partition
+            WHERE NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = logicalrelid)""").fetchall())
+    assert {t for t, k in kinds.items() if k == "h"} == set(citus.DISTRIBUTED)
+    assert {t for t, k in kinds.items() if k == "n"} == set(citus.REFERENCE)
+    assert not set(kinds) & set(citus.LOCAL)
+    groups = {g for (g,) in citus_db.execute(
+        "SELECT DISTINCT colocationid FROM pg_dist_partition WHERE partmethod = 'h'").fetchall()}
+    assert len(groups) == 1
+    # one shard of jobs and its wheel rows, keys and series live on one worker
+    nodes = citus_db.execute(
+        """SELECT count(DISTINCT nodeport) FROM citus_shards
+            WHERE shardid IN (SELECT get_shard_id_for_distribution_column(t, 7::smallint)
+                                FROM unnest(%s::regclass[]) t)""",
+        ([f"minutehand.{t}" for t in ("jobs", "due_far", "idempotency_keys", "series", "team_running")],)).fetchone()[0]
+    assert nodes == 1
+
+
+def test_a_migration_after_distribution_leaves_it_distributed(citus_db, db_dsn):
+    from minutehand.store import migrate
+
+    before = layout(citus_db)
+    migrate.upgrade(db_dsn)
+    assert layout(citus_db) == before
+    assert citus.distribute(db_dsn, 8).functions == []
+
+
+# The shape that crashes a Citus 13.2.2 coordinator (signal 11): an UPDATE of a
+# distributed table whose WHERE folds to false for one shard, such as
+# `UPDATE jobs SET state = 'dead' WHERE shard = 1 AND false`. Our procedures
+# reach their UPDATEs with empty inputs through constant-folded plans only if
+# they do not return early; each is called here with nothing to do, and the
+# coordinator must still answer afterwards (on plain PostgreSQL: the same calls).
+EMPTY_CALLS = (
+    "SELECT * FROM start_many('{}'::bigint[], '{}'::uuid[])",
+    "SELECT * FROM heartbeat_many('{}'::bigint[], '{}'::uuid[], 30)",
+    "SELECT * FROM complete_many('{}'::bigint[], '{}'::uuid[], '{}'::jsonb[])",
+    "SELECT * FROM fail_many('{}'::bigint[], '{}'::uuid[], '{}'::text[])",
+    "SELECT * FROM release_many('{}'::bigint[], '{}'::uuid[])",
+    "SELECT * FROM expire_claims(1)",
+    "SELECT * FROM purge_idempotency_keys(1)",
+    "SELECT * FROM mh_not_running('{}'::smallint[], '{}'::int[])",
+    "SELECT * FROM cascade_wheel()",
+    "SELECT * FROM sweep_passed()",
+    "SELECT * FROM maintain()",
+)
+
+
+@pytest.mark.parametrize("call", EMPTY_CALLS)
+def test_no_procedure_with_nothing_to_do_crashes_the_coordinator(db, db_dsn, call):
+    db.execute(call).fetchall()
+    with psycopg.connect(db_dsn, autocommit=True) as fresh:      # the server is still up
+        assert fresh.execute("SELECT 1").fetchone() == (1,)
+
+
+# ---------------------------------------------------------------- router plans: one shard, one task
+def task_count(conn: psycopg.Connection, statement: str, params: dict | None = None) -> int:
+    """Citus' tasks for a statement: 1 is a router plan (one shard, one worker)."""
+    plan = conn.execute("EXPLAIN (FORMAT JSON) " + statement, params).fetchone()[0][0]["Plan"]
+    assert plan["Node Type"] == "Custom Scan", plan
+    return plan["Distributed Query"]["Job"]["Task Count"]
+
+
+def test_hot_statements_are_router_plans(citus_db):
+    from minutehand.store.queries import q
+
+    db = citus_db
+    db.execute("INSERT INTO teams (name) VALUES ('t')")
+    job_id = db.execute("SELECT submit_job('t', 'probe', NULL)").fetchone()[0]
+    shard, slot = db.execute("SELECT shard, slot FROM due_minutes WHERE job_id = %s", (job_id,)).fetchone()
+    at = {"shard": str(shard)}
+    # the claim: the DELETE of one bucket of one shard, and its cell form
+    claim = db.execute("SELECT mh_claim_sql(%s)", (slot,)).fetchone()[0]
+    assert task_count(db, claim.replace("$1", at["shard"]).replace("$2", "now()").replace("$3", "10")) == 1
+    cells = db.execute("SELECT mh_claim_cells_sql(%s, false)", (slot,)).fetchone()[0]
+    cells = (cells.replace("$1", at["shard"]).replace("$2", "'{f}'::boolean[]").replace("$3", "'{0}'::smallint[]")
+             .replace("$4", "'{1}'::int[]").replace("$5", "'{10}'::int[]").replace("$6", "now()"))
+    assert task_count(db, cells) == 1
+    # next due: the dispatcher's summary of one bucket of one shard
+    part = db.execute("SELECT mh_minute_part(%s)", (slot,)).fetchone()[0]
+    assert task_count(db, f"SELECT min(run_at) FROM {part} WHERE shard = {shard} AND run_at > now()") == 1
+    # status: the job by (shard, id), with its team and series
+    assert task_count(db, q("job_status"), {"job_id": job_id, "team": None}) == 1
+    # submit: the job row and its wheel row
+    assert task_count(db, f"""INSERT INTO due_minutes (slot, shard, strict, priority, run_at, job_id, team_id)
+                              VALUES ({slot}, {shard}, false, 0, now(), 1, 1)""") == 1
+    assert task_count(db, f"UPDATE jobs SET updated_at = now() WHERE shard = {shard} AND id = {job_id}") == 1
+
+
+# ---------------------------------------------------------------- one shard, one worker, one-phase commit
+def remote_commands(conn: psycopg.Connection, call: str, params: tuple = ()) -> list[tuple[str, str]]:
+    """(server, command) of every command the call sent to a worker (citus.log_remote_commands)."""
+    seen: list[tuple[str, str]] = []
+
+    def notice(d) -> None:
+        if (d.message_primary or "").startswith("issuing "):
+            seen.append(((d.message_detail or "").split(" connectionId")[0], d.message_primary[len("issuing "):]))
+
+    conn.add_notice_handler(notice)
+    try:
+        conn.execute("SET citus.log_remote_commands = on")
+        conn.execute("SET client_min_messages = log")
+        conn.execute(call, params).fetchall()
+    finally:
+        conn.execute("RESET client_min_messages")
+        conn.execute("RESET citus.log_remote_commands")
+        conn.remove_notice_handler(notice)
+    return seen
+
+
+def assert_one_worker_one_phase(commands: list[tuple[str, str]]) -> None:
+    assert len({server for server, _ in commands}) == 1, commands
+    assert not [c for _, c in commands if c.startswith(("PREPARE TRANSACTION", "COMMIT PREPARED"))], commands
+    assert commands[-1][1] == "COMMIT", commands
+
+
+def test_a_submit_and_a_claim_of_one_shard_run_on_one_worker_with_a_one_phase_commit(citus_db):
+    db = citus_db
+    db.execute("INSERT INTO teams (name) VALUES ('t')")
+    sent = remote_commands(db, "SELECT submit_job('t', 'probe', NULL, '{}', p_idempotency_key => 'k1')")
+    assert_one_worker_one_phase(sent)
+    job_id = db.execute("SELECT id FROM jobs").fetchone()[0]
+    shard = db.execute("SELECT mh_shard_of(%s)", (job_id,)).fetchone()[0]
+    epoch = db.execute("SELECT take_shard_lease(%s, 'd1', 600)", (shard,)).fetchone()[0]
+    sent = remote_commands(db, "SELECT job_id, refused FROM claim_due(%s, 10, 'd1', %s, 30)", (shard, epoch))
+    assert_one_worker_one_phase(sent)
+    assert db.execute("SELECT state FROM jobs WHERE id = %s", (job_id,)).fetchone()[0] == "claimed"
+
+
+def test_claims_with_nothing_due_do_not_crash_the_coordinator(db, db_dsn):
+    """The claim's UPDATE is not sent with an empty set of ids (`id = ANY (NULL)` folds to false)."""
+    db.execute("INSERT INTO teams (name) VALUES ('t')")
+    epoch = db.execute("SELECT take_shard_lease(3, 'd1', 600)").fetchone()[0]
+    assert db.execute("SELECT * FROM claim_due(3, 10, 'd1', %s, 30)", (epoch,)).fetchall() == []
+    team = db.execute("SELECT id FROM teams WHERE name = 't'").fetchone()[0]
+    assert db.execute("SELECT * FROM claim_planned(3, 'd1', %s, 30, 'w', mh_minute(mh_now()), '{f}', '{0}', %s, '{10}')",
+                      (epoch, [team])).fetchall() == []
+    assert db.execute("SELECT * FROM mh_take_claimed(3, NULL, 'w', 30, mh_now())").fetchall() == []
+    with psycopg.connect(db_dsn, autocommit=True) as fresh:
+        assert fresh.execute("SELECT 1").fetchone() == (1,)
