@@ -10,9 +10,9 @@ It knows what each shard has due: per minute bucket, class (strict,
 priority) and team, how many rows and the oldest run time (due_edge, its
 "edge"). A round pools the waiters' capacity, plans across all its shards
 which rows go (fairness.plan: order, quotas with lending, weighted
-rotation) and claims exactly those, one statement per shard and bucket, all
-in one round trip and one transaction (one commit however many shards the
-jobs trickled into); it counts down the edges by what came back. The edges
+rotation) and claims exactly those, one statement per shard and bucket, in
+transactions of up to 32 statements (a few commits however many shards the
+jobs trickled into; Store.claim); it counts down the edges by what came back. The edges
 of all the shards to look at are read in one statement too. An edge is
 read again when:
 - a NOTIFY names the shard (rows due now were added: mh_enqueue in

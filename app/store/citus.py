@@ -21,16 +21,19 @@ from minutehand.store.schema import SCHEMA
 
 # Distributed by shard and colocated with jobs, first the one the others follow.
 DISTRIBUTED = ("jobs", "shards", "claim_checks", "idempotency_keys", "series", "due_minutes", "due_hours",
-               "due_far", "team_running", "dead_jobs", "job_events", "retention_marks", "retention_checks")
+               "due_far", "team_running", "dead_jobs", "job_events", "retention_marks", "retention_checks",
+               "job_attempts")
 # Small, read by every node, written rarely: a copy on every node.
 REFERENCE = ("teams", "worker_tokens", "dispatchers", "duty_leases", "flex_defaults", "webhooks", "timezone_names")
 # Local to the coordinator, where the procedures that write them run: per-team
 # rows with no shard column, written with every event (a reference table
-# would replicate each write to every node), and `wheel`, whose row the
-# global duties lock with SKIP LOCKED (a row lock on a reference table takes
-# a lock Citus holds to commit: the second duty would wait, not skip).
+# would replicate each write to every node), the admin UI's audit log and
+# sessions (no shard column, written with the action they record), and
+# `wheel`, whose row the global duties lock with SKIP LOCKED (a row lock on
+# a reference table takes a lock Citus holds to commit: the second duty
+# would wait, not skip).
 LOCAL = ("team_stats", "team_pending", "team_buckets", "load_minutes", "webhook_deliveries", "wheel",
-         "alembic_version")
+         "admin_audit", "admin_sessions", "alembic_version")
 
 # Functions whose first argument is the shard of everything they touch,
 # which Citus would then run whole on that shard's worker

@@ -37,6 +37,9 @@ from minutehand.store.records import (AdminSession, Admitted, AuditEntry, AuditN
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+# Claims per transaction: few commits a round, and the team_running rows a
+# claim locks held no longer than that many statements take.
+CLAIMS_PER_COMMIT = 32
 # A transaction the database aborted to break a deadlock or a serialization
 # conflict wrote nothing: it is tried again this many times in all.
 TRIES = 3
@@ -668,10 +671,13 @@ class Store:
     def claim(self, requests: Sequence[ClaimRequest | PlannedClaim], owner: str, lease_s: float,
               synchronous_commit: bool = True) -> tuple[list[list[dict[str, Any]] | Exception], dict[int, str]]:
         """Claims for workers, one per request (each statement one shard's),
-        all in one round trip and one transaction, so a round of many shards
-        waits for one commit (not for its WAL flush unless
-        synchronous_commit: see Settings.claim_synchronous_commit); if any
-        fails, each runs alone, so the others still claim. Per request, the rows claimed (claim_due, or
+        in transactions of up to CLAIMS_PER_COMMIT statements (in shard
+        order), so a round of many shards waits for a few commits, not one
+        each (and not for their WAL flush unless synchronous_commit: see
+        Settings.claim_synchronous_commit), while the team_running rows they
+        lock, which outcome batches wait for, are held only as long as one
+        such transaction; if one fails, its statements run each alone, so the
+        others still claim. Per request, the rows claimed (claim_due, or
         claim_planned for a PlannedClaim: payload and replay as JSON text;
         due_at and run_at None where no client could read them), or the error
         that request alone met (a stale lease: StaleLease);
@@ -690,15 +696,17 @@ class Store:
                                "lease_s": lease_s, "worker": r.worker, "names": r.names, "teams": r.teams})
         # In shard order, the order the outcome batches lock team_running rows in.
         order = sorted(range(len(requests)), key=lambda i: requests[i].shard)
+        sync = [] if synchronous_commit else [(q("commit_without_flush"), {})]
+        results: list[list[dict[str, Any]] | Exception] = [[] for _ in requests]
         with self.connection() as conn:
-            sync = [] if synchronous_commit else [(q("commit_without_flush"), {})]
-            together = self.in_one_transaction(conn, [s for s, _ in sync] + [statements[i] for i in order],
-                                               [p for _, p in sync] + [params[i] for i in order])
-            if together is None:                  # one of them failed: each alone, so it fails alone
-                results = self.each_alone(conn, statements, params)
-            else:
-                results = [None] * len(requests)
-                for i, rows in zip(order, together[len(sync):]):
+            for at in range(0, len(order), CLAIMS_PER_COMMIT):
+                chunk = order[at:at + CLAIMS_PER_COMMIT]
+                together = self.in_one_transaction(conn, [s for s, _ in sync] + [statements[i] for i in chunk],
+                                                   [p for _, p in sync] + [params[i] for i in chunk])
+                if together is None:              # one of them failed: each alone, so it fails alone
+                    together = [*sync, *self.each_alone(conn, [statements[i] for i in chunk],
+                                                        [params[i] for i in chunk])]
+                for i, rows in zip(chunk, together[len(sync):]):
                     results[i] = rows
         refused: dict[int, str] = {}
         for i, (r, rows) in enumerate(zip(requests, results)):
