@@ -152,10 +152,13 @@ SELECT EXISTS (SELECT 1 FROM teams WHERE name = %(name)s) AS exists
 
 -- name: shards_with_expired_claims
 -- Which of these shards have claims past their expiry (a reminder in
--- claim_checks due by now): one index probe per shard, in one statement,
--- so the duty that returns them runs expire_claims only where it finds work.
-SELECT u.shard FROM unnest(%(shards)s::int[]) AS u(shard)
- WHERE EXISTS (SELECT 1 FROM claim_checks c WHERE c.shard = u.shard AND c.check_at <= mh_now())
+-- claim_checks due by now), in one statement (claim_checks_due, a range per
+-- shard), so the duty that returns them runs expire_claims only where it
+-- finds work. `now`: the store's pinned clock, if any (on Citus this runs on
+-- the workers, which a clock pinned in the session does not reach).
+SELECT DISTINCT c.shard::int AS shard
+  FROM claim_checks c
+ WHERE c.shard = ANY (%(shards)s::int[]) AND c.check_at <= coalesce(%(now)s::timestamptz, mh_now())
 
 -- name: expire_claims
 -- Return one shard's expired claims to the due pool.

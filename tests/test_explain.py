@@ -673,7 +673,13 @@ def test_retention_walks_jobs_by_primary_key_and_never_reads_the_wheel(conn, lay
         conn.execute("""INSERT INTO idempotency_keys (shard, team_id, key, job_id, request_hash, created_at, expires_at)
                         SELECT g %% 256, 1, 'k' || g, g, 'h', %s, %s FROM generate_series(1, 50000) g""",
                      (T0, T0 + dt.timedelta(days=1)))
-        conn.execute("ANALYZE retention_checks, retention_marks, idempotency_keys")
+        # the failed attempts of 50,000 jobs: their history goes with them, by its key
+        conn.execute("""INSERT INTO job_attempts (shard, job_id, attempt, ended_at, outcome)
+                        SELECT shard, id, 1, %s, 'retrying' FROM jobs LIMIT 50000""", (T0,))
+        conn.execute("""UPDATE jobs SET attempts = 2 WHERE shard = %s
+                           AND id IN (SELECT id FROM jobs WHERE shard = %s ORDER BY id LIMIT 50)""",
+                     (layout["shard"], layout["shard"]))
+        conn.execute("ANALYZE retention_checks, retention_marks, idempotency_keys, job_attempts")
         ae = AutoExplain(conn)
         with ae:
             removed, deferred, walked = conn.execute("SELECT * FROM retain_jobs(%s, 604800, 1000)",
@@ -688,6 +694,8 @@ def test_retention_walks_jobs_by_primary_key_and_never_reads_the_wheel(conn, lay
             assert {n["Index Name"] for n in plan_nodes(p["Plan"])
                     if (n.get("Index Name") or "").startswith("idempotency_keys")} <= {"idempotency_keys_pkey"}
         assert not any((r or "").startswith("due_") for r in ae.all_relations())
+        assert {n["Node Type"] for p in ae.plans for n in nodes_on(p["Plan"], "job_attempts")} <= {
+            "Index Scan", "Index Only Scan", "Bitmap Heap Scan", "ModifyTable"}
 
 
 # ---------------------------------------------------------------- (e) statistics

@@ -902,7 +902,7 @@ class Store:
         found in one statement, then each of them in its own transaction (a
         transaction over several shards' claimed jobs could lock them in
         another order than an outcome batch does), in one round trip."""
-        due = [r["shard"] for r in self._all("shards_with_expired_claims", {"shards": list(shards)})]
+        due = [r["shard"] for r in self._all("shards_with_expired_claims", {"shards": list(shards), "now": self.clock})]
         if not due:
             return 0, 0
         rows = self._pipelined("expire_claims", [{"shard": s} for s in due])
