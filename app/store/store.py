@@ -701,12 +701,11 @@ class Store:
         with self.connection() as conn:
             for at in range(0, len(order), CLAIMS_PER_COMMIT):
                 chunk = order[at:at + CLAIMS_PER_COMMIT]
-                together = self.in_one_transaction(conn, [s for s, _ in sync] + [statements[i] for i in chunk],
-                                                   [p for _, p in sync] + [params[i] for i in chunk])
-                if together is None:              # one of them failed: each alone, so it fails alone
-                    together = [*sync, *self.each_alone(conn, [statements[i] for i in chunk],
-                                                        [params[i] for i in chunk])]
-                for i, rows in zip(chunk, together[len(sync):]):
+                sql, args = [statements[i] for i in chunk], [params[i] for i in chunk]
+                together = self.in_one_transaction(conn, [s for s, _ in sync] + sql, [p for _, p in sync] + args)
+                # One of them failed: each alone, so it fails alone.
+                got = together[len(sync):] if together is not None else self.each_alone(conn, sql, args)
+                for i, rows in zip(chunk, got):
                     results[i] = rows
         refused: dict[int, str] = {}
         for i, (r, rows) in enumerate(zip(requests, results)):

@@ -1,6 +1,7 @@
 """What the Citus shard count costs (ops/citus/README.md, "Why 16"): for each
-count, a database made on every node of a local Citus cluster
-(../shared/citus/cluster.sh), migrated and distributed with that count;
+count, a database made on every node of a local Citus cluster (a
+coordinator and workers with the citus extension installed, the workers
+registered; ops/citus/README.md), migrated and distributed with that count;
 prints the shard placements, the time `distribute` took, the router
 planning time of a claim's DELETE on one bucket of one shard, and the time
 of a fresh session's first statements on 60 wheel partitions against the
