@@ -332,6 +332,19 @@ SELECT * FROM claim_planned(%(shard)s::int, %(owner)s::text, %(epoch)s::bigint, 
                             %(worker)s::text, %(bucket)s::timestamptz, %(stricts)s::boolean[],
                             %(priorities)s::smallint[], %(teams)s::int[], %(limits)s::int[], %(names)s::text[])
 
+-- name: claim_planned_shards
+-- claim_planned for many shards of one bucket in one statement (plain
+-- PostgreSQL): each cell names its shard; each shard its epoch. Rows as
+-- claim_planned's, with their shard.
+SELECT * FROM claim_planned_shards(%(owner)s::text, %(lease_s)s::real, %(worker)s::text, %(bucket)s::timestamptz,
+                                   %(shards)s::int[], %(epochs)s::bigint[], %(cell_shards)s::int[],
+                                   %(stricts)s::boolean[], %(priorities)s::smallint[], %(teams)s::int[],
+                                   %(limits)s::int[], %(names)s::text[])
+
+-- name: citus_installed
+-- Whether this database runs Citus (then every row-locking statement names one shard).
+SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') AS installed
+
 -- name: release_many
 -- Give back claimed jobs that were not started (due again at once, the attempt not counted).
 SELECT job_id, ok, state, reason FROM release_many(%(ids)s::bigint[], %(tokens)s::uuid[])

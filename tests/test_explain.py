@@ -444,6 +444,36 @@ def test_planned_claim_probes_its_cells_in_one_partition(conn, layout):
         assert locked_due_relations(conn) == {layout["cur"]}
 
 
+def test_planned_claim_over_many_shards_probes_its_cells_in_one_partition(conn, layout):
+    """claim_planned_shards (plain PostgreSQL's round): every shard's cells
+    of one bucket in one statement on that bucket's partition alone, an
+    index probe per cell; the jobs, reminders and running counts by key."""
+    with conn.transaction(force_rollback=True):
+        cells = conn.execute(f"""SELECT shard, strict, priority, team_id, count(*)::int FROM {layout['cur']}
+                                  WHERE shard < 64 GROUP BY 1, 2, 3, 4 ORDER BY 1""").fetchall()
+        shards = sorted({c[0] for c in cells})
+        epochs = [_lease(conn, s, "explain-s") for s in shards]
+        ae = AutoExplain(conn)
+        with ae:
+            rows = conn.execute(
+                "SELECT shard, job_id FROM claim_planned_shards('explain-s', 30, 'w', %s, %s, %s, %s, %s,"
+                " %s::smallint[], %s, %s)",
+                (CUR, shards, epochs, [c[0] for c in cells], [c[1] for c in cells], [c[2] for c in cells],
+                 [c[3] for c in cells], [c[4] for c in cells])).fetchall()
+        assert len(rows) == sum(c[4] for c in cells) and {r[0] for r in rows} == set(shards)
+        claim_plans = [p for p in ae.plans
+                       if "WITH picked AS" in p["Query Text"] and "format(" not in p["Query Text"]]
+        assert [due_relations(p["Plan"]) for p in claim_plans] == [{layout["cur"]}]
+        assert "Seq Scan" not in {n["Node Type"] for n in nodes_on(claim_plans[0]["Plan"], layout["cur"])}
+        assert_no_scan_beyond(claim_plans[0]["Plan"], layout["cur"])
+        assert ae.due_relations() == {layout["cur"]}
+        for table, index in (("jobs", "jobs_pkey"), ("team_running", "team_running_pkey")):
+            reads = [n for n in ae.nodes_on(table) if n["Node Type"] != "ModifyTable"]
+            assert {n.get("Index Name") for n in reads} <= {index}, table
+        assert locked_due_relations(conn) == {layout["cur"]}
+        assert conn.execute("SELECT count(*) FROM claim_checks WHERE check_at > %s", (T0,)).fetchone()[0] == len(shards)
+
+
 # ---------------------------------------------------------------- (b) the status read
 
 @pytest.mark.parametrize("which", ["far_id", "near_id"])

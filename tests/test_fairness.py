@@ -16,7 +16,7 @@ from collections import Counter
 
 from minutehand.dispatch import fairness
 from minutehand.dispatch.fairness import Budget, DueIndex
-from minutehand.store.records import Complete, JobSpec
+from minutehand.store.records import Complete, JobSpec, Repeat
 from tests.support import T0, lease_all, lease_until, make_store, pin, started_dispatcher
 
 UTC = dt.timezone.utc
@@ -322,3 +322,75 @@ def test_the_edges_of_many_shards_read_together_are_each_shards_own(db_dsn, db):
         assert together == alone
         assert sum(len(cells) for cells, _ in alone.values()) > 256
         assert any(h == cur - minute for _, h in moved if hands[_] == cur - 2 * minute)
+
+
+def test_a_planned_claim_over_many_shards_claims_what_each_shard_alone_would(db_dsn, db):
+    """claim_planned_shards (plain PostgreSQL's round: one statement for a
+    bucket of every shard) claims the same jobs as claim_planned shard by
+    shard, with the same rows back (stored results to replay, the cell each
+    came from, a stale lease's reason) and the same writes: jobs, running
+    counts, reminders, series to chain, missed runs cancelled."""
+    cur = T0.replace(second=0)
+    now = cur + dt.timedelta(seconds=20)
+    s = make_store(db_dsn, clock=cur - dt.timedelta(minutes=2))
+    try:
+        s.create_team("t")
+        s.create_team("u")
+        for team in ("t", "u"):
+            s.submit_many(team, [JobSpec(name="x", due_at=cur + dt.timedelta(seconds=i % 15), priority=i % 3,
+                                         strict=i % 4 == 0) for i in range(600)])
+            s.submit_many(team, [JobSpec(name="k", due_at=cur, idempotency_key=f"{team}-{i}") for i in range(40)])
+        # A series that chains its next run when claimed, and one whose run missed its next fire time.
+        s.submit_series("t", JobSpec(name="every", due_at=cur + dt.timedelta(seconds=1), repeat=Repeat(every_s=60)))
+        s.submit_series("u", JobSpec(name="skip", due_at=cur - dt.timedelta(seconds=70),
+                                     repeat=Repeat(every_s=60, misfire="skip")))
+        cancelled = s.submit("t", JobSpec(name="gone", due_at=cur)).job_id
+        s.cancel(cancelled, "t")
+        leases = lease_all(s)
+    finally:
+        s.close()
+    db.execute("""UPDATE idempotency_keys SET result = '{"done": 1}', completed_at = %s, expires_at = %s
+                   WHERE key LIKE '%%-1%%'""", (cur, cur + dt.timedelta(days=1)))
+    pin(db, now)
+    stale = sorted(leases)[7]
+    writes = """SELECT (SELECT array_agg((id, state, attempts, claimed_by, claim_expires_at, last_error) ORDER BY id)
+                          FROM jobs),
+                       (SELECT array_agg((shard, team_id, running) ORDER BY shard, team_id) FROM team_running),
+                       (SELECT array_agg((shard, check_at, (SELECT array_agg(j ORDER BY j) FROM unnest(job_ids) j))
+                                         ORDER BY shard) FROM claim_checks),
+                       (SELECT array_agg((id, chain_after) ORDER BY id) FROM series),
+                       (SELECT sum(cancelled) FROM team_stats)"""
+    claimed_any = replayed = chained = skipped = 0
+    for bucket in (cur - dt.timedelta(minutes=2), cur - dt.timedelta(minutes=1), cur):
+        part = db.execute("SELECT mh_minute_part(mh_minute_slot(%s))", (bucket,)).fetchone()[0]
+        cells = db.execute(f"""SELECT shard::int, strict, priority, team_id, count(*)::int FROM {part}
+                                WHERE run_at <= %s GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4""", (now,)).fetchall()
+        if not cells:
+            continue
+        shards = sorted({c[0] for c in cells})
+        epochs = [leases[sh] + (sh == stale) for sh in shards]
+        alone, together = [], []
+        with db.transaction(force_rollback=True):
+            for sh, epoch in zip(shards, epochs):
+                mine = [c for c in cells if c[0] == sh]
+                alone += [(sh, *r) for r in db.execute(
+                    "SELECT * FROM claim_planned(%s, 'd1', %s, 30, 'w', %s, %s, %s::smallint[], %s, %s)",
+                    (sh, epoch, bucket, [c[1] for c in mine], [c[2] for c in mine], [c[3] for c in mine],
+                     [c[4] for c in mine])).fetchall()]
+            alone_writes = db.execute(writes).fetchone()
+        with db.transaction(force_rollback=True):
+            together = db.execute(
+                "SELECT * FROM claim_planned_shards('d1', 30, 'w', %s, %s, %s, %s, %s, %s::smallint[], %s, %s)",
+                (bucket, shards, epochs, [c[0] for c in cells], [c[1] for c in cells], [c[2] for c in cells],
+                 [c[3] for c in cells], [c[4] for c in cells])).fetchall()
+            together_writes = db.execute(writes).fetchone()
+        token = 8                                      # lease_token: random per call
+        assert sorted(r[:token] + r[token + 1:] for r in together) == \
+            sorted(r[:token] + r[token + 1:] for r in alone)
+        assert together_writes == alone_writes
+        claimed_any += sum(1 for r in alone if r[1] is not None)
+        replayed += sum(1 for r in alone if r[12] is not None)
+        chained += sum(1 for _, after in together_writes[3] if after is not None)
+        skipped += sum(1 for j in together_writes[0] if j[5] and "misfire skip" in j[5])
+        assert any(r[-1] is not None for r in alone) == (stale in shards)
+    assert claimed_any > 1000 and replayed > 0 and chained > 0 and skipped > 0

@@ -109,6 +109,34 @@ def _batch_params(team: str, jobs: Sequence[JobSpec]) -> dict[str, Any]:
     }
 
 
+@dataclasses.dataclass(slots=True)
+class _ClaimUnit:
+    """One claim statement and the requests (indexes) it answers; `many`:
+    over several shards, its rows naming theirs."""
+    sql: str
+    params: dict[str, Any]
+    requests: list[int]
+    many: bool = False
+
+
+def _claim_commits(units: list[_ClaimUnit]) -> Iterator[list[_ClaimUnit]]:
+    """The units as transactions: a statement over many shards alone (it
+    locks their rows in shard order itself), single-shard ones in shard order
+    up to CLAIMS_PER_COMMIT together."""
+    chunk: list[_ClaimUnit] = []
+    for unit in units:
+        if unit.many or len(chunk) == CLAIMS_PER_COMMIT:
+            if chunk:
+                yield chunk
+            chunk = []
+        if unit.many:
+            yield [unit]
+        else:
+            chunk.append(unit)
+    if chunk:
+        yield chunk
+
+
 class Store:
     def __init__(self, database_url: str, *, min_size: int = 1, max_size: int = 8,
                  clock: dt.datetime | None = None, pool_options: dict[str, Any] | None = None,
@@ -125,6 +153,7 @@ class Store:
         # once it has been pinned, unpinning (None) is applied the same way.
         self.clock = clock
         self._clock_used = clock is not None
+        self._citus: bool | None = None          # read at the first claim
 
     def close(self) -> None:
         self._unwatch()
@@ -670,49 +699,86 @@ class Store:
 
     def claim(self, requests: Sequence[ClaimRequest | PlannedClaim], owner: str, lease_s: float,
               synchronous_commit: bool = True) -> tuple[list[list[dict[str, Any]] | Exception], dict[int, str]]:
-        """Claims for workers, one per request (each statement one shard's),
-        in transactions of up to CLAIMS_PER_COMMIT statements (in shard
-        order), so a round of many shards waits for a few commits, not one
-        each (and not for their WAL flush unless synchronous_commit: see
-        Settings.claim_synchronous_commit), while the team_running rows they
-        lock, which outcome batches wait for, are held only as long as one
-        such transaction; if one fails, its statements run each alone, so the
-        others still claim. Per request, the rows claimed (claim_due, or
-        claim_planned for a PlannedClaim: payload and replay as JSON text;
-        due_at and run_at None where no client could read them), or the error
-        that request alone met (a stale lease: StaleLease);
-        and {shard: why} for the shards whose lease was stale."""
-        statements, params = [], []
-        for r in requests:
-            if isinstance(r, PlannedClaim):
-                statements.append(q("claim_planned"))
-                params.append({"shard": r.shard, "owner": owner, "epoch": r.epoch, "lease_s": lease_s,
-                               "worker": r.worker, "bucket": r.bucket, "stricts": r.stricts,
-                               "priorities": r.priorities, "teams": r.teams, "limits": r.limits,
-                               "names": r.names})
-            else:
-                statements.append(q("claim_due"))
-                params.append({"shard": r.shard, "limit": r.limit, "owner": owner, "epoch": r.epoch,
-                               "lease_s": lease_s, "worker": r.worker, "names": r.names, "teams": r.teams})
-        # In shard order, the order the outcome batches lock team_running rows in.
-        order = sorted(range(len(requests)), key=lambda i: requests[i].shard)
-        sync = [] if synchronous_commit else [(q("commit_without_flush"), {})]
+        """Claims for workers, one result per request. Per request, the rows
+        claimed (claim_due, or claim_planned for a PlannedClaim: payload and
+        replay as JSON text; due_at and run_at None where no client could
+        read them), or the error that request alone met (a stale lease:
+        StaleLease); and {shard: why} for the shards whose lease was stale.
+
+        On plain PostgreSQL a worker's planned claims from one bucket go as
+        one statement over all their shards (claim_planned_shards), its own
+        transaction. Otherwise (on Citus, where a row-locking statement names
+        one shard, and for ClaimRequests) a statement per request, sent in
+        transactions of up to CLAIMS_PER_COMMIT statements in shard order, so
+        a round of many shards waits for a few commits, not one each, while
+        the team_running rows they lock, which outcome batches wait for, are
+        held only as long as one such transaction; if one fails, its
+        statements run each alone, so the others still claim. No commit
+        waits for its WAL flush unless synchronous_commit (see
+        Settings.claim_synchronous_commit)."""
         results: list[list[dict[str, Any]] | Exception] = [[] for _ in requests]
+        sync = [] if synchronous_commit else [(q("commit_without_flush"), {})]
         with self.connection() as conn:
-            for at in range(0, len(order), CLAIMS_PER_COMMIT):
-                chunk = order[at:at + CLAIMS_PER_COMMIT]
-                sql, args = [statements[i] for i in chunk], [params[i] for i in chunk]
+            units = self._claim_units(requests, owner, lease_s, together=not self._on_citus(conn))
+            for chunk in _claim_commits(units):
+                sql, args = [u.sql for u in chunk], [u.params for u in chunk]
                 together = self.in_one_transaction(conn, [s for s, _ in sync] + sql, [p for _, p in sync] + args)
                 # One of them failed: each alone, so it fails alone.
                 got = together[len(sync):] if together is not None else self.each_alone(conn, sql, args)
-                for i, rows in zip(chunk, got):
-                    results[i] = rows
+                for unit, rows in zip(chunk, got):
+                    for i in unit.requests:
+                        results[i] = rows if isinstance(rows, Exception) or not unit.many else \
+                            [r for r in rows if r["shard"] == requests[i].shard]
         refused: dict[int, str] = {}
         for i, (r, rows) in enumerate(zip(requests, results)):
             if not isinstance(rows, Exception) and rows and rows[0]["refused"] is not None:
                 refused[r.shard] = rows[0]["refused"]
                 results[i] = errors.StaleLease(rows[0]["refused"])
         return results, refused
+
+    def _on_citus(self, conn: psycopg.Connection) -> bool:
+        if self._citus is None:
+            self._citus = conn.execute(q("citus_installed")).fetchone()["installed"]
+        return self._citus
+
+    @staticmethod
+    def _claim_units(requests: Sequence[ClaimRequest | PlannedClaim], owner: str, lease_s: float, together: bool
+                     ) -> list[_ClaimUnit]:
+        """The statements for these requests, in shard order: with
+        `together`, a worker's PlannedClaims of one bucket (and names) as one
+        claim_planned_shards; every other request as its own statement."""
+        units: list[_ClaimUnit] = []
+        groups: dict[tuple, _ClaimUnit] = {}
+        for i in sorted(range(len(requests)), key=lambda i: requests[i].shard):
+            r = requests[i]
+            if isinstance(r, PlannedClaim) and together:
+                key = (r.worker, r.bucket, None if r.names is None else tuple(r.names))
+                unit = groups.get(key)
+                if unit is None or r.shard in unit.params["shards"]:
+                    unit = groups[key] = _ClaimUnit(q("claim_planned_shards"), {
+                        "owner": owner, "lease_s": lease_s, "worker": r.worker, "bucket": r.bucket,
+                        "names": r.names, "shards": [], "epochs": [], "cell_shards": [], "stricts": [],
+                        "priorities": [], "teams": [], "limits": []}, [], many=True)
+                    units.append(unit)
+                p = unit.params
+                p["shards"].append(r.shard)
+                p["epochs"].append(r.epoch)
+                p["cell_shards"] += [r.shard] * len(r.limits)
+                p["stricts"] += r.stricts
+                p["priorities"] += r.priorities
+                p["teams"] += r.teams
+                p["limits"] += r.limits
+                unit.requests.append(i)
+            elif isinstance(r, PlannedClaim):
+                units.append(_ClaimUnit(q("claim_planned"), {
+                    "shard": r.shard, "owner": owner, "epoch": r.epoch, "lease_s": lease_s, "worker": r.worker,
+                    "bucket": r.bucket, "stricts": r.stricts, "priorities": r.priorities, "teams": r.teams,
+                    "limits": r.limits, "names": r.names}, [i]))
+            else:
+                units.append(_ClaimUnit(q("claim_due"), {
+                    "shard": r.shard, "limit": r.limit, "owner": owner, "epoch": r.epoch, "lease_s": lease_s,
+                    "worker": r.worker, "names": r.names, "teams": r.teams}, [i]))
+        return units
 
     # ------------------------------------------------------------ outcomes
     def start(self, items: Sequence[Start]) -> list[Outcome]:

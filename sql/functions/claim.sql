@@ -336,6 +336,168 @@ BEGIN
     SELECT c.*, NULL::text FROM mh_take_claimed(p_shard, v_ids, coalesce(p_worker, p_owner), p_lease_s, v_now) c;
 END $$;
 
+-- claim_planned for many shards of one bucket at once, for plain
+-- PostgreSQL: $1 the shard of each cell, then as mh_claim_cells_sql. One
+-- statement plans and locks the bucket's partition once for the round, where
+-- a statement per shard would plan it once per shard (most of a claim's cost
+-- when jobs trickle in and each shard has one or two due). Not for Citus: a
+-- row-locking statement there must name one shard.
+CREATE OR REPLACE FUNCTION mh_claim_shards_sql(p_slot int, p_named boolean) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT format($f$
+        WITH picked AS (
+            DELETE FROM %1$I d
+             WHERE d.ctid = ANY (ARRAY(
+                   SELECT x.ctid
+                     FROM unnest($1::int[], $2::boolean[], $3::smallint[], $4::int[], $5::int[])
+                          AS k(shard, strict, priority, team_id, lim)
+                    CROSS JOIN LATERAL (
+                          SELECT c.ctid FROM %1$I c %2$s
+                           WHERE c.shard = k.shard AND c.strict = k.strict AND c.priority = k.priority
+                             AND c.team_id = k.team_id AND c.run_at <= $6 %3$s
+                           ORDER BY c.run_at
+                           LIMIT k.lim
+                             FOR UPDATE OF c SKIP LOCKED) x))
+            RETURNING d.shard, d.job_id
+        )
+        SELECT array_agg(shard ORDER BY shard, job_id), array_agg(job_id ORDER BY shard, job_id) FROM picked
+    $f$, mh_minute_part(p_slot),
+       CASE WHEN p_named THEN 'JOIN jobs j ON j.shard = c.shard AND j.id = c.job_id' ELSE '' END,
+       CASE WHEN p_named THEN 'AND j.name = ANY ($7)' ELSE '' END)
+$$;
+
+-- mh_take_claimed for the jobs of many shards at once (p_shards the shard of
+-- each id, sorted by shard), for claim_planned_shards on plain PostgreSQL:
+-- each step one statement for all of them, rows locked in shard order (the
+-- order outcome batches lock team_running rows in), one reminder row per
+-- shard. The rare steps (series to chain, misfires) go shard by shard.
+CREATE OR REPLACE FUNCTION mh_take_claimed_shards(p_shards int[], p_ids bigint[], p_claimer text, p_lease_s real,
+                                                  p_now timestamptz)
+RETURNS TABLE (shard int, job_id bigint, team text, name text, payload text, attempt int, max_attempts int,
+               idempotency_key text, lease_token uuid, claim_expires_at timestamptz,
+               due_at timestamptz, run_at timestamptz, replay text, team_id int, strict boolean, priority smallint)
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_token   uuid := gen_random_uuid();
+    v_expires timestamptz := p_now + make_interval(secs => p_lease_s);
+    v_claimed jobs[];
+    v_keys    idempotency_keys[];
+    v_shard   int;
+    v_missed  bigint[];
+BEGIN
+    IF coalesce(cardinality(p_ids), 0) = 0 THEN
+        RETURN;
+    END IF;
+    WITH claimed AS (
+        UPDATE jobs j
+           SET state = 'claimed', attempts = j.attempts + 1, claimed_by = p_claimer,
+               lease_token = v_token, claim_expires_at = v_expires, claimed_at = p_now, updated_at = p_now
+          FROM unnest(p_shards, p_ids) AS t(shard, id)
+         WHERE j.shard = t.shard AND j.id = t.id AND j.state IN ('scheduled', 'retrying')
+           AND (j.deadline IS NULL OR j.deadline > p_now OR j.attempts > 0)
+        RETURNING j AS job
+    )
+    SELECT array_agg(c.job ORDER BY (c.job).shard, (c.job).strict DESC, (c.job).priority DESC, (c.job).run_at)
+      INTO v_claimed FROM claimed c;
+    IF v_claimed IS NOT NULL THEN
+        FOR v_shard IN SELECT DISTINCT c.shard FROM unnest(v_claimed) c WHERE c.series_id IS NOT NULL ORDER BY 1 LOOP
+            UPDATE series s SET chain_after = s.last_due_at, updated_at = p_now
+             WHERE s.shard = v_shard
+               AND s.id IN (SELECT mh_series_to_chain(v_shard,
+                                                      ARRAY(SELECT c.series_id FROM unnest(v_claimed) c
+                                                             WHERE c.shard = v_shard AND c.series_id IS NOT NULL),
+                                                      ARRAY(SELECT c.id FROM unnest(v_claimed) c
+                                                             WHERE c.shard = v_shard AND c.series_id IS NOT NULL)));
+        END LOOP;
+        INSERT INTO claim_checks (shard, check_at, job_ids)
+        SELECT c.shard, v_expires, array_agg(c.id) FROM unnest(v_claimed) c GROUP BY c.shard ORDER BY c.shard;
+        INSERT INTO team_running AS r (shard, team_id, running)
+        SELECT c.shard, c.team_id, count(*) FROM unnest(v_claimed) c GROUP BY c.shard, c.team_id
+         ORDER BY c.shard, c.team_id
+        ON CONFLICT (shard, team_id) DO UPDATE SET running = r.running + excluded.running;
+        IF EXISTS (SELECT 1 FROM unnest(v_claimed) c WHERE c.idempotency_key IS NOT NULL) THEN
+            SELECT array_agg(k) INTO v_keys FROM idempotency_keys k
+              JOIN unnest(v_claimed) c ON k.shard = c.shard AND k.key = c.idempotency_key
+             WHERE k.completed_at IS NOT NULL AND k.expires_at > p_now;
+        END IF;
+    END IF;
+    RETURN QUERY
+    SELECT c.shard::int, c.id, t.name, c.name, c.payload::text, c.attempts, c.max_attempts, c.idempotency_key,
+           c.lease_token, c.claim_expires_at, mh_readable(c.due_at), mh_readable(c.run_at),
+           k.result::text, c.team_id, c.strict, c.priority
+      FROM unnest(v_claimed) WITH ORDINALITY AS c
+      JOIN teams t ON t.id = c.team_id
+      LEFT JOIN unnest(v_keys) k ON k.shard = c.shard AND k.team_id = c.team_id AND k.key = c.idempotency_key
+     ORDER BY c.ordinality;
+    IF coalesce(cardinality(v_claimed), 0) < cardinality(p_ids) THEN
+        FOR v_shard, v_missed IN
+            SELECT t.shard, array_agg(t.id) FROM unnest(p_shards, p_ids) AS t(shard, id)
+             WHERE NOT EXISTS (SELECT 1 FROM unnest(v_claimed) c WHERE c.shard = t.shard AND c.id = t.id)
+             GROUP BY t.shard ORDER BY t.shard
+        LOOP
+            PERFORM mh_drop_missed(v_shard, v_missed, p_now);
+        END LOOP;
+    END IF;
+END $$;
+
+-- claim_planned for many shards of one bucket in one call, for plain
+-- PostgreSQL (on Citus the dispatcher sends claim_planned per shard): the
+-- cells as claim_planned's, each naming its shard (p_cell_shards), and the
+-- epoch of each shard in p_shards. Rows as claim_planned's, with the shard
+-- each came from; a shard whose lease is stale claims nothing and gives one
+-- row naming why.
+CREATE OR REPLACE FUNCTION claim_planned_shards(p_owner text, p_lease_s real, p_worker text, p_bucket timestamptz,
+                                                p_shards int[], p_epochs bigint[], p_cell_shards int[],
+                                                p_stricts boolean[], p_priorities smallint[], p_teams int[],
+                                                p_limits int[], p_names text[] DEFAULT NULL)
+RETURNS TABLE (shard int, job_id bigint, team text, name text, payload text, attempt int, max_attempts int,
+               idempotency_key text, lease_token uuid, claim_expires_at timestamptz,
+               due_at timestamptz, run_at timestamptz, replay text, team_id int, strict boolean, priority smallint,
+               refused text)
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz := mh_now();
+    v_n      int := cardinality(p_limits);
+    v_stale  int[];
+    v_shards int[];
+    v_ids    bigint[];
+BEGIN
+    IF p_bucket IS NULL OR v_n IS NULL OR cardinality(p_stricts) IS DISTINCT FROM v_n
+       OR cardinality(p_priorities) IS DISTINCT FROM v_n OR cardinality(p_teams) IS DISTINCT FROM v_n
+       OR cardinality(p_cell_shards) IS DISTINCT FROM v_n
+       OR cardinality(p_epochs) IS DISTINCT FROM cardinality(p_shards)
+       OR (SELECT bool_or(l IS NULL OR l < 1) OR sum(l) > 10000 FROM unnest(p_limits) l) THEN
+        RAISE EXCEPTION USING ERRCODE = 'MH400',
+            MESSAGE = 'a planned claim needs a bucket, an epoch per shard and cells of equal length, each limit at least 1, 10000 in all';
+    END IF;
+    IF p_lease_s IS NULL OR NOT (p_lease_s BETWEEN 1 AND 86400) THEN
+        RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = 'claim lease must be between 1 and 86400 seconds';
+    END IF;
+    v_stale := ARRAY(SELECT u.shard FROM unnest(p_shards, p_epochs) AS u(shard, epoch)
+                      WHERE NOT EXISTS (SELECT 1 FROM shards s
+                                         WHERE s.shard = u.shard AND s.owner = p_owner AND s.epoch = u.epoch
+                                           AND s.lease_expires_at > v_now));
+    RETURN QUERY
+    SELECT u.shard, NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::int, NULL::int, NULL::text,
+           NULL::uuid, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::text,
+           NULL::int, NULL::boolean, NULL::smallint,
+           format('shard %s: %L does not hold a current lease with epoch %s', u.shard, p_owner, u.epoch)
+      FROM unnest(p_shards, p_epochs) AS u(shard, epoch) WHERE u.shard = ANY (v_stale);
+    SELECT array_agg(k.shard), array_agg(k.strict), array_agg(k.priority), array_agg(k.team_id), array_agg(k.lim)
+      INTO v_shards, p_stricts, p_priorities, p_teams, p_limits
+      FROM unnest(p_cell_shards, p_stricts, p_priorities, p_teams, p_limits) AS k(shard, strict, priority, team_id, lim)
+     WHERE k.shard <> ALL (v_stale);
+    IF v_shards IS NULL THEN
+        RETURN;
+    END IF;
+    EXECUTE mh_claim_shards_sql(mh_minute_slot(p_bucket), p_names IS NOT NULL) INTO v_shards, v_ids
+      USING v_shards, p_stricts, p_priorities, p_teams, p_limits, v_now, p_names;
+    RETURN QUERY
+    SELECT c.*, NULL::text FROM mh_take_claimed_shards(v_shards, v_ids, coalesce(p_worker, p_owner), p_lease_s, v_now) c;
+END $$;
+
 -- What a shard has due, as the dispatcher plans from it: per bucket (from
 -- the hand to the current one), class (strict, priority) and team, how
 -- many rows are due now and the oldest run time among them; then one row
