@@ -150,6 +150,18 @@ SELECT admitted, limited_by, retry_after_s, pending, ceiling, rate, burst
 -- Whether a team of this name exists.
 SELECT EXISTS (SELECT 1 FROM teams WHERE name = %(name)s) AS exists
 
+-- name: drop_finished_claim_checks
+-- The reminders due by now whose jobs all left their claim (finished,
+-- released, or claimed again, which files a reminder of its own), dropped
+-- in one statement over these shards. Under a steady flow of jobs shorter
+-- than their claim nearly every reminder is such, and expire_claims (one
+-- shard per transaction) is left the shards where a claim lapsed or was
+-- renewed. It locks no job. `now` as in shards_with_expired_claims.
+DELETE FROM claim_checks c
+ WHERE c.shard = ANY (%(shards)s::int[]) AND c.check_at <= coalesce(%(now)s::timestamptz, mh_now())
+   AND NOT EXISTS (SELECT 1 FROM jobs j
+                    WHERE j.shard = c.shard AND j.id = ANY (c.job_ids) AND j.state IN ('claimed', 'running'))
+
 -- name: shards_with_expired_claims
 -- Which of these shards have claims past their expiry (a reminder in
 -- claim_checks due by now), in one statement (claim_checks_due, a range per

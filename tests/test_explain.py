@@ -690,6 +690,28 @@ def test_expire_claims_reads_reminders_not_jobs(conn, layout):
     pin(conn, T0)
 
 
+def test_finished_reminders_are_dropped_by_index_over_many_shards(conn, layout):
+    """drop_finished_claim_checks (the expiry duty's first step, over all of a
+    dispatcher's shards): claim_checks by its index, each reminder's jobs by
+    primary key; the jobs of a live claim keep their reminder."""
+    with conn.transaction(force_rollback=True):
+        claimed = _claimed(conn, layout, "explain-f")
+        assert claimed
+        conn.execute("INSERT INTO claim_checks SELECT shard, %s, ARRAY[id] FROM jobs WHERE state = 'scheduled' LIMIT 50",
+                     (T0,))
+        args = {"shards": list(range(256)), "now": T0 + dt.timedelta(minutes=5)}
+        plan = explain_json(conn, "EXPLAIN (ANALYZE, FORMAT JSON) " + q("drop_finished_claim_checks"), args)
+        assert_no_scan_beyond(plan, "claim_checks")
+        # the reminders through their index (an index scan, or a bitmap over it)
+        assert {n["Node Type"] for n in nodes_on(plan, "claim_checks")} <= {"ModifyTable", "Index Scan",
+                                                                              "Bitmap Heap Scan"}
+        assert "claim_checks_due" in {n.get("Index Name") for n in plan_nodes(plan)}
+        assert {n.get("Index Name") for n in nodes_on(plan, "jobs")} == {"jobs_pkey"}
+        left = conn.execute("SELECT count(*) FROM claim_checks WHERE check_at <= %(now)s", args).fetchone()[0]
+        assert left >= 1                     # the live claim's reminder stays for expire_claims
+        assert conn.execute("SELECT count(*) FROM claim_checks c WHERE check_at = %s", (T0,)).fetchone()[0] == 0
+
+
 def test_retention_walks_jobs_by_primary_key_and_never_reads_the_wheel(conn, layout):
     """A retention pass over a shard of a million-job table reads its filed jobs
     through retention_checks' keys and walks the jobs along jobs_pkey from its

@@ -963,11 +963,16 @@ class Store:
 
     # ------------------------------------------------------------ maintenance
     def expire_claims(self, shards: Sequence[int]) -> tuple[int, int]:
-        """(returned, dead) over the shards: those with a claim past its expiry
-        found in one statement, then each of them in its own transaction (a
-        transaction over several shards' claimed jobs could lock them in
-        another order than an outcome batch does), in one round trip."""
-        due = [r["shard"] for r in self._all("shards_with_expired_claims", {"shards": list(shards), "now": self.clock})]
+        """(returned, dead) over the shards: the reminders due whose jobs all
+        left their claim dropped, the shards with a claim past its expiry found
+        (a statement each, over all the shards), then each of those in its own
+        transaction (a transaction over several shards' claimed jobs could
+        lock them in another order than an outcome batch does), in one round
+        trip."""
+        args = {"shards": list(shards), "now": self.clock}
+        with self.connection() as conn:
+            conn.execute(q("drop_finished_claim_checks"), args)
+            due = [r["shard"] for r in conn.execute(q("shards_with_expired_claims"), args).fetchall()]
         if not due:
             return 0, 0
         rows = self._pipelined("expire_claims", [{"shard": s} for s in due])
