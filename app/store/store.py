@@ -116,16 +116,20 @@ class _ClaimUnit:
     sql: str
     params: dict[str, Any]
     requests: list[int]
+    shard: int                  # its first
     many: bool = False
 
 
-def _claim_commits(units: list[_ClaimUnit]) -> Iterator[list[_ClaimUnit]]:
-    """The units as transactions: a statement over many shards alone (it
-    locks their rows in shard order itself), single-shard ones in shard order
-    up to CLAIMS_PER_COMMIT together."""
+def _claim_commits(units: list[_ClaimUnit], citus_shards: dict[int, int]) -> Iterator[list[_ClaimUnit]]:
+    """The units (in shard order) as transactions: a statement over many
+    shards alone (it locks their rows in shard order itself), single-shard
+    ones up to CLAIMS_PER_COMMIT together, in shard order, each transaction's
+    of one Citus shard where citus_shards says which holds a shard."""
+    units = sorted(units, key=lambda u: citus_shards.get(u.shard, 0))     # stable: shard order within
     chunk: list[_ClaimUnit] = []
     for unit in units:
-        if unit.many or len(chunk) == CLAIMS_PER_COMMIT:
+        if unit.many or len(chunk) == CLAIMS_PER_COMMIT or \
+                (chunk and citus_shards.get(unit.shard, 0) != citus_shards.get(chunk[-1].shard, 0)):
             if chunk:
                 yield chunk
             chunk = []
@@ -153,7 +157,7 @@ class Store:
         # once it has been pinned, unpinning (None) is applied the same way.
         self.clock = clock
         self._clock_used = clock is not None
-        self._citus: bool | None = None          # read at the first claim
+        self._citus: dict[int, int] | bool | None = None   # read at the first claim (_citus_shards)
 
     def close(self) -> None:
         self._unwatch()
@@ -708,19 +712,21 @@ class Store:
         On plain PostgreSQL a worker's planned claims from one bucket go as
         one statement over all their shards (claim_planned_shards), its own
         transaction. Otherwise (on Citus, where a row-locking statement names
-        one shard, and for ClaimRequests) a statement per request, sent in
-        transactions of up to CLAIMS_PER_COMMIT statements in shard order, so
-        a round of many shards waits for a few commits, not one each, while
-        the team_running rows they lock, which outcome batches wait for, are
-        held only as long as one such transaction; if one fails, its
-        statements run each alone, so the others still claim. No commit
-        waits for its WAL flush unless synchronous_commit (see
-        Settings.claim_synchronous_commit)."""
+        one shard, and for ClaimRequests) a statement per request, in
+        transactions of up to CLAIMS_PER_COMMIT statements in shard order (on
+        Citus, all of one Citus shard: a transaction on one worker commits in
+        one phase). So a round of many shards waits for a few commits, not
+        one each, while the team_running rows they lock, which outcome
+        batches wait for, are held only as long as one such transaction. If
+        a transaction fails, its statements run each alone, so the others
+        still claim. No commit waits for its WAL flush unless
+        synchronous_commit (see Settings.claim_synchronous_commit)."""
         results: list[list[dict[str, Any]] | Exception] = [[] for _ in requests]
         sync = [] if synchronous_commit else [(q("commit_without_flush"), {})]
         with self.connection() as conn:
-            units = self._claim_units(requests, owner, lease_s, together=not self._on_citus(conn))
-            for chunk in _claim_commits(units):
+            citus = self._citus_shards(conn)
+            units = self._claim_units(requests, owner, lease_s, together=citus is None)
+            for chunk in _claim_commits(units, citus or {}):
                 sql, args = [u.sql for u in chunk], [u.params for u in chunk]
                 together = self.in_one_transaction(conn, [s for s, _ in sync] + sql, [p for _, p in sync] + args)
                 # One of them failed: each alone, so it fails alone.
@@ -736,10 +742,15 @@ class Store:
                 results[i] = errors.StaleLease(rows[0]["refused"])
         return results, refused
 
-    def _on_citus(self, conn: psycopg.Connection) -> bool:
+    def _citus_shards(self, conn: psycopg.Connection) -> dict[int, int] | None:
+        """On Citus, {shard: the Citus shard holding its rows} (empty while the
+        tables are local to the coordinator); None on plain PostgreSQL. Read
+        once: moving a Citus shard to another worker keeps its id."""
         if self._citus is None:
-            self._citus = conn.execute(q("citus_installed")).fetchone()["installed"]
-        return self._citus
+            installed = conn.execute(q("citus_installed")).fetchone()["installed"]
+            self._citus = {r["shard"]: r["citus_shard"] for r in conn.execute(q("citus_shards_of"))} \
+                if installed else False
+        return self._citus if self._citus is not False else None
 
     @staticmethod
     def _claim_units(requests: Sequence[ClaimRequest | PlannedClaim], owner: str, lease_s: float, together: bool
@@ -758,7 +769,7 @@ class Store:
                     unit = groups[key] = _ClaimUnit(q("claim_planned_shards"), {
                         "owner": owner, "lease_s": lease_s, "worker": r.worker, "bucket": r.bucket,
                         "names": r.names, "shards": [], "epochs": [], "cell_shards": [], "stricts": [],
-                        "priorities": [], "teams": [], "limits": []}, [], many=True)
+                        "priorities": [], "teams": [], "limits": []}, [], r.shard, many=True)
                     units.append(unit)
                 p = unit.params
                 p["shards"].append(r.shard)
@@ -773,11 +784,11 @@ class Store:
                 units.append(_ClaimUnit(q("claim_planned"), {
                     "shard": r.shard, "owner": owner, "epoch": r.epoch, "lease_s": lease_s, "worker": r.worker,
                     "bucket": r.bucket, "stricts": r.stricts, "priorities": r.priorities, "teams": r.teams,
-                    "limits": r.limits, "names": r.names}, [i]))
+                    "limits": r.limits, "names": r.names}, [i], r.shard))
             else:
                 units.append(_ClaimUnit(q("claim_due"), {
                     "shard": r.shard, "limit": r.limit, "owner": owner, "epoch": r.epoch, "lease_s": lease_s,
-                    "worker": r.worker, "names": r.names, "teams": r.teams}, [i]))
+                    "worker": r.worker, "names": r.names, "teams": r.teams}, [i], r.shard))
         return units
 
     # ------------------------------------------------------------ outcomes

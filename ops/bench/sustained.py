@@ -488,7 +488,7 @@ def main() -> None:
                         help="1: one `minutehand serve`; 2: and one `minutehand dispatcher`")
     parser.add_argument("--job-s", type=float, default=10.0, help="how long each job's handler sleeps")
     parser.add_argument("--concurrency", type=int, default=50_000, help="worker_concurrency of each worker")
-    parser.add_argument("--claim-functions", default="claim_planned,claim_due",
+    parser.add_argument("--claim-functions", default="claim_planned_shards,claim_planned,claim_due",
                         help="the functions whose calls count as claim calls (comma-separated)")
     parser.add_argument("--track-functions", choices=("pl", "all"), default="pl",
                         help="track_functions for the benchmark's database (all: SQL functions too)")
