@@ -143,6 +143,27 @@ def test_bucket_bounds_in_sql_and_python_agree(pinned_conn):
     assert got == expect == [1, 1, 2, 2, 3, 6, 7, 15, 15, 16, 16]
 
 
+def test_the_histograms_written_out_bucket_by_bucket_cover_every_bucket(pinned_conn):
+    """mh_hist_add and mh_add_stats spell the buckets out one by one: as many
+    as mh_stats_buckets() says, each counted where mh_stats_bucket puts it."""
+    n = pinned_conn.execute("SELECT mh_stats_buckets()").fetchone()[0]
+    assert n == BUCKETS == len(STATS_BOUNDS_S) + 1
+    a, b = list(range(1, n + 1)), [10 * i for i in range(1, n + 1)]
+    assert pinned_conn.execute("SELECT mh_hist_add(%s::bigint[], %s::bigint[])", (a, b)).fetchone()[0] == \
+        [x + y for x, y in zip(a, b)]
+    with pinned_conn.transaction(force_rollback=True):
+        team = pinned_conn.execute("INSERT INTO teams (name) VALUES ('hist') RETURNING id").fetchone()[0]
+        # one value in each bucket, twice over (the second batch updates the row)
+        values = [-1.0] + [bound + 0.0001 for bound in STATS_BOUNDS_S]
+        for _ in range(2):
+            pinned_conn.execute("""SELECT mh_add_stats(mh_now(), array_agg(ROW(16, %s, 'x', 0, 1, 1, 0, 0, 0, v, v)
+                                                                            ::stats_delta))
+                                     FROM unnest(%s::float8[]) v""", (team, values))
+        hists = pinned_conn.execute("SELECT lateness_hist, runtime_hist FROM team_stats WHERE team_id = %s",
+                                    (team,)).fetchone()
+    assert list(hists) == [[2] * n, [2] * n]
+
+
 # ---------------------------------------------------------------- the mixed run
 def test_counters_after_a_mixed_run_equal_a_recount_of_the_jobs(pinned_store, pinned_conn):
     store, rng = pinned_store, random.Random(7)
