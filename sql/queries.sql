@@ -158,7 +158,7 @@ SELECT EXISTS (SELECT 1 FROM teams WHERE name = %(name)s) AS exists
 -- shard per transaction) is left the shards where a claim lapsed or was
 -- renewed. It locks no job. `now` as in shards_with_expired_claims.
 DELETE FROM claim_checks c
- WHERE c.shard = ANY (%(shards)s::int[]) AND c.check_at <= coalesce(%(now)s::timestamptz, mh_now())
+ WHERE c.shard = ANY (%(shards)s::int[]) AND c.check_at <= %(now)s::timestamptz
    AND NOT EXISTS (SELECT 1 FROM jobs j
                     WHERE j.shard = c.shard AND j.id = ANY (c.job_ids) AND j.state IN ('claimed', 'running'))
 
@@ -166,11 +166,12 @@ DELETE FROM claim_checks c
 -- Which of these shards have claims past their expiry (a reminder in
 -- claim_checks due by now), in one statement (claim_checks_due, a range per
 -- shard), so the duty that returns them runs expire_claims only where it
--- finds work. `now`: the store's pinned clock, if any (on Citus this runs on
--- the workers, which a clock pinned in the session does not reach).
+-- finds work. `now`: the database's clock as the store read it (mh_now()):
+-- on Citus this runs on the workers, which a clock pinned in the session
+-- does not reach.
 SELECT DISTINCT c.shard::int AS shard
   FROM claim_checks c
- WHERE c.shard = ANY (%(shards)s::int[]) AND c.check_at <= coalesce(%(now)s::timestamptz, mh_now())
+ WHERE c.shard = ANY (%(shards)s::int[]) AND c.check_at <= %(now)s::timestamptz
 
 -- name: expire_claims
 -- Return one shard's expired claims to the due pool.

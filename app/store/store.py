@@ -980,8 +980,9 @@ class Store:
         transaction (a transaction over several shards' claimed jobs could
         lock them in another order than an outcome batch does), in one round
         trip."""
-        args = {"shards": list(shards), "now": self.clock}
         with self.connection() as conn:
+            # (the clock read first: Citus evaluates no mh_now() in a distributed DELETE's COALESCE)
+            args = {"shards": list(shards), "now": conn.execute(q("db_now")).fetchone()["now"]}
             conn.execute(q("drop_finished_claim_checks"), args)
             due = [r["shard"] for r in conn.execute(q("shards_with_expired_claims"), args).fetchall()]
         if not due:
