@@ -14,7 +14,7 @@ import time
 from collections import Counter
 
 
-from minutehand.dispatch import fairness
+from minutehand.dispatch import dispatcher, fairness
 from minutehand.dispatch.fairness import Budget, DueIndex
 from minutehand.store.records import Complete, JobSpec, Repeat
 from tests.support import T0, lease_all, lease_until, make_store, pin, skip_on_citus, started_dispatcher
@@ -156,6 +156,51 @@ def test_a_small_team_is_not_behind_a_big_teams_batch_and_weights_share(db_dsn):
         d.stop()
         s.close()
     assert 2.7 <= got["three"] / got["one"] <= 3.3, got
+
+
+def test_behind_a_backlog_wake_ups_do_not_count_every_shard_again_at_each_submit(db_dsn):
+    """With due rows known and unclaimed on every shard (no worker asking),
+    submits every 50 ms each wake every shard; its edge is read again no
+    more often than every BUSY_REREAD_S. A new team's job that lands there
+    still goes out within that time (rotation gives it its share)."""
+    s = make_store(db_dsn, clock=None)
+    s.create_team("big")
+    s.create_team("new")
+    due = just_due()                                       # one class for all: rotation, not order, decides
+    submit(s, "big", 20_000, due_at=due)
+    d = started_dispatcher(s)
+    reads: Counter = Counter()
+    read_edges = s.due_edges
+
+    def counting(shards, since=None):
+        reads.update(sh for sh in shards if not since or sh not in since)
+        return read_edges(shards, since)
+
+    try:
+        deadline = time.monotonic() + 20
+        while len(d._index.due_shards()) < 256:
+            assert time.monotonic() < deadline, "the dispatcher did not read the backlog"
+            time.sleep(0.05)
+        s.due_edges = counting
+        started, batches = time.monotonic(), 0
+        while time.monotonic() - started < 3.0:
+            submit(s, "big", 256, due_at=due)              # every shard, most likely
+            batches += 1
+            time.sleep(0.05)
+        elapsed = time.monotonic() - started
+        most = max(reads.values())
+        # (and once more if the minute turned, and once for a read under way at the start)
+        assert most <= elapsed / dispatcher.BUSY_REREAD_S + 3 < batches, (most, elapsed, batches)
+        assert len(reads) > 200                            # each still read again, held back only
+        new = submit(s, "new", 1, due_at=due)
+        submitted = time.monotonic()
+        got = []
+        while not any(j.job_id == new[0] for j in got):
+            assert time.monotonic() - submitted < dispatcher.BUSY_REREAD_S + 3.0, "the new team waited"
+            got = asyncio.run(lease_until(d, 1, capacity=2))
+    finally:
+        d.stop()
+        s.close()
 
 
 def test_quota_holds_while_others_wait_and_idle_capacity_is_lent(db_dsn):

@@ -10,13 +10,17 @@ It knows what each shard has due: per minute bucket, class (strict,
 priority) and team, how many rows and the oldest run time (due_edge, its
 "edge"). A round pools the waiters' capacity, plans across all its shards
 which rows go (fairness.plan: order, quotas with lending, weighted
-rotation) and claims exactly those, one statement per shard and bucket, in
-transactions of up to 32 statements (a few commits however many shards the
-jobs trickled into; Store.claim); it counts down the edges by what came back. The edges
+rotation) and claims exactly those, on plain PostgreSQL one statement per
+worker and bucket over all the shards (on Citus one per shard and bucket,
+in transactions of up to 32 of one Citus shard's: Store.claim), so a few
+commits however many shards the jobs trickled into; it counts down the
+edges by what came back. The edges
 of all the shards to look at are read in one statement too. An edge is
 read again when:
 - a NOTIFY names the shard (rows due now were added: mh_enqueue in
-  sql/functions/wheel.sql; a listener thread marks those shards),
+  sql/functions/wheel.sql; a listener thread marks those shards), but
+  while rows the last read found there are still unclaimed, no sooner than
+  BUSY_REREAD_S after that read,
 - its next run time comes (rows of its current bucket come due by the clock),
 - the minute turns (every shard: the wheel moved a bucket on), or the shard
   was just leased,
@@ -84,6 +88,11 @@ MAX_WAITERS_PER_ROUND = 32
 FILTERED_RECHECK_S = 1.0        # a shard found empty for a filter is tried again for it after this
 RUNNING_READ_S = 0.25           # how often the jobs running per team are read (quota headroom)
 TERMS_READ_S = 2.0              # how often teams' quotas and weights are read
+# A wake-up naming a shard whose due rows are still known (not all claimed)
+# reads its edge no sooner than this after the last whole read: behind a
+# backlog, counting every shard's due rows again at each submit would cost
+# more than claiming them. A row of a new team or class there waits at most this.
+BUSY_REREAD_S = 0.5
 
 # What a waiter takes: (job names, teams); None for either means any.
 Filter = tuple[tuple[str, ...] | None, tuple[str, ...] | None]
@@ -162,6 +171,8 @@ class Dispatcher:
         self._generation = 0                      # bumped by every event that may make jobs claimable
         self._marked: dict[int, int] = {}         # shard -> generation a NOTIFY last marked it due at
         self._woken_at: dict[int, float] = {}     # shard -> when a NOTIFY last marked it due
+        self._read_at: dict[int, float] = {}      # shard -> when its whole edge was last read
+        self._deferred: dict[int, float] = {}     # shard -> when to read it for a wake-up held back (BUSY_REREAD_S)
         self._refreshed_at = 0.0                  # when every shard's edge was last read
         self._empty: dict[Filter, dict[int, float]] = {}   # filter -> {shard: when a claim for it came up short}
         self._next_refresh = 0.0
@@ -266,6 +277,9 @@ class Dispatcher:
             self._generation += 1
             woken = time.time()
             for s in (self._leases if shards is None else shards & self._leases.keys()):
+                if self._index.of_shard.get(s) and woken - self._read_at.get(s, 0.0) < BUSY_REREAD_S:
+                    self._deferred.setdefault(s, self._read_at[s] + BUSY_REREAD_S)
+                    continue
                 self._due[s] = 0.0
                 self._marked[s] = self._generation
                 self._woken_at[s] = woken
@@ -310,6 +324,12 @@ class Dispatcher:
             for s in self._lost:                  # the index is the dispatch thread's own
                 self._index.remove_shard(s)
             self._lost.clear()
+            for s in [s for s, t in self._deferred.items() if t <= now]:
+                del self._deferred[s]
+                if s in self._leases:             # a held-back wake-up: now
+                    self._due[s] = 0.0
+                    self._marked[s] = self._generation
+                    self._woken_at[s] = now
             if now >= self._next_refresh:
                 self._due.update(dict.fromkeys(self._leases, 0.0))
                 self._next_refresh = (math.floor(now / 60) + 1) * 60 + 0.2
@@ -335,6 +355,7 @@ class Dispatcher:
                     self._index.add_to_shard(s, cells_)
                 else:
                     self._index.set_shard(s, cells_)
+                    self._read_at[s] = now
                 # A wake-up that came while the query ran is newer than its answer.
                 if self._marked.get(s, -1) > asked_at:
                     continue
@@ -367,9 +388,10 @@ class Dispatcher:
                         w.state = "taken"
                     self._taken = ready
                     return ready
-            if any(t <= now for t in self._due.values()):
+            if any(t <= now for t in self._due.values()) or any(t <= now for t in self._deferred.values()):
                 return []
-            wake = min([t for t in self._due.values() if t > now] + [self._next_refresh])
+            wake = min([t for t in self._due.values() if t > now] + [self._next_refresh]
+                       + list(self._deferred.values()))
             if due and self._waiters:             # filters that found due shards empty look again
                 lapse = [m + FILTERED_RECHECK_S for f in {w.filter for w in self._waiters}
                          for s, m in self._empty.get(f, {}).items() if s in due and m + FILTERED_RECHECK_S > now]
