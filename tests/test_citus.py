@@ -181,3 +181,92 @@ def test_claims_with_nothing_due_do_not_crash_the_coordinator(db, db_dsn):
     assert db.execute("SELECT * FROM mh_take_claimed(3, NULL, 'w', 30, mh_now())").fetchall() == []
     with psycopg.connect(db_dsn, autocommit=True) as fresh:
         assert fresh.execute("SELECT 1").fetchone() == (1,)
+
+
+# ---------------------------------------------------------------- outcome batches: one call per Citus shard
+OUTCOME_CALLS = {
+    "start": "SELECT * FROM start_many(%s, %s)",
+    "heartbeat": "SELECT * FROM heartbeat_many(%s, %s, 60)",
+    "complete": "SELECT * FROM complete_many(%s, %s, NULL)",
+    "fail": "SELECT * FROM fail_many(%s, %s, NULL)",                     # retried: attempts left
+    "fail_dead": "SELECT * FROM fail_many(%s, %s, NULL, %s)",           # not retryable: dead
+    "release": "SELECT * FROM release_many(%s, %s)",
+}
+
+
+def claimed_on_many_shards(db: psycopg.Connection, jobs: int = 24) -> dict[int, object]:
+    """{job id: lease token} of jobs claimed on many shards, several per Citus shard."""
+    db.execute("INSERT INTO teams (name) VALUES ('t')")
+    db.execute("SELECT submit_jobs('t', array_fill('probe'::text, ARRAY[%s]))", (jobs,))
+    tokens = {}
+    for (shard,) in db.execute("SELECT DISTINCT shard FROM jobs ORDER BY 1").fetchall():
+        epoch = db.execute("SELECT take_shard_lease(%s, 'd1', 600)", (shard,)).fetchone()[0]
+        for job_id, token in db.execute("SELECT job_id, lease_token FROM claim_due(%s, 100, 'd1', %s, 30)",
+                                        (shard, epoch)).fetchall():
+            tokens[job_id] = token
+    return tokens
+
+
+def shard_tables(command: str) -> set[str]:
+    """The Citus shard ids a command sent to a worker names (jobs_102016 -> 102016)."""
+    import re
+    return set(re.findall(r"minutehand\.\w+?_(\d{6,})\b", command))
+
+
+@pytest.mark.parametrize("kind", OUTCOME_CALLS)
+def test_an_outcome_batch_over_many_shards_is_one_single_shard_transaction_per_citus_shard(citus_db, db_dsn, kind):
+    """The store splits the batch by Citus shard (Store.outcome_calls); each call
+    runs on one worker, each statement on one shard (a router statement: the
+    command names one shard's tables), with a one-phase commit."""
+    from tests.support import make_store
+
+    db = citus_db
+    tokens = claimed_on_many_shards(db)
+    ids = list(tokens)
+    with make_store(db_dsn, clock=None) as store:
+        calls = store.outcome_calls(ids)
+    groups = dict(db.execute("SELECT s, get_shard_id_for_distribution_column('minutehand.jobs', s::smallint) "
+                             "FROM generate_series(0, 1023) s").fetchall())
+    assert len(calls) > 1
+    for positions in calls:
+        assert len({groups[ids[at] & 1023] for at in positions}) == 1
+        part = [ids[at] for at in positions]
+        args = (part, [tokens[i] for i in part]) + (([False] * len(part),) if kind == "fail_dead" else ())
+        sent = remote_commands(db, OUTCOME_CALLS[kind], args)
+        assert_one_worker_one_phase(sent)
+        # every distributed write went to the same Citus shard group: the shard
+        # ids named all belong to this call's colocated shards
+        named = set().union(*(shard_tables(c) for _, c in sent))
+        colocated = {str(r[0]) for r in db.execute(
+            """SELECT s.shardid FROM pg_dist_shard s JOIN pg_dist_shard j ON j.shardid = %s
+                WHERE s.shardminvalue = j.shardminvalue
+                  AND s.logicalrelid IN (SELECT logicalrelid FROM pg_dist_partition WHERE partmethod = 'h')""",
+            (groups[part[0] & 1023],)).fetchall()}
+        assert named and named <= colocated, (named, colocated)
+    want = {"start": "running", "heartbeat": "claimed", "complete": "succeeded", "fail": "retrying",
+            "fail_dead": "dead", "release": "scheduled"}[kind]
+    assert db.execute("SELECT count(*) FILTER (WHERE state = %s), count(*) FROM jobs WHERE id = ANY (%s)",
+                      (want, ids)).fetchone() == (len(ids), len(ids))
+
+
+def test_the_store_answers_an_outcome_batch_over_many_shards_in_input_order(citus_db, db_dsn):
+    """Split by Citus shard and sent in one round trip, the answers still come
+    back in input order, refusals included (a stale token, an unknown job)."""
+    from minutehand.store.records import Complete, Start
+    from tests.support import make_store
+
+    db = citus_db
+    tokens = claimed_on_many_shards(db)
+    ids = sorted(tokens, key=lambda i: -i)          # not in shard order
+    with make_store(db_dsn, clock=None) as store:
+        started = store.start([Start(i, tokens[i]) for i in ids[:5]])
+        assert [(o.job_id, o.ok, o.state) for o in started] == [(i, True, "running") for i in ids[:5]]
+        items = [Complete(i, tokens[i], b'{"n": %d}' % n) for n, i in enumerate(ids)]
+        items.insert(3, Complete(ids[0], tokens[ids[1]], None))        # a token of another job
+        items.append(Complete(12345, tokens[ids[0]], None))            # no such job
+        got = store.complete(items)
+    assert [o.job_id for o in got] == [i.job_id for i in items]
+    assert [o.ok for o in got] == [True] * 3 + [False] + [True] * (len(ids) - 3) + [False]
+    assert got[-1].reason == "no such job"
+    assert db.execute("SELECT count(*) FROM jobs WHERE state = 'succeeded' AND result ? 'n'").fetchone()[0] == len(ids)
+    assert db.execute("SELECT sum(running) FROM team_running").fetchone()[0] == 0
