@@ -270,3 +270,38 @@ def test_the_store_answers_an_outcome_batch_over_many_shards_in_input_order(citu
     assert got[-1].reason == "no such job"
     assert db.execute("SELECT count(*) FROM jobs WHERE state = 'succeeded' AND result ? 'n'").fetchone()[0] == len(ids)
     assert db.execute("SELECT sum(running) FROM team_running").fetchone()[0] == 0
+
+
+def test_a_request_whose_shard_call_fails_does_not_fail_the_requests_of_other_shards(citus_db, db_dsn):
+    """The outcome writer's batch goes as one call per Citus shard: when one
+    call fails (a result jsonb cannot hold), the calls of other shards have
+    committed, and a request whose reports were all written gets its answers
+    (OutcomesPartlyWritten); the request with the bad value gets the error."""
+    import asyncio
+
+    from minutehand.dispatch.outcomes import OutcomeWriter, _Pending
+    from minutehand.store.records import Complete
+    from tests.support import make_store
+
+    db = citus_db
+    tokens = claimed_on_many_shards(db)
+    with make_store(db_dsn, clock=None) as store:
+        calls = store.outcome_calls(list(tokens))
+        ids = list(tokens)
+        good = [ids[at] for at in calls[0]]
+        bad = ids[calls[1][0]]
+        writer = OutcomeWriter(store, extend_s=30)
+
+        async def one_batch():
+            # Both requests in one batch, as the writing thread groups what queued up.
+            loop = asyncio.get_running_loop()
+            requests = [_Pending([Complete(i, tokens[i], b'{"ok": 1}') for i in good], None, loop.create_future(), loop),
+                        _Pending([Complete(bad, tokens[bad], b'"\\u0000"')], None, loop.create_future(), loop)]
+            await loop.run_in_executor(None, writer._write, Complete, None, requests)
+            return await asyncio.gather(*(r.future for r in requests), return_exceptions=True)
+        answered, failed = asyncio.run(one_batch())
+    assert isinstance(failed, Exception)
+    assert [(o.job_id, o.ok) for o in answered] == [(i, True) for i in good]
+    assert db.execute("SELECT count(*) FROM jobs WHERE id = ANY (%s) AND state = 'succeeded'", (good,)).fetchone()[0] \
+        == len(good)
+    assert db.execute("SELECT state FROM jobs WHERE id = %s", (bad,)).fetchone()[0] == "claimed"

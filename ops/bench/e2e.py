@@ -141,6 +141,8 @@ def start_lag(url: str, token: str, port: int, rate: int, seconds: float, proces
                 "  FROM (SELECT extract(epoch FROM claimed_at - run_at) AS s FROM jobs) x").fetchone()
     finally:
         stop_all(workers)
+    if p50 is None:                       # nothing was claimed in time: say so, not crash
+        p50 = p99 = float("nan")
     return {"p50_ms": p50 * 1000, "p99_ms": p99 * 1000, "jobs": n, "unclaimed": late,
             "rate": n / seconds}
 
