@@ -40,7 +40,9 @@ def load(cls: type[T], argv: list[str] | None = None, env: typing.Mapping[str, s
     """cls built from the file (if one is named), then the environment
     (os.environ unless env), then argv's flags: each overrides the one before."""
     env = os.environ if env is None else env
-    flags = vars(parser(cls).parse_known_args(argv or [])[0])
+    # No abbreviations: a command's own flag (`migrate --citus`) is not a
+    # setting, and must not be read as the start of one (--citus-shard-count).
+    flags = vars(parser(cls, argparse.ArgumentParser(add_help=False, allow_abbrev=False)).parse_known_args(argv or [])[0])
     config = flags.pop("config") or env.get(CONFIG_ENV)
     values = read_file(cls, Path(config)) if config else {}
     for name in (f.name for f in dataclasses.fields(cls)):

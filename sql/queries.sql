@@ -354,17 +354,6 @@ SELECT * FROM claim_planned_shards(%(owner)s::text, %(lease_s)s::real, %(worker)
                                    %(stricts)s::boolean[], %(priorities)s::smallint[], %(teams)s::int[],
                                    %(limits)s::int[], %(names)s::text[])
 
--- name: citus_installed
--- Whether this database runs Citus (then every row-locking statement names one shard).
-SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus') AS installed
-
--- name: citus_shards_of
--- On Citus, the Citus shard (a table on one worker) holding each shard's
--- rows; none while the tables are local to the coordinator.
-SELECT s AS shard, get_shard_id_for_distribution_column('jobs', s::smallint) AS citus_shard
-  FROM generate_series(0, mh_shard_count() - 1) s
- WHERE EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'jobs'::regclass)
-
 -- name: release_many
 -- Give back claimed jobs that were not started (due again at once, the attempt not counted).
 SELECT job_id, ok, state, reason FROM release_many(%(ids)s::bigint[], %(tokens)s::uuid[])

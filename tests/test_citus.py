@@ -181,3 +181,127 @@ def test_claims_with_nothing_due_do_not_crash_the_coordinator(db, db_dsn):
     assert db.execute("SELECT * FROM mh_take_claimed(3, NULL, 'w', 30, mh_now())").fetchall() == []
     with psycopg.connect(db_dsn, autocommit=True) as fresh:
         assert fresh.execute("SELECT 1").fetchone() == (1,)
+
+
+# ---------------------------------------------------------------- outcome batches: one call per Citus shard
+OUTCOME_CALLS = {
+    "start": "SELECT * FROM start_many(%s, %s)",
+    "heartbeat": "SELECT * FROM heartbeat_many(%s, %s, 60)",
+    "complete": "SELECT * FROM complete_many(%s, %s, NULL)",
+    "fail": "SELECT * FROM fail_many(%s, %s, NULL)",                     # retried: attempts left
+    "fail_dead": "SELECT * FROM fail_many(%s, %s, NULL, %s)",           # not retryable: dead
+    "release": "SELECT * FROM release_many(%s, %s)",
+}
+
+
+def claimed_on_many_shards(db: psycopg.Connection, jobs: int = 24) -> dict[int, object]:
+    """{job id: lease token} of jobs claimed on many shards, several per Citus shard."""
+    db.execute("INSERT INTO teams (name) VALUES ('t')")
+    db.execute("SELECT submit_jobs('t', array_fill('probe'::text, ARRAY[%s]))", (jobs,))
+    tokens = {}
+    for (shard,) in db.execute("SELECT DISTINCT shard FROM jobs ORDER BY 1").fetchall():
+        epoch = db.execute("SELECT take_shard_lease(%s, 'd1', 600)", (shard,)).fetchone()[0]
+        for job_id, token in db.execute("SELECT job_id, lease_token FROM claim_due(%s, 100, 'd1', %s, 30)",
+                                        (shard, epoch)).fetchall():
+            tokens[job_id] = token
+    return tokens
+
+
+def shard_tables(command: str) -> set[str]:
+    """The Citus shard ids a command sent to a worker names (jobs_102016 -> 102016)."""
+    import re
+    return set(re.findall(r"minutehand\.\w+?_(\d{6,})\b", command))
+
+
+@pytest.mark.parametrize("kind", OUTCOME_CALLS)
+def test_an_outcome_batch_over_many_shards_is_one_single_shard_transaction_per_citus_shard(citus_db, db_dsn, kind):
+    """The store splits the batch by Citus shard (Store.outcome_calls); each call
+    runs on one worker, each statement on one shard (a router statement: the
+    command names one shard's tables), with a one-phase commit."""
+    from tests.support import make_store
+
+    db = citus_db
+    tokens = claimed_on_many_shards(db)
+    ids = list(tokens)
+    with make_store(db_dsn, clock=None) as store:
+        calls = store.outcome_calls(ids)
+    groups = dict(db.execute("SELECT s, get_shard_id_for_distribution_column('minutehand.jobs', s::smallint) "
+                             "FROM generate_series(0, 1023) s").fetchall())
+    assert len(calls) > 1
+    for positions in calls:
+        assert len({groups[ids[at] & 1023] for at in positions}) == 1
+        part = [ids[at] for at in positions]
+        args = (part, [tokens[i] for i in part]) + (([False] * len(part),) if kind == "fail_dead" else ())
+        sent = remote_commands(db, OUTCOME_CALLS[kind], args)
+        assert_one_worker_one_phase(sent)
+        # every distributed write went to the same Citus shard group: the shard
+        # ids named all belong to this call's colocated shards
+        named = set().union(*(shard_tables(c) for _, c in sent))
+        colocated = {str(r[0]) for r in db.execute(
+            """SELECT s.shardid FROM pg_dist_shard s JOIN pg_dist_shard j ON j.shardid = %s
+                WHERE s.shardminvalue = j.shardminvalue
+                  AND s.logicalrelid IN (SELECT logicalrelid FROM pg_dist_partition WHERE partmethod = 'h')""",
+            (groups[part[0] & 1023],)).fetchall()}
+        assert named and named <= colocated, (named, colocated)
+    want = {"start": "running", "heartbeat": "claimed", "complete": "succeeded", "fail": "retrying",
+            "fail_dead": "dead", "release": "scheduled"}[kind]
+    assert db.execute("SELECT count(*) FILTER (WHERE state = %s), count(*) FROM jobs WHERE id = ANY (%s)",
+                      (want, ids)).fetchone() == (len(ids), len(ids))
+
+
+def test_the_store_answers_an_outcome_batch_over_many_shards_in_input_order(citus_db, db_dsn):
+    """Split by Citus shard and sent in one round trip, the answers still come
+    back in input order, refusals included (a stale token, an unknown job)."""
+    from minutehand.store.records import Complete, Start
+    from tests.support import make_store
+
+    db = citus_db
+    tokens = claimed_on_many_shards(db)
+    ids = sorted(tokens, key=lambda i: -i)          # not in shard order
+    with make_store(db_dsn, clock=None) as store:
+        started = store.start([Start(i, tokens[i]) for i in ids[:5]])
+        assert [(o.job_id, o.ok, o.state) for o in started] == [(i, True, "running") for i in ids[:5]]
+        items = [Complete(i, tokens[i], b'{"n": %d}' % n) for n, i in enumerate(ids)]
+        items.insert(3, Complete(ids[0], tokens[ids[1]], None))        # a token of another job
+        items.append(Complete(12345, tokens[ids[0]], None))            # no such job
+        got = store.complete(items)
+    assert [o.job_id for o in got] == [i.job_id for i in items]
+    assert [o.ok for o in got] == [True] * 3 + [False] + [True] * (len(ids) - 3) + [False]
+    assert got[-1].reason == "no such job"
+    assert db.execute("SELECT count(*) FROM jobs WHERE state = 'succeeded' AND result ? 'n'").fetchone()[0] == len(ids)
+    assert db.execute("SELECT sum(running) FROM team_running").fetchone()[0] == 0
+
+
+def test_a_request_whose_shard_call_fails_does_not_fail_the_requests_of_other_shards(citus_db, db_dsn):
+    """The outcome writer's batch goes as one call per Citus shard: when one
+    call fails (a result jsonb cannot hold), the calls of other shards have
+    committed, and a request whose reports were all written gets its answers
+    (OutcomesPartlyWritten); the request with the bad value gets the error."""
+    import asyncio
+
+    from minutehand.dispatch.outcomes import OutcomeWriter, _Pending
+    from minutehand.store.records import Complete
+    from tests.support import make_store
+
+    db = citus_db
+    tokens = claimed_on_many_shards(db)
+    with make_store(db_dsn, clock=None) as store:
+        calls = store.outcome_calls(list(tokens))
+        ids = list(tokens)
+        good = [ids[at] for at in calls[0]]
+        bad = ids[calls[1][0]]
+        writer = OutcomeWriter(store, extend_s=30)
+
+        async def one_batch():
+            # Both requests in one batch, as the writing thread groups what queued up.
+            loop = asyncio.get_running_loop()
+            requests = [_Pending([Complete(i, tokens[i], b'{"ok": 1}') for i in good], None, loop.create_future(), loop),
+                        _Pending([Complete(bad, tokens[bad], b'"\\u0000"')], None, loop.create_future(), loop)]
+            await loop.run_in_executor(None, writer._write, Complete, None, requests)
+            return await asyncio.gather(*(r.future for r in requests), return_exceptions=True)
+        answered, failed = asyncio.run(one_batch())
+    assert isinstance(failed, Exception)
+    assert [(o.job_id, o.ok) for o in answered] == [(i, True) for i in good]
+    assert db.execute("SELECT count(*) FROM jobs WHERE id = ANY (%s) AND state = 'succeeded'", (good,)).fetchone()[0] \
+        == len(good)
+    assert db.execute("SELECT state FROM jobs WHERE id = %s", (bad,)).fetchone()[0] == "claimed"

@@ -135,3 +135,9 @@ def test_the_command_line_refuses_a_bad_file_with_the_key(tmp_path: Path):
     got = subprocess.run([sys.executable, "-m", "minutehand.cli.main", "worker", "x:worker", "--config", str(path)],
                          capture_output=True, text=True, timeout=60)
     assert got.returncode == 1 and "[worker] worker_concurency: unknown setting" in got.stderr, got
+
+
+def test_a_command_flag_is_not_read_as_the_start_of_a_setting():
+    """`migrate --citus` is migrate's own flag, not --citus-shard-count abbreviated."""
+    assert Settings.load(["--citus"], env={}).citus_shard_count == Settings().citus_shard_count
+    assert Settings.load(["--citus", "--citus-shard-count", "4"], env={}).citus_shard_count == 4

@@ -18,6 +18,7 @@ import psycopg
 
 from minutehand import metrics
 from minutehand.futures import BatchThreads, settle
+from minutehand.store import errors
 from minutehand.store.records import Complete, Fail, Heartbeat, Outcome, Release, Report, Start
 from minutehand.store.store import Store
 
@@ -76,6 +77,9 @@ class OutcomeWriter:
         try:
             outcomes = self._call(kind, items, extend_s)
             metrics.OUTCOME_BATCH.labels(kind.__name__.lower()).observe(len(items))
+        except errors.OutcomesPartlyWritten as exc:
+            self._settle_partly(kind, extend_s, group, exc)
+            return
         except psycopg.OperationalError as exc:   # the database is away: every request shares that fate
             log.warning("writing %d %s outcomes failed: %s", len(items), kind.__name__, exc)
             settle((p.future, p.loop, None, exc) for p in group if p.future is not None)
@@ -97,6 +101,38 @@ class OutcomeWriter:
                 answers.append((p.future, p.loop, outcomes[at:at + len(p.reports)], None))
             at += len(p.reports)
         settle(answers)
+
+    def _settle_partly(self, kind: type, extend_s: float | None, group: list[_Pending],
+                       partly: errors.OutcomesPartlyWritten) -> None:
+        """The batch went as several calls (one per Citus shard) and some
+        failed, writing nothing of theirs: each request gets the answers
+        written, and its unanswered reports are sent again on their own (a
+        value the database cannot hold fails only its own request)."""
+        answers, at = [], 0
+        for p in group:
+            got = list(partly.outcomes[at:at + len(p.reports)])
+            at += len(p.reports)
+            missing = [i for i, o in enumerate(got) if o is None]
+            if missing and len(group) == 1 and len(missing) == len(got):
+                answers.append((p.future, p.loop, None, partly.cause))
+                continue
+            if missing:
+                try:
+                    again = self._call(kind, [p.reports[i] for i in missing], extend_s)
+                except errors.OutcomesPartlyWritten as exc:
+                    again = exc.outcomes
+                    log.warning("writing %s outcomes failed: %s", kind.__name__, exc.cause)
+                except Exception as exc:
+                    log.warning("writing %d %s outcomes failed: %s", len(missing), kind.__name__, exc)
+                    answers.append((p.future, p.loop, None, exc))
+                    continue
+                for i, o in zip(missing, again):
+                    got[i] = o
+                if any(o is None for o in got):
+                    answers.append((p.future, p.loop, None, partly.cause))
+                    continue
+            answers.append((p.future, p.loop, got, None))
+        settle(a for a in answers if a[0] is not None)
 
     def _call(self, kind: type, items: list, extend_s: float | None) -> list[Outcome]:
         """The procedure call for each kind of report."""

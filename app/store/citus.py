@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import psycopg
+import psycopg.rows
 import psycopg.sql
 
 from minutehand.store.schema import SCHEMA
@@ -73,6 +74,25 @@ def _kind(conn: psycopg.Connection, table: str) -> str | None:
 
 def is_distributed(conn: psycopg.Connection) -> bool:
     return is_citus(conn) and _kind(conn, DISTRIBUTED[0]) is not None
+
+
+def shard_groups(conn: psycopg.Connection) -> dict[int, int]:
+    """{logical shard: the Citus shard of jobs that holds it}, or {} when
+    the database is not distributed. Statements that name only logical
+    shards of one Citus shard (`shard = ANY (...)`) are router statements
+    on one worker. Fixed until a Citus shard is split (a move between
+    nodes keeps the ids); after a split, statements named by a stale map
+    still work, over more than one shard."""
+    lead = f"{SCHEMA}.{DISTRIBUTED[0]}"
+    with conn.cursor(row_factory=psycopg.rows.tuple_row) as cur:     # (whatever rows the connection makes)
+        distributed = cur.execute("""SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')
+                                        AND to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL""").fetchone()[0]
+        if not distributed or not cur.execute("SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = "
+                                              "to_regclass(%s))", (lead,)).fetchone()[0]:
+            return {}
+        rows = cur.execute("""SELECT s, get_shard_id_for_distribution_column(%s, s::smallint)
+                                FROM generate_series(0, 1023) s""", (lead,)).fetchall()
+    return dict(rows)
 
 
 def before_migrate(conn: psycopg.Connection) -> None:

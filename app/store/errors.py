@@ -61,6 +61,18 @@ class Contention(StoreError):
     status = 503
 
 
+class OutcomesPartlyWritten(Exception):
+    """An outcome batch sent as several calls (one per Citus shard) of which
+    some failed: `outcomes` holds the answers of the calls that committed,
+    in input order, and None for every item of a call that failed (nothing
+    of which was written); `cause` is the first failure."""
+
+    def __init__(self, outcomes: list, cause: Exception):
+        super().__init__(f"some outcome calls failed: {cause}")
+        self.outcomes = outcomes
+        self.cause = cause
+
+
 BY_SQLSTATE = {"MH400": InvalidInput, "MH403": StaleLease, "MH404": NotFound,
                "MH409": Conflict, "MH413": PayloadTooLarge}
 

@@ -22,7 +22,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from minutehand import metrics
-from minutehand.store import errors, repeat, schema
+from minutehand.store import citus, errors, repeat, schema
 from minutehand.store.queries import q
 from minutehand.store.records import (AdminSession, Admitted, AuditEntry, AuditNote, DispatcherSeen, FleetView,
                                      MinuteCounts, Overview, ShardLease, WorkerSeen, BatchItem, ClaimRequest, Complete,
@@ -157,7 +157,9 @@ class Store:
         # once it has been pinned, unpinning (None) is applied the same way.
         self.clock = clock
         self._clock_used = clock is not None
-        self._citus: dict[int, int] | bool | None = None   # read at the first claim (_citus_shards)
+        # {logical shard: Citus shard} on a distributed database, {} on plain
+        # PostgreSQL; read on first use (_citus_groups).
+        self._shard_groups: dict[int, int] | None = None
 
     def close(self) -> None:
         self._unwatch()
@@ -723,10 +725,10 @@ class Store:
         synchronous_commit (see Settings.claim_synchronous_commit)."""
         results: list[list[dict[str, Any]] | Exception] = [[] for _ in requests]
         sync = [] if synchronous_commit else [(q("commit_without_flush"), {})]
+        groups = self._citus_groups()
         with self.connection() as conn:
-            citus = self._citus_shards(conn)
-            units = self._claim_units(requests, owner, lease_s, together=citus is None)
-            for chunk in _claim_commits(units, citus or {}):
+            units = self._claim_units(requests, owner, lease_s, together=not groups)
+            for chunk in _claim_commits(units, groups):
                 sql, args = [u.sql for u in chunk], [u.params for u in chunk]
                 together = self.in_one_transaction(conn, [s for s, _ in sync] + sql, [p for _, p in sync] + args)
                 # One of them failed: each alone, so it fails alone.
@@ -742,15 +744,13 @@ class Store:
                 results[i] = errors.StaleLease(rows[0]["refused"])
         return results, refused
 
-    def _citus_shards(self, conn: psycopg.Connection) -> dict[int, int] | None:
-        """On Citus, {shard: the Citus shard holding its rows} (empty while the
-        tables are local to the coordinator); None on plain PostgreSQL. Read
-        once: moving a Citus shard to another worker keeps its id."""
-        if self._citus is None:
-            installed = conn.execute(q("citus_installed")).fetchone()["installed"]
-            self._citus = {r["shard"]: r["citus_shard"] for r in conn.execute(q("citus_shards_of"))} \
-                if installed else False
-        return self._citus if self._citus is not False else None
+    def _citus_groups(self) -> dict[int, int]:
+        """{logical shard: the Citus shard holding it} on a distributed
+        database, {} otherwise (citus.shard_groups), read once."""
+        if self._shard_groups is None:
+            with self.connection() as conn:
+                self._shard_groups = citus.shard_groups(conn)
+        return self._shard_groups
 
     @staticmethod
     def _claim_units(requests: Sequence[ClaimRequest | PlannedClaim], owner: str, lease_s: float, together: bool
@@ -809,10 +809,45 @@ class Store:
     def release(self, items: Sequence[Release]) -> list[Outcome]:
         return self._outcomes("release_many", items, {})
 
+    def outcome_calls(self, job_ids: Sequence[int]) -> list[list[int]]:
+        """The positions of an outcome batch's items, one list per procedure
+        call. On plain PostgreSQL one call: one statement over every shard is
+        the cheapest there. On Citus one per Citus shard (the procedures name
+        the batch's shards in every statement): each call is then router
+        statements on one worker with a one-phase commit, where one call over
+        many shards is a two-phase commit on every worker, and batches of
+        different dispatchers queue on each other's shard locks."""
+        groups = self._citus_groups()
+        if not groups:
+            return [list(range(len(job_ids)))]
+        calls: dict[int, list[int]] = {}
+        for at, job_id in enumerate(job_ids):
+            calls.setdefault(groups.get(job_id & 1023, -1), []).append(at)   # (mh_shard_of)
+        return [calls[k] for k in sorted(calls)]
+
     def _outcomes(self, name: str, items: Sequence[Report], extra: dict[str, Any]) -> list[Outcome]:
-        rows = self._all(name, {"ids": [i.job_id for i in items], "tokens": [i.lease_token for i in items],
-                                **extra})
-        return [Outcome(**r) for r in rows]
+        params = {"ids": [i.job_id for i in items], "tokens": [i.lease_token for i in items], **extra}
+        calls = self.outcome_calls(params["ids"])
+        if len(calls) == 1:
+            return [Outcome(**r) for r in self._all(name, params)]
+        # One call per Citus shard, all sent in one round trip, each its own transaction.
+        per_call = [{k: [v[at] for at in positions] if isinstance(v, list) else v for k, v in params.items()}
+                    for positions in calls]
+        with self.connection() as conn:
+            results = self.each_alone(conn, q(name), per_call)
+        outcomes: list[Outcome | None] = [None] * len(items)
+        failed: Exception | None = None
+        for positions, rows in zip(calls, results):
+            if isinstance(rows, Exception):
+                failed = failed or rows
+                continue
+            for at, r in zip(positions, rows):
+                outcomes[at] = Outcome(**r)
+        if failed is not None:
+            if all(o is None for o in outcomes):
+                raise failed
+            raise errors.OutcomesPartlyWritten(outcomes, failed)
+        return outcomes
 
     def cancel(self, job_id: int, team: str | None) -> Outcome:
         """Cancel a job that has not started, as `team`; team None (an

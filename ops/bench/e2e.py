@@ -6,6 +6,7 @@ serve` process (API + dispatcher), on a fresh durable cluster
     python -m ops.bench.e2e                       # 100,000 jobs, peers too
     python -m ops.bench.e2e --jobs 20000 --no-peers --quick
     python -m ops.bench.e2e --dsn URL             # a server of yours
+    python -m ops.bench.e2e --dsn URL --citus-workers h:p,h:p   # URL a Citus coordinator
 
 Figures, all from one run on the same server:
 - jobs/s from the first claim to the last completion (min(claimed_at) ..
@@ -15,11 +16,17 @@ Figures, all from one run on the same server:
 - the floor of any PostgreSQL queue on the server (pgbench,
   ops/bench/floor/run.sh);
 - Procrastinate and PgQueuer on the same workload (ops/bench/peers.py);
-- start lag (claim time - run time) p50/p99 at a steady 1,000 jobs/s.
+- start lag (claim time - run time) p50/p99 at a steady 1,000 jobs/s;
+- database round trips per job of the serve process (API and dispatcher):
+  its store's own count of calls (minutehand_db_seconds_count: one
+  statement or one pipelined round trip each), over a throughput run.
+On a Citus coordinator (--citus-workers) the database is made on every node
+and distributed (`migrate --citus`, --citus-shard-count Citus shards).
 """
 from __future__ import annotations
 
 import argparse
+import http.client
 import os
 import subprocess
 import sys
@@ -32,8 +39,8 @@ from minutehand.store import migrate, schema
 from minutehand.store.records import JobSpec
 from minutehand.store.store import Store
 from ops.bench.api import _free_port, start_server, stop_server
-from ops.bench.server import bench_server
-from ops.bench.store import floor, recreate
+from ops.bench.server import bench_server, citus_database
+from ops.bench.store import _url, floor, recreate
 
 TEAM = "bench"
 
@@ -66,6 +73,15 @@ def submit(store: Store, jobs: int, batch: int = 10_000) -> None:
         assert all(i.error is None for i in items)
 
 
+def store_round_trips(port: int) -> float:
+    """The serve process's store calls so far (minutehand_db_seconds_count, every pool)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("minutehand_db_seconds_count"))
+
+
 def throughput(url: str, port: int, token: str, jobs: int, processes: int, concurrency: int,
                prepare: Callable[[psycopg.Connection], None] | None = None) -> dict:
     """Submit `jobs` first, then start the workers; jobs/s from first claim to last completion.
@@ -80,6 +96,7 @@ def throughput(url: str, port: int, token: str, jobs: int, processes: int, concu
         c.execute("VACUUM ANALYZE jobs")
         if prepare is not None:
             prepare(c)
+    calls = store_round_trips(port)
     workers = start_workers(port, token, processes, concurrency)
     deadline = time.monotonic() + 600
     try:
@@ -92,11 +109,12 @@ def throughput(url: str, port: int, token: str, jobs: int, processes: int, concu
             first, last, succeeded = c.execute(
                 "SELECT min(claimed_at), max(finished_at), count(*) FILTER (WHERE state = 'succeeded') FROM jobs"
             ).fetchone()
+        calls = store_round_trips(port) - calls
     finally:
         stop_all(workers)
     seconds = (last - first).total_seconds()
     return {"jobs_per_s": succeeded / seconds, "seconds": seconds, "verified": succeeded == jobs,
-            "succeeded": succeeded}
+            "succeeded": succeeded, "round_trips_per_job": calls / max(succeeded, 1)}
 
 
 def start_lag(url: str, token: str, port: int, rate: int, seconds: float, processes: int,
@@ -123,6 +141,8 @@ def start_lag(url: str, token: str, port: int, rate: int, seconds: float, proces
                 "  FROM (SELECT extract(epoch FROM claimed_at - run_at) AS s FROM jobs) x").fetchone()
     finally:
         stop_all(workers)
+    if p50 is None:                       # nothing was claimed in time: say so, not crash
+        p50 = p99 = float("nan")
     return {"p50_ms": p50 * 1000, "p99_ms": p99 * 1000, "jobs": n, "unclaimed": late,
             "rate": n / seconds}
 
@@ -133,6 +153,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--no-peers", action="store_true", help="skip Procrastinate and PgQueuer")
     parser.add_argument("--quick", action="store_true", help="short floor and lag runs")
+    parser.add_argument("--citus-workers", default="",
+                        help="host:port,... of the Citus workers when --dsn names a Citus coordinator")
+    parser.add_argument("--citus-shard-count", type=int, default=16)
     args = parser.parse_args()
     with bench_server(args.dsn, "mh-bench-e2e-") as dsn:
         run(dsn, args)
@@ -141,8 +164,16 @@ def main() -> None:
 def run(dsn: str, args) -> None:
     fl = floor(dsn, 5 if args.quick else 20)
     floor_rate = fl["floor_claim_delete_batch100_rows_per_s"]
-    url = schema.url(recreate(dsn, "mh_bench_e2e"))     # raw SQL here finds our objects
+    workers = [(h, int(p)) for h, _, p in (w.rpartition(":") for w in args.citus_workers.split(",") if w)]
+    if workers:
+        citus_database(dsn, "mh_bench_e2e", workers)
+        url = schema.url(_url(dsn, "mh_bench_e2e"))
+    else:
+        url = schema.url(recreate(dsn, "mh_bench_e2e"))     # raw SQL here finds our objects
     migrate.upgrade(url)
+    if workers:
+        from minutehand.store import citus
+        print(citus.distribute(url, args.citus_shard_count), flush=True)
     with Store(url) as store:
         store.create_team(TEAM, quota=10**6)
         token = store.create_worker_token("bench")
@@ -159,7 +190,8 @@ def run(dsn: str, args) -> None:
             ours[label] = throughput(url, port, token, args.jobs, procs, conc)
             print(f"minutehand e2e, {label}: {ours[label]['jobs_per_s']:,.0f} jobs/s "
                   f"({ours[label]['seconds']:.1f} s, {ours[label]['succeeded']:,} succeeded, "
-                  f"verified={ours[label]['verified']})", flush=True)
+                  f"verified={ours[label]['verified']}; {ours[label]['round_trips_per_job']:.3f} "
+                  f"store round trips per job)", flush=True)
     finally:
         stop_server(server)
     peers = {}
@@ -172,7 +204,8 @@ def run(dsn: str, args) -> None:
     print(f"floor (pgbench, same server): claim+delete in batches of 100: {floor_rate:,} rows/s")
     for label, r in ours.items():
         print(f"minutehand, {label}: {r['jobs_per_s']:,.0f} jobs/s = {r['jobs_per_s'] / floor_rate:.2f}x floor"
-              f" (verified {r['succeeded']:,}/{args.jobs:,} succeeded)")
+              f" (verified {r['succeeded']:,}/{args.jobs:,} succeeded; {r['round_trips_per_job']:.3f} "
+              f"store round trips per job)")
     same = ours["2 workers x 10"]["jobs_per_s"]
     best = max(r["jobs_per_s"] for r in ours.values())
     for name, r in peers.items():

@@ -27,3 +27,26 @@ def bench_server(dsn: str | None, prefix: str) -> Iterator[str]:
     finally:
         cluster.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def citus_database(dsn: str, dbname: str, workers: list[tuple[str, int]]) -> None:
+    """The database `dbname` made anew on the Citus coordinator `dsn` and on
+    each worker (host, port; same user), with the extension on every node and
+    the workers registered (Citus keeps its metadata per database, and does
+    not create databases on the workers)."""
+    from urllib.parse import urlsplit
+
+    import psycopg
+
+    coordinator = urlsplit(dsn)
+    nodes = [(h, p) for h, p in workers] + [(coordinator.hostname, coordinator.port or 5432)]
+    for host, port in nodes:
+        with psycopg.connect(dsn, host=host, port=port, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{dbname}"')
+        with psycopg.connect(dsn, host=host, port=port, dbname=dbname, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION citus")
+    with psycopg.connect(dsn, dbname=dbname, autocommit=True) as conn:
+        conn.execute("SELECT citus_set_coordinator_host(%s, %s)", (coordinator.hostname, coordinator.port or 5432))
+        for host, port in workers:
+            conn.execute("SELECT citus_add_node(%s, %s)", (host, port))

@@ -603,25 +603,47 @@ BEGIN
                           SELECT c.strict, c.priority, c.team_id, count(*)::int AS due, min(c.run_at) AS oldest
                             FROM %I c
                            WHERE c.shard = x.shard AND c.run_at <= $5 AND (x.since IS NULL OR c.run_at >= x.since)
-                           GROUP BY c.strict, c.priority, c.team_id) d
+                           GROUP BY c.shard, c.strict, c.priority, c.team_id) d
                     WHERE x.start <= $4$f$,
                 mh_minute_part(mh_minute_slot(v_bucket)))
               USING v_steady, v_starts, v_ssince, v_bucket, v_now;
             v_bucket := v_bucket + interval '1 minute';
         END LOOP;
-        RETURN QUERY EXECUTE format(
+        RETURN QUERY EXECUTE format(CASE WHEN mh_on_citus() THEN
+            -- (Citus plans neither a correlated subquery over unnest nor an
+            -- outer lateral join to a distributed table: an inner lateral join
+            -- grouped by the shard column per bucket, joined on the coordinator)
+            $f$SELECT x.shard, NULL::timestamptz, NULL::boolean, NULL::smallint, NULL::int, NULL::int,
+                      NULL::timestamptz, coalesce(a.next_at, b.next_at)
+                 FROM unnest($1::int[]) AS x(shard)
+                 LEFT JOIN (SELECT y.shard, n.next_at FROM unnest($1::int[]) AS y(shard)
+                             CROSS JOIN LATERAL (SELECT min(n.run_at) AS next_at FROM %1$I n
+                                                  WHERE n.shard = y.shard AND n.run_at > $2 GROUP BY n.shard) n) a
+                   ON a.shard = x.shard
+                 LEFT JOIN (SELECT y.shard, n.next_at FROM unnest($1::int[]) AS y(shard)
+                             CROSS JOIN LATERAL (SELECT min(n.run_at) AS next_at FROM %2$I n
+                                                  WHERE n.shard = y.shard AND n.run_at > $2 GROUP BY n.shard) n) b
+                   ON b.shard = x.shard$f$
+        ELSE
             $f$SELECT x.shard, NULL::timestamptz, NULL::boolean, NULL::smallint, NULL::int, NULL::int,
                       NULL::timestamptz,
                       coalesce((SELECT min(n.run_at) FROM %1$I n WHERE n.shard = x.shard AND n.run_at > $2),
                                (SELECT min(n.run_at) FROM %2$I n WHERE n.shard = x.shard AND n.run_at > $2))
-                 FROM unnest($1::int[]) AS x(shard)$f$,
+                 FROM unnest($1::int[]) AS x(shard)$f$ END,
             mh_minute_part(mh_minute_slot(v_cur)), mh_minute_part(mh_minute_slot(v_cur + interval '1 minute')))
           USING v_steady, v_now;
         -- Hands two minutes behind move on over an empty bucket (whole reads only).
-        EXECUTE format(
+        EXECUTE format(CASE WHEN mh_on_citus() THEN
+            -- (Citus: the shards with a row left there, read by an inner lateral join as above)
             $f$SELECT array_agg(x.shard) FROM unnest($1::int[], $2::timestamptz[], $3::timestamptz[]) AS x(shard, start, since)
                 WHERE x.since IS NULL AND x.start < $4
-                  AND NOT EXISTS (SELECT 1 FROM %I d WHERE d.shard = x.shard)$f$,
+                  AND x.shard NOT IN (SELECT y.shard FROM unnest($1::int[]) AS y(shard)
+                                       CROSS JOIN LATERAL (SELECT d.shard FROM %I d WHERE d.shard = y.shard
+                                                            GROUP BY d.shard) d)$f$
+        ELSE
+            $f$SELECT array_agg(x.shard) FROM unnest($1::int[], $2::timestamptz[], $3::timestamptz[]) AS x(shard, start, since)
+                WHERE x.since IS NULL AND x.start < $4
+                  AND NOT EXISTS (SELECT 1 FROM %I d WHERE d.shard = x.shard)$f$ END,
             mh_minute_part(mh_minute_slot(v_cur - interval '2 minutes')))
           INTO v_move USING v_steady, v_starts, v_ssince, v_prev;
         PERFORM mh_move_hand(m, v_prev) FROM unnest(v_move) AS m;

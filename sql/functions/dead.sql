@@ -18,21 +18,27 @@ CREATE OR REPLACE FUNCTION mh_record_dead(p_shards smallint[], p_jobs bigint[], 
                                           p_attempts int[], p_max_attempts int[], p_errors text[],
                                           p_now timestamptz) RETURNS void
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+DECLARE
+    r record;
 BEGIN
     IF coalesce(cardinality(p_jobs), 0) = 0 THEN
         RETURN;
     END IF;
-    INSERT INTO dead_jobs (shard, team_id, name, job_id)
-    SELECT u.shard, u.team_id, u.name, u.job_id
-      FROM unnest(p_shards, p_teams, p_names, p_jobs) u(shard, team_id, name, job_id)
-     ORDER BY 1, 2, 3, 4
-    ON CONFLICT DO NOTHING;
-    INSERT INTO job_events (shard, id, team_id, xid, kind, job_id, name, attempts, max_attempts, error, at)
-    SELECT u.shard, mh_new_id(u.shard), u.team_id, pg_current_xact_id(), 'dead', u.job_id, u.name, u.attempts,
-           u.max_attempts, u.error, p_now
-      FROM unnest(p_shards, p_jobs, p_teams, p_names, p_attempts, p_max_attempts, p_errors)
-           u(shard, job_id, team_id, name, attempts, max_attempts, error)
-     ORDER BY u.shard, u.job_id;
+    -- A row per statement (dead jobs are few): on Citus an INSERT ... SELECT
+    -- from the input goes through the coordinator and commits in two phases;
+    -- one of VALUES runs on the shard's worker.
+    FOR r IN SELECT * FROM unnest(p_shards, p_teams, p_names, p_jobs) u(shard, team_id, name, job_id)
+              ORDER BY 1, 2, 3, 4 LOOP
+        INSERT INTO dead_jobs (shard, team_id, name, job_id) VALUES (r.shard, r.team_id, r.name, r.job_id)
+        ON CONFLICT DO NOTHING;
+    END LOOP;
+    FOR r IN SELECT * FROM unnest(p_shards, p_jobs, p_teams, p_names, p_attempts, p_max_attempts, p_errors)
+                           u(shard, job_id, team_id, name, attempts, max_attempts, error)
+              ORDER BY 1, 2 LOOP
+        INSERT INTO job_events (shard, id, team_id, xid, kind, job_id, name, attempts, max_attempts, error, at)
+        VALUES (r.shard, mh_new_id(r.shard), r.team_id, pg_current_xact_id(), 'dead', r.job_id, r.name, r.attempts,
+                r.max_attempts, r.error, p_now);
+    END LOOP;
 END $$;
 
 -- Why an attempt budget cannot be used (NULL: it can, or it was not given).

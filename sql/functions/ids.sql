@@ -25,6 +25,19 @@ $$;
 
 CREATE OR REPLACE FUNCTION mh_shard_of(p_id bigint) RETURNS smallint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT (p_id & 1023)::smallint $$;
+-- Whether this server runs Citus (its library is loaded).
+CREATE OR REPLACE FUNCTION mh_on_citus() RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE AS $$ SELECT current_setting('citus.version', true) IS NOT NULL $$;
+-- The shards an outcome batch names in every statement (`shard = ANY (...)`):
+-- on Citus the distinct shards of these jobs, so that a batch of one Citus
+-- shard's jobs is router statements on that shard's worker, not statements
+-- on every shard; on plain PostgreSQL NULL, and the statements' filter
+-- `(v_shards IS NULL OR ...)` folds away (with it the planner may prefer
+-- a shard's index to the primary key).
+CREATE OR REPLACE FUNCTION mh_batch_shards(p_ids bigint[]) RETURNS smallint[]
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN mh_on_citus() THEN (SELECT coalesce(array_agg(DISTINCT mh_shard_of(x)), '{}') FROM unnest(p_ids) x) END
+$$;
 
 -- A job without an idempotency key lands on a random shard; one with a key
 -- on the shard of (team, key), so the key row and the job share a shard and

@@ -16,6 +16,13 @@
 -- the same transaction, one statement per batch each: after the job rows,
 -- team_running rows in (shard, team) order, then team_stats rows in key
 -- order. Outcome rows of team_stats use stripes 16 + shard % 16.
+--
+-- Every statement on distributed tables names the batch's shards
+-- (mh_batch_shards): on Citus the store sends one call per shard
+-- (Store.outcome_calls), each statement of which is then a router statement
+-- on that shard's worker and the call a one-phase commit there; the
+-- coordinator-local counters (team_stats) are written by statements of
+-- their own, never inside one Citus pushes down.
 
 -- Why an outcome for a job was refused, from whether it exists and its state.
 CREATE OR REPLACE FUNCTION mh_refusal(p_found boolean, p_state job_state) RETURNS text
@@ -29,35 +36,44 @@ $$;
 -- Jobs that left claimed/running, subtracted from team_running: one row per
 -- (shard, team), taken in that order, never below zero. An upsert, so that
 -- the rows are taken in the order of its SELECT; only existing rows are
--- named (a claim made them), so it always updates and never inserts.
+-- named (a claim made them), so it always updates and never inserts. It
+-- selects from team_running itself (x.shard, not the input's), so that on
+-- Citus the INSERT ... SELECT runs on the shard's worker: one selecting
+-- from the input alone goes through the coordinator, which then commits
+-- in two phases even when one worker is involved.
 CREATE OR REPLACE FUNCTION mh_not_running(p_shards smallint[], p_teams int[]) RETURNS void
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+DECLARE
+    v_shards smallint[] := CASE WHEN mh_on_citus() THEN p_shards END;    -- (as mh_batch_shards)
 BEGIN
     IF coalesce(cardinality(p_shards), 0) = 0 THEN
         RETURN;
     END IF;
     INSERT INTO team_running AS r (shard, team_id, running)
-    SELECT u.shard, u.team_id, -count(*) FROM unnest(p_shards, p_teams) u(shard, team_id)
+    SELECT x.shard, x.team_id, -count(*) FROM unnest(p_shards, p_teams) u(shard, team_id)
       JOIN team_running x ON x.shard = u.shard AND x.team_id = u.team_id     -- (a join: Citus plans no correlated EXISTS here)
-     GROUP BY u.shard, u.team_id
-     ORDER BY u.shard, u.team_id
+     WHERE (v_shards IS NULL OR x.shard = ANY (v_shards))                    -- (Citus: read only these shards)
+     GROUP BY x.shard, x.team_id
+     ORDER BY x.shard, x.team_id
     ON CONFLICT (shard, team_id) DO UPDATE SET running = greatest(r.running + excluded.running, 0);
 END $$;
 -- Attempts that ended without success (job_attempts): p_jobs as they were
 -- while the attempt ran, with the state and error its end gave them; the
 -- worker NULL where the end does not know it (an expired claim's error names
--- it). In the caller's transaction, in key order.
+-- it). In the caller's transaction, in key order. A row per statement: on
+-- Citus an INSERT ... SELECT from the input goes through the coordinator
+-- and commits in two phases; one of VALUES runs on the shard's worker (and
+-- failures are few: a batch's successes record nothing).
 CREATE OR REPLACE FUNCTION mh_record_attempts(p_jobs jobs[], p_now timestamptz) RETURNS void
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+DECLARE
+    j jobs;
 BEGIN
-    IF coalesce(cardinality(p_jobs), 0) = 0 THEN
-        RETURN;
-    END IF;
-    INSERT INTO job_attempts (shard, job_id, attempt, ended_at, worker, claimed_at, started_at, outcome, error)
-    SELECT j.shard, j.id, j.attempts, p_now, j.claimed_by, j.claimed_at, j.started_at, j.state, j.last_error
-      FROM unnest(p_jobs) j
-     ORDER BY j.shard, j.id
-    ON CONFLICT DO NOTHING;
+    FOR j IN SELECT * FROM unnest(p_jobs) u ORDER BY u.shard, u.id LOOP
+        INSERT INTO job_attempts (shard, job_id, attempt, ended_at, worker, claimed_at, started_at, outcome, error)
+        VALUES (j.shard, j.id, j.attempts, p_now, j.claimed_by, j.claimed_at, j.started_at, j.state, j.last_error)
+        ON CONFLICT DO NOTHING;
+    END LOOP;
 END $$;
 -- Exponential backoff with jitter: attempt n waits a random time in
 -- [d/2, d] with d = min(cap, base * 2^(n-1)): it grows, spreads, and never
@@ -112,8 +128,10 @@ END $$;
 CREATE OR REPLACE FUNCTION start_many(p_ids bigint[], p_tokens uuid[]) RETURNS SETOF outcome
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
-    v_now  timestamptz := mh_now();
-    v_ords bigint[];
+    v_now    timestamptz := mh_now();
+    v_shards smallint[] := mh_batch_shards(p_ids);
+    v_ords   bigint[];
+    v_stats  stats_delta[];
 BEGIN
     WITH input AS (
         SELECT u.id, u.token, u.ord FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS u(id, token, ord)
@@ -129,15 +147,16 @@ BEGIN
            SET state = 'running', started_at = coalesce(j.started_at, v_now),
                lateness = coalesce(j.lateness, v_now - j.agreed_at), updated_at = v_now
           FROM input i JOIN jobs o ON o.shard = mh_shard_of(i.id) AND o.id = i.id
+                                  AND (v_shards IS NULL OR o.shard = ANY (v_shards))
          WHERE j.shard = o.shard AND j.id = o.id AND j.lease_token = i.token AND j.state = 'claimed'
+           AND (v_shards IS NULL OR j.shard = ANY (v_shards))
         RETURNING j.id, i.ord, j.shard, j.team_id, j.name, j.lateness, o.started_at IS NULL AS first
-    ), counted AS (
-        SELECT mh_add_stats(v_now, array_agg(ROW(16 + s.shard % 16, s.team_id, s.name, 0, 1, 0, 0, 0, 0,
-                                                 mh_seconds(s.lateness), NULL)::stats_delta)) IS NULL AS done
-          FROM started s WHERE s.first
     )
-    SELECT (SELECT array_agg(s.ord) FROM started s) INTO v_ords
-      FROM counted;                      -- (referenced, so that it runs)
+    SELECT array_agg(s.ord),
+           array_agg(ROW(16 + s.shard % 16, s.team_id, s.name, 0, 1, 0, 0, 0, 0, mh_seconds(s.lateness),
+                         NULL)::stats_delta) FILTER (WHERE s.first)
+      INTO v_ords, v_stats FROM started s;
+    PERFORM mh_add_stats(v_now, v_stats);
     RETURN QUERY SELECT * FROM mh_answers(p_ids, p_tokens, v_ords,
                                           array_fill('running'::job_state, ARRAY[coalesce(cardinality(v_ords), 0)]),
                                           true);
@@ -150,6 +169,7 @@ LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
     v_now     timestamptz := mh_now();
     v_expires timestamptz;
+    v_shards  smallint[] := mh_batch_shards(p_ids);
     v_ords    bigint[];
     v_states  job_state[];
 BEGIN
@@ -164,7 +184,7 @@ BEGIN
         UPDATE jobs j SET claim_expires_at = greatest(j.claim_expires_at, v_expires), updated_at = v_now
           FROM input i
          WHERE j.shard = mh_shard_of(i.id) AND j.id = i.id AND j.lease_token = i.token
-           AND j.state IN ('claimed', 'running')
+           AND j.state IN ('claimed', 'running') AND (v_shards IS NULL OR j.shard = ANY (v_shards))
         RETURNING j.id, j.state, i.ord
     )
     SELECT array_agg(r.ord), array_agg(r.state) INTO v_ords, v_states FROM renewed r;
@@ -176,8 +196,12 @@ END $$;
 CREATE OR REPLACE FUNCTION complete_many(p_ids bigint[], p_tokens uuid[], p_results jsonb[] DEFAULT NULL)
 RETURNS SETOF outcome LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
-    v_now  timestamptz := mh_now();
-    v_ords bigint[];
+    v_now    timestamptz := mh_now();
+    v_shards smallint[] := mh_batch_shards(p_ids);
+    v_ords   bigint[];
+    v_done   smallint[];
+    v_teams  int[];
+    v_stats  stats_delta[];
 BEGIN
     WITH input AS (
         SELECT u.id, u.token, u.result, u.ord
@@ -194,7 +218,9 @@ BEGIN
                lateness = coalesce(j.lateness, j.claimed_at - j.agreed_at),
                claim_expires_at = NULL, lease_token = NULL
           FROM input i JOIN jobs o ON o.shard = mh_shard_of(i.id) AND o.id = i.id
+                                  AND (v_shards IS NULL OR o.shard = ANY (v_shards))
          WHERE j.shard = o.shard AND j.id = o.id AND j.lease_token = i.token
+           AND (v_shards IS NULL OR j.shard = ANY (v_shards))
            AND j.state IN ('claimed', 'running')
         RETURNING j.id, j.shard, j.team_id, j.name, j.idempotency_key, i.result, i.ord, j.lateness,
                   o.started_at IS NULL AND j.started_at = j.claimed_at AS first, j.finished_at - j.started_at AS run
@@ -203,17 +229,16 @@ BEGIN
           FROM (SELECT * FROM done d WHERE d.idempotency_key IS NOT NULL
                  ORDER BY d.shard, d.team_id, d.idempotency_key) d
          WHERE k.shard = d.shard AND k.team_id = d.team_id AND k.key = d.idempotency_key AND k.job_id = d.id
+           AND (v_shards IS NULL OR k.shard = ANY (v_shards))
         RETURNING 1
-    ), counted AS (
-        -- After the keys and team_running (the subqueries of its FROM run first).
-        SELECT mh_add_stats(v_now, (SELECT array_agg(ROW(16 + d.shard % 16, d.team_id, d.name, 0, d.first::int, 1, 0,
-                                                           0, 0, CASE WHEN d.first THEN mh_seconds(d.lateness) END,
-                                                           mh_seconds(d.run))::stats_delta) FROM done d)) IS NULL AS done
-          FROM (SELECT count(*) FROM stored) k,
-               (SELECT mh_not_running(array_agg(d.shard), array_agg(d.team_id)) FROM done d) r
     )
-    SELECT (SELECT array_agg(d.ord) FROM done d) INTO v_ords
-      FROM counted;                      -- (referenced, so that it runs)
+    SELECT array_agg(d.ord), array_agg(d.shard), array_agg(d.team_id),
+           array_agg(ROW(16 + d.shard % 16, d.team_id, d.name, 0, d.first::int, 1, 0, 0, 0,
+                         CASE WHEN d.first THEN mh_seconds(d.lateness) END, mh_seconds(d.run))::stats_delta)
+      INTO v_ords, v_done, v_teams, v_stats FROM done d;
+    -- After the keys: team_running, then team_stats.
+    PERFORM mh_not_running(v_done, v_teams);
+    PERFORM mh_add_stats(v_now, v_stats);
     RETURN QUERY SELECT * FROM mh_answers(p_ids, p_tokens, v_ords,
                                           array_fill('succeeded'::job_state, ARRAY[coalesce(cardinality(v_ords), 0)]));
 END $$;
@@ -304,6 +329,7 @@ CREATE OR REPLACE FUNCTION release_many(p_ids bigint[], p_tokens uuid[]) RETURNS
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
     v_now    timestamptz := mh_now();
+    v_shards smallint[] := mh_batch_shards(p_ids);
     v_ords   bigint[];
     v_states job_state[];
     v_rows   due_row[];
@@ -318,7 +344,7 @@ BEGIN
                lease_token = NULL, claimed_at = NULL, updated_at = v_now
           FROM input i
          WHERE j.shard = mh_shard_of(i.id) AND j.id = i.id AND j.lease_token = i.token
-           AND j.state IN ('claimed', 'running')
+           AND j.state IN ('claimed', 'running') AND (v_shards IS NULL OR j.shard = ANY (v_shards))
         RETURNING j.shard, j.strict, j.priority, j.run_at, j.id, j.team_id, j.state, i.ord
     )
     SELECT array_agg(r.ord), array_agg(r.state),
@@ -327,7 +353,10 @@ BEGIN
     IF v_rows IS NOT NULL THEN
         PERFORM mh_not_running(ARRAY(SELECT (r).shard FROM unnest(v_rows) r),
                                ARRAY(SELECT (r).team_id FROM unnest(v_rows) r));
-        PERFORM mh_enqueue_many(v_rows, v_now);
+        -- A row per statement (give-backs are few): on Citus mh_enqueue_many's
+        -- INSERT ... SELECT goes through the coordinator and commits in two phases.
+        PERFORM mh_enqueue(r.shard, r.job_id, r.run_at, r.strict, r.priority, r.team_id, v_now)
+           FROM unnest(v_rows) r ORDER BY r.shard, r.job_id;
     END IF;
     RETURN QUERY SELECT * FROM mh_answers(p_ids, p_tokens, v_ords, v_states);
 END $$;
