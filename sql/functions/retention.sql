@@ -60,7 +60,14 @@ BEGIN
       INTO v_gone, v_later, v_at, seen, last_id
       FROM (SELECT j.id,
                    CASE WHEN j.state IN ('succeeded', 'dead', 'cancelled', 'discarded')
-                        THEN greatest(coalesce(j.finished_at, j.updated_at) + r.keep, k.expires_at,
+                        THEN greatest(coalesce(j.finished_at, j.updated_at) + r.keep,
+                                      -- a live key keeps its job: probed per keyed job by
+                                      -- primary key (a join may read every key of the shard)
+                                      CASE WHEN j.idempotency_key IS NOT NULL THEN
+                                          (SELECT k.expires_at FROM idempotency_keys k
+                                            WHERE k.shard = p_shard AND k.team_id = j.team_id
+                                              AND k.key = j.idempotency_key AND k.job_id = j.id
+                                              AND k.expires_at > p_now) END,
                                       CASE WHEN j.state = 'cancelled' THEN j.run_at END)
                         ELSE greatest(j.run_at, p_now) + r.keep END AS go_at
               FROM (SELECT c.id, c.team_id, c.state, c.finished_at, c.updated_at, c.run_at, c.idempotency_key
@@ -71,11 +78,7 @@ BEGIN
                       WHERE p_ids IS NULL AND w.shard = p_shard AND w.id >= p_from AND w.id < p_cut
                       ORDER BY w.id LIMIT p_limit)) j
               JOIN teams t ON t.id = j.team_id
-             CROSS JOIN LATERAL (SELECT coalesce(t.retention_s, p_default_s) * interval '1 second' AS keep) r
-              LEFT JOIN LATERAL (
-                   SELECT k.expires_at FROM idempotency_keys k
-                    WHERE k.shard = p_shard AND k.team_id = j.team_id AND k.key = j.idempotency_key
-                      AND k.job_id = j.id AND k.expires_at > p_now) k ON j.idempotency_key IS NOT NULL) b;
+             CROSS JOIN LATERAL (SELECT coalesce(t.retention_s, p_default_s) * interval '1 second' AS keep) r) b;
 
     -- The state is judged again under the row lock: a dead job requeued
     -- meanwhile is waiting again and stays. A dead job's letter goes with it
