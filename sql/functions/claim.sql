@@ -420,6 +420,10 @@ DECLARE
     v_lag    int[];
     v_lsince timestamptz[];
     v_move   int[];
+    -- On Citus every shard takes due_edge's path, one router call each:
+    -- Citus plans none of the steady path's statements over many shards (a
+    -- lateral or correlated read of a distributed table from unnest()).
+    v_citus  boolean := EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus');
 BEGIN
     IF cardinality(p_since) IS DISTINCT FROM cardinality(p_shards) THEN
         RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = 'due_edges needs one since (or NULL) per shard';
@@ -428,7 +432,7 @@ BEGIN
            array_agg(x.since) FILTER (WHERE x.steady),
            array_agg(x.shard) FILTER (WHERE NOT x.steady), array_agg(x.since) FILTER (WHERE NOT x.steady)
       INTO v_steady, v_starts, v_ssince, v_lag, v_lsince
-      FROM (SELECT u.shard, u.since, coalesce(s.hand >= v_bucket, false) AS steady,
+      FROM (SELECT u.shard, u.since, coalesce(s.hand >= v_bucket, false) AND NOT v_citus AS steady,
                    greatest(s.hand, mh_minute(coalesce(u.since, s.hand))) AS start
               FROM unnest(p_shards, p_since) AS u(shard, since)
               LEFT JOIN shards s ON s.shard = u.shard) x;
