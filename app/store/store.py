@@ -9,6 +9,7 @@ import datetime as dt
 import hashlib
 import logging
 import random
+import re
 import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -215,7 +216,9 @@ class Store:
     }
 
     def _team_refusal(self, exc: psycopg.Error) -> errors.InvalidInput:
-        constraint = getattr(exc.diag, "constraint_name", None)
+        # On Citus the check fails in a placement of the reference table,
+        # whose constraint carries the Citus shard id: teams_quota_check_102008.
+        constraint = re.sub(r"_\d+$", "", getattr(exc.diag, "constraint_name", None) or "")
         return errors.InvalidInput(self.TEAM_CHECKS.get(
             constraint, f"quota, weight, submit_burst and max_pending must be whole numbers from 1 to {2**31 - 1}"))
 
