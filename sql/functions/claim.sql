@@ -420,9 +420,9 @@ DECLARE
     v_lag    int[];
     v_lsince timestamptz[];
     v_move   int[];
-    -- On Citus every shard takes due_edge's path, one router call each:
-    -- Citus plans none of the steady path's statements over many shards (a
-    -- lateral or correlated read of a distributed table from unnest()).
+    -- Citus plans no correlated read of a distributed table from unnest():
+    -- there the next run time and the empty buckets are read grouped by
+    -- shard (one task per Citus shard); counts group by shard on both.
     v_citus  boolean := EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus');
 BEGIN
     IF cardinality(p_since) IS DISTINCT FROM cardinality(p_shards) THEN
@@ -432,7 +432,7 @@ BEGIN
            array_agg(x.since) FILTER (WHERE x.steady),
            array_agg(x.shard) FILTER (WHERE NOT x.steady), array_agg(x.since) FILTER (WHERE NOT x.steady)
       INTO v_steady, v_starts, v_ssince, v_lag, v_lsince
-      FROM (SELECT u.shard, u.since, coalesce(s.hand >= v_bucket, false) AND NOT v_citus AS steady,
+      FROM (SELECT u.shard, u.since, coalesce(s.hand >= v_bucket, false) AS steady,
                    greatest(s.hand, mh_minute(coalesce(u.since, s.hand))) AS start
               FROM unnest(p_shards, p_since) AS u(shard, since)
               LEFT JOIN shards s ON s.shard = u.shard) x;
@@ -445,25 +445,34 @@ BEGIN
                           SELECT c.strict, c.priority, c.team_id, count(*)::int AS due, min(c.run_at) AS oldest
                             FROM %I c
                            WHERE c.shard = x.shard AND c.run_at <= $5 AND (x.since IS NULL OR c.run_at >= x.since)
-                           GROUP BY c.strict, c.priority, c.team_id) d
+                           GROUP BY c.shard, c.strict, c.priority, c.team_id) d
                     WHERE x.start <= $4$f$,
                 mh_minute_part(mh_minute_slot(v_bucket)))
               USING v_steady, v_starts, v_ssince, v_bucket, v_now;
             v_bucket := v_bucket + interval '1 minute';
         END LOOP;
-        RETURN QUERY EXECUTE format(
+        RETURN QUERY EXECUTE format(CASE WHEN v_citus THEN
+            $f$SELECT x.shard, NULL::timestamptz, NULL::boolean, NULL::smallint, NULL::int, NULL::int,
+                      NULL::timestamptz, coalesce(a.next_at, b.next_at)
+                 FROM unnest($1::int[]) AS x(shard)
+                 LEFT JOIN (SELECT n.shard, min(n.run_at) AS next_at FROM %1$I n
+                             WHERE n.shard = ANY ($1) AND n.run_at > $2 GROUP BY n.shard) a ON a.shard = x.shard
+                 LEFT JOIN (SELECT n.shard, min(n.run_at) AS next_at FROM %2$I n
+                             WHERE n.shard = ANY ($1) AND n.run_at > $2 GROUP BY n.shard) b ON b.shard = x.shard$f$
+          ELSE
             $f$SELECT x.shard, NULL::timestamptz, NULL::boolean, NULL::smallint, NULL::int, NULL::int,
                       NULL::timestamptz,
                       coalesce((SELECT min(n.run_at) FROM %1$I n WHERE n.shard = x.shard AND n.run_at > $2),
                                (SELECT min(n.run_at) FROM %2$I n WHERE n.shard = x.shard AND n.run_at > $2))
-                 FROM unnest($1::int[]) AS x(shard)$f$,
+                 FROM unnest($1::int[]) AS x(shard)$f$ END,
             mh_minute_part(mh_minute_slot(v_cur)), mh_minute_part(mh_minute_slot(v_cur + interval '1 minute')))
           USING v_steady, v_now;
         -- Hands two minutes behind move on over an empty bucket (whole reads only).
         EXECUTE format(
             $f$SELECT array_agg(x.shard) FROM unnest($1::int[], $2::timestamptz[], $3::timestamptz[]) AS x(shard, start, since)
-                WHERE x.since IS NULL AND x.start < $4
-                  AND NOT EXISTS (SELECT 1 FROM %I d WHERE d.shard = x.shard)$f$,
+                WHERE x.since IS NULL AND x.start < $4 AND $f$ || CASE WHEN v_citus
+                THEN $f$x.shard <> ALL (ARRAY(SELECT DISTINCT d.shard FROM %1$I d WHERE d.shard = ANY ($1)))$f$
+                ELSE $f$NOT EXISTS (SELECT 1 FROM %1$I d WHERE d.shard = x.shard)$f$ END,
             mh_minute_part(mh_minute_slot(v_cur - interval '2 minutes')))
           INTO v_move USING v_steady, v_starts, v_ssince, v_prev;
         PERFORM mh_move_hand(m, v_prev) FROM unnest(v_move) AS m;
