@@ -355,8 +355,9 @@ def test_chaos_20000_jobs_with_workers_and_a_dispatcher_killed(fleet: Fleet):
                   (SELECT count(*) FROM side_effects s JOIN jobs j ON j.id = s.job_id
                     WHERE NOT j.payload ? 'guarded')""")
     assert (guarded, unguarded_effects) == (n // 2, 0)
-    stats = fleet.one("SELECT count(*) FILTER (WHERE attempts > 1), max(attempts), "
-                      "(SELECT count(*) FROM runs) FROM jobs")
+    # (The runs count apart: Citus pushes no subquery of the select list down beside aggregates.)
+    stats = (*fleet.one("SELECT count(*) FILTER (WHERE attempts > 1), max(attempts) FROM jobs"),
+             fleet.one("SELECT count(*) FROM runs")[0])
     print(f"jobs delivered more than once: {stats[0]}, most attempts {stats[1]}, runs {stats[2]}")
     # The counters kept through all of it equal a recount of the jobs.
     counted = fleet.store.team_stats(TEAM, window_s=3600)
