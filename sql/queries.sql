@@ -262,10 +262,13 @@ folded AS (
            sum(r.cancelled)::bigint AS cancelled,
            mh_hist_sum(array_agg(r.lateness_hist)) AS lateness_hist, mh_hist_sum(array_agg(r.runtime_hist)) AS runtime_hist
       FROM ranked r
-     GROUP BY 1)
-SELECT team.name AS team, team.quota, (SELECT t FROM since) AS window_start,
-       (SELECT coalesce(sum(r.running), 0) FROM generate_series(0, mh_shard_count() - 1) g(shard)
-          JOIN team_running r ON r.shard = g.shard AND r.team_id = team.id)::bigint AS running,
+     GROUP BY 1),
+-- Its own uncorrelated CTE: Citus refuses a subquery correlated with `team`.
+running AS (
+    SELECT coalesce(sum(r.running), 0)::bigint AS n
+      FROM generate_series(0, mh_shard_count() - 1) g(shard)
+      JOIN team_running r ON r.shard = g.shard AND r.team_id = (SELECT id FROM team))
+SELECT team.name AS team, team.quota, (SELECT t FROM since) AS window_start, (SELECT n FROM running) AS running,
        f.name, coalesce(f.other_names, 0) AS other_names, f.submitted, f.started, f.succeeded, f.failed, f.dead,
        f.cancelled, f.lateness_hist, f.runtime_hist
   FROM team

@@ -180,6 +180,28 @@ def table_of(conn: psycopg.Connection, name: str) -> str:
     return row[0] if row else name
 
 
+def router_plan(plan: dict) -> dict:
+    """The plan a node ran for an EXPLAIN (FORMAT JSON) plan: the plan itself
+    on plain PostgreSQL; on Citus, where the coordinator shows a Custom Scan,
+    the remote plan of its one task (a router query: asserted), with the
+    shard suffixes dropped from relation and index names (jobs_102016 ->
+    jobs), so a test reads it as it reads a plain plan."""
+    job = plan.get("Distributed Query", {}).get("Job")
+    if job is None:
+        return plan
+    assert job["Task Count"] == 1, f"not a router plan: {job['Task Count']} tasks"
+    remote = job["Tasks"][0]["Remote Plan"][0][0]["Plan"]
+    stack = [remote]
+    while stack:
+        node = stack.pop()
+        for key in ("Relation Name", "Index Name"):
+            if key in node:
+                name, _, suffix = node[key].rpartition("_")
+                node[key] = name if suffix.isdigit() and name else node[key]
+        stack.extend(node.get("Plans", []))
+    return remote
+
+
 def minute_part(conn: psycopg.Connection, t: dt.datetime) -> str:
     return conn.execute("SELECT mh_minute_part(mh_minute_slot(%s))", (t,)).fetchone()[0]
 

@@ -31,6 +31,7 @@ import psycopg
 from minutehand.store.records import JobSpec
 from tests.fleet import SHARDS, TEAM, ClaimsNeverExpire, Fleet, work
 from tests.processes import wait_until
+from tests.support import on_citus
 
 
 def wait_or_fail(fleet: Fleet, check, timeout_s: float, what: str):
@@ -273,6 +274,10 @@ def test_paused_dispatcher_claims_nothing_under_its_old_epoch(fleet: Fleet):
 # ---------------------------------------------------------------- 5. chaos
 def test_chaos_20000_jobs_with_workers_and_a_dispatcher_killed(fleet: Fleet):
     n, deadline_s = 20_000, 240.0
+    if on_citus(fleet.db):
+        # The same jobs and kills; a one-box Citus cluster (three servers on the
+        # same cores, every statement through the coordinator) is 2.5-4x slower.
+        deadline_s *= 3
     rng = random.Random()
     flags = ("--shard-lease-s", "3", "--claim-lease-s", "5")
     dispatchers = [fleet.server(*flags, role="dispatcher", name=f"d{i}") for i in range(2)]
@@ -350,8 +355,9 @@ def test_chaos_20000_jobs_with_workers_and_a_dispatcher_killed(fleet: Fleet):
                   (SELECT count(*) FROM side_effects s JOIN jobs j ON j.id = s.job_id
                     WHERE NOT j.payload ? 'guarded')""")
     assert (guarded, unguarded_effects) == (n // 2, 0)
-    stats = fleet.one("SELECT count(*) FILTER (WHERE attempts > 1), max(attempts), "
-                      "(SELECT count(*) FROM runs) FROM jobs")
+    # (The runs count apart: Citus pushes no subquery of the select list down beside aggregates.)
+    stats = (*fleet.one("SELECT count(*) FILTER (WHERE attempts > 1), max(attempts) FROM jobs"),
+             fleet.one("SELECT count(*) FROM runs")[0])
     print(f"jobs delivered more than once: {stats[0]}, most attempts {stats[1]}, runs {stats[2]}")
     # The counters kept through all of it equal a recount of the jobs.
     counted = fleet.store.team_stats(TEAM, window_s=3600)

@@ -37,8 +37,8 @@ from minutehand.settings import Settings
 from minutehand.store import errors
 from minutehand.store.records import JobSpec, Repeat
 from minutehand.store.store import Store
-from tests.support import (T0, claim_all, counts, lease_all, lease_until, make_store, pin, started_dispatcher,
-                           submit_sql)
+from tests.support import (T0, claim_all, counts, lease_all, lease_until, make_store, on_citus, pin,
+                           started_dispatcher, submit_sql)
 
 UTC = dt.timezone.utc
 BC = "4713-01-01 00:00:00+00 BC"
@@ -344,7 +344,8 @@ def test_only_minutehand_clock_may_pin_the_clock_and_the_grants_script_sets_up_r
             run_at = app.execute("SELECT run_at FROM submit_job_detail('t', 'x')").fetchone()[0]
             assert run_at == dt.datetime(2030, 1, 1, 0, 0, 30, tzinfo=UTC)
     finally:
-        db.execute(f"REASSIGN OWNED BY {role} TO current_user")
+        if not on_citus(db):        # REASSIGN OWNED segfaults a Citus 13.2 coordinator (the role owns nothing)
+            db.execute(f"REASSIGN OWNED BY {role} TO current_user")
         db.execute(f"DROP OWNED BY {role}")
         db.execute(f"DROP ROLE {role}")
 

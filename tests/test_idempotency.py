@@ -16,7 +16,7 @@ from psycopg.types.json import Jsonb
 
 from minutehand.store.errors import Conflict
 from minutehand.store.records import Complete, JobSpec
-from tests.support import T0, claim, counts, json_text, pin, submit_sql, submit_store
+from tests.support import T0, claim, counts, json_text, on_citus, pin, submit_sql, submit_store
 
 pytestmark = pytest.mark.reused_db   # one database for the module, reset before each test
 
@@ -353,10 +353,13 @@ def test_rolled_back_submission_leaves_the_key_free(pinned_conn, pinned_store):
 
 
 def wait_until_blocked(conn: psycopg.Connection, marker: str) -> None:
-    """Until a session running a statement containing `marker` waits on a lock."""
+    """Until a session running a statement containing `marker` waits on a lock
+    (on Citus it waits on a worker, for the coordinator a client read: Citus
+    lists the waits of distributed transactions in citus_lock_waits)."""
+    waits = ("SELECT count(*) FROM citus_lock_waits WHERE blocked_statement LIKE %s" if on_citus(conn) else
+             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s")
     for _ in range(500):
-        if conn.execute("""SELECT count(*) FROM pg_stat_activity
-                            WHERE wait_event_type = 'Lock' AND query LIKE %s""", (f"%{marker}%",)).fetchone()[0]:
+        if conn.execute(waits, (f"%{marker}%",)).fetchone()[0]:
             return
         threading.Event().wait(0.01)
     raise AssertionError("the second submitter never waited for the first")

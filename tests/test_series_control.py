@@ -27,7 +27,7 @@ from minutehand.store import errors, migrate, repeat
 from minutehand.store.queries import q
 from minutehand.store.records import JobSpec, Repeat, Start
 from minutehand.store.store import hash_token
-from tests.support import T0, claim as claim_shards, pin
+from tests.support import T0, claim as claim_shards, pin, router_plan
 
 pytestmark = pytest.mark.reused_db   # one database for the module, reset before each test
 
@@ -572,7 +572,7 @@ def test_cli_list_show_pause_resume_cancel(store, pinned_conn, module_dsn, capsy
 def explain(conn, sql: str, params: dict) -> dict:
     raw = psycopg.ClientCursor(conn).execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params).fetchone()[0]
     doc = json.loads(raw) if isinstance(raw, str) else raw
-    return doc[0]["Plan"]
+    return router_plan(doc[0]["Plan"])
 
 
 def nodes(plan: dict):

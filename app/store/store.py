@@ -9,6 +9,7 @@ import datetime as dt
 import hashlib
 import logging
 import random
+import re
 import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -250,7 +251,12 @@ class Store:
     }
 
     def _team_refusal(self, exc: psycopg.Error) -> errors.InvalidInput:
-        constraint = getattr(exc.diag, "constraint_name", None)
+        # On Citus the check fails in a placement of the reference table on
+        # a node, and the error that comes back names the constraint only in
+        # its message ('... violates check constraint "teams_quota_check"').
+        constraint = exc.diag.constraint_name
+        if constraint is None and (named := re.search(r'check constraint "([^"]+)"', exc.diag.message_primary or "")):
+            constraint = named.group(1)
         return errors.InvalidInput(self.TEAM_CHECKS.get(
             constraint, f"quota, weight, submit_burst and max_pending must be whole numbers from 1 to {2**31 - 1}"))
 

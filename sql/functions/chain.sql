@@ -56,13 +56,19 @@ END $$;
 CREATE OR REPLACE FUNCTION series_to_chain(p_shards int[], p_limit int DEFAULT 1000)
 RETURNS TABLE (shard smallint, series_id bigint, chain_after timestamptz, first_due_at timestamptz, every_s int,
                cron text, timezone text, misfire text, now timestamptz)
-LANGUAGE sql STABLE AS $$
-    SELECT s.shard, s.id, s.chain_after, s.first_due_at, s.every_s, s.cron, s.timezone, s.misfire, mh_now()
+LANGUAGE plpgsql STABLE SET search_path = minutehand, pg_temp AS $$
+-- PL/pgSQL, the clock read first: Citus plans no SQL function over a
+-- distributed table called with parameters, and runs the query on workers,
+-- where mh_now() would read their clock, not a pinned one.
+DECLARE v_now timestamptz := mh_now();
+BEGIN
+    RETURN QUERY
+    SELECT s.shard, s.id, s.chain_after, s.first_due_at, s.every_s, s.cron, s.timezone, s.misfire, v_now
       FROM series s
-     WHERE s.shard = ANY (p_shards) AND s.chain_after IS NOT NULL AND s.chain_after <= mh_now()
+     WHERE s.shard = ANY (p_shards) AND s.chain_after IS NOT NULL AND s.chain_after <= v_now
      ORDER BY s.chain_after
-     LIMIT p_limit
-$$;
+     LIMIT p_limit;
+END $$;
 
 -- Create the next run of each of these series of one shard, as the chain
 -- computed it (a flexible series' run at its stable offset in the window,

@@ -582,6 +582,10 @@ DECLARE
     v_lag    int[];
     v_lsince timestamptz[];
     v_move   int[];
+    -- Citus plans no correlated read of a distributed table from unnest():
+    -- there the next run time and the empty buckets are read grouped by
+    -- shard (one task per Citus shard); counts group by shard on both.
+    v_citus  boolean := mh_on_citus();
 BEGIN
     IF cardinality(p_since) IS DISTINCT FROM cardinality(p_shards) THEN
         RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = 'due_edges needs one since (or NULL) per shard';
@@ -609,22 +613,15 @@ BEGIN
               USING v_steady, v_starts, v_ssince, v_bucket, v_now;
             v_bucket := v_bucket + interval '1 minute';
         END LOOP;
-        RETURN QUERY EXECUTE format(CASE WHEN mh_on_citus() THEN
-            -- (Citus plans neither a correlated subquery over unnest nor an
-            -- outer lateral join to a distributed table: an inner lateral join
-            -- grouped by the shard column per bucket, joined on the coordinator)
+        RETURN QUERY EXECUTE format(CASE WHEN v_citus THEN
             $f$SELECT x.shard, NULL::timestamptz, NULL::boolean, NULL::smallint, NULL::int, NULL::int,
                       NULL::timestamptz, coalesce(a.next_at, b.next_at)
                  FROM unnest($1::int[]) AS x(shard)
-                 LEFT JOIN (SELECT y.shard, n.next_at FROM unnest($1::int[]) AS y(shard)
-                             CROSS JOIN LATERAL (SELECT min(n.run_at) AS next_at FROM %1$I n
-                                                  WHERE n.shard = y.shard AND n.run_at > $2 GROUP BY n.shard) n) a
-                   ON a.shard = x.shard
-                 LEFT JOIN (SELECT y.shard, n.next_at FROM unnest($1::int[]) AS y(shard)
-                             CROSS JOIN LATERAL (SELECT min(n.run_at) AS next_at FROM %2$I n
-                                                  WHERE n.shard = y.shard AND n.run_at > $2 GROUP BY n.shard) n) b
-                   ON b.shard = x.shard$f$
-        ELSE
+                 LEFT JOIN (SELECT n.shard, min(n.run_at) AS next_at FROM %1$I n
+                             WHERE n.shard = ANY ($1) AND n.run_at > $2 GROUP BY n.shard) a ON a.shard = x.shard
+                 LEFT JOIN (SELECT n.shard, min(n.run_at) AS next_at FROM %2$I n
+                             WHERE n.shard = ANY ($1) AND n.run_at > $2 GROUP BY n.shard) b ON b.shard = x.shard$f$
+          ELSE
             $f$SELECT x.shard, NULL::timestamptz, NULL::boolean, NULL::smallint, NULL::int, NULL::int,
                       NULL::timestamptz,
                       coalesce((SELECT min(n.run_at) FROM %1$I n WHERE n.shard = x.shard AND n.run_at > $2),
@@ -633,17 +630,11 @@ BEGIN
             mh_minute_part(mh_minute_slot(v_cur)), mh_minute_part(mh_minute_slot(v_cur + interval '1 minute')))
           USING v_steady, v_now;
         -- Hands two minutes behind move on over an empty bucket (whole reads only).
-        EXECUTE format(CASE WHEN mh_on_citus() THEN
-            -- (Citus: the shards with a row left there, read by an inner lateral join as above)
+        EXECUTE format(
             $f$SELECT array_agg(x.shard) FROM unnest($1::int[], $2::timestamptz[], $3::timestamptz[]) AS x(shard, start, since)
-                WHERE x.since IS NULL AND x.start < $4
-                  AND x.shard NOT IN (SELECT y.shard FROM unnest($1::int[]) AS y(shard)
-                                       CROSS JOIN LATERAL (SELECT d.shard FROM %I d WHERE d.shard = y.shard
-                                                            GROUP BY d.shard) d)$f$
-        ELSE
-            $f$SELECT array_agg(x.shard) FROM unnest($1::int[], $2::timestamptz[], $3::timestamptz[]) AS x(shard, start, since)
-                WHERE x.since IS NULL AND x.start < $4
-                  AND NOT EXISTS (SELECT 1 FROM %I d WHERE d.shard = x.shard)$f$ END,
+                WHERE x.since IS NULL AND x.start < $4 AND $f$ || CASE WHEN v_citus
+                THEN $f$x.shard <> ALL (ARRAY(SELECT DISTINCT d.shard FROM %1$I d WHERE d.shard = ANY ($1)))$f$
+                ELSE $f$NOT EXISTS (SELECT 1 FROM %1$I d WHERE d.shard = x.shard)$f$ END,
             mh_minute_part(mh_minute_slot(v_cur - interval '2 minutes')))
           INTO v_move USING v_steady, v_starts, v_ssince, v_prev;
         PERFORM mh_move_hand(m, v_prev) FROM unnest(v_move) AS m;

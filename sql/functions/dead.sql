@@ -240,15 +240,21 @@ END $$;
 
 -- A team's events after the position (p_xid, p_id), oldest first, at most
 -- p_limit: only those of transactions older than every one still running,
--- so no event can commit behind a position already handed out.
+-- so no event can commit behind a position already handed out. PL/pgSQL,
+-- with that horizon read first: Citus plans no SQL function over a
+-- distributed table called with parameters, and a pushed-down
+-- pg_current_snapshot() would read a worker's transactions, not those of
+-- the node whose xids the events carry.
 CREATE OR REPLACE FUNCTION mh_events_after(p_team int, p_xid xid8, p_id bigint, p_limit int)
-RETURNS SETOF job_events LANGUAGE sql STABLE AS $$
+RETURNS SETOF job_events LANGUAGE plpgsql STABLE SET search_path = minutehand, pg_temp AS $$
+DECLARE v_horizon xid8 := pg_snapshot_xmin(pg_current_snapshot());
+BEGIN
+    RETURN QUERY
     SELECT e.* FROM job_events e
-     WHERE e.team_id = p_team AND (e.xid, e.id) > (p_xid, p_id)
-       AND e.xid < pg_snapshot_xmin(pg_current_snapshot())
+     WHERE e.team_id = p_team AND (e.xid, e.id) > (p_xid, p_id) AND e.xid < v_horizon
      ORDER BY e.xid, e.id
-     LIMIT p_limit
-$$;
+     LIMIT p_limit;
+END $$;
 
 -- Events older than mh_events_keep(), one shard, at most p_limit per call.
 CREATE OR REPLACE FUNCTION purge_events(p_shard int, p_limit int DEFAULT 10000) RETURNS bigint

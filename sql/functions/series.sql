@@ -232,7 +232,9 @@ RETURNS TABLE (series_id bigint, team text, name text, payload jsonb, priority i
                created_at timestamptz, updated_at timestamptz, last_job_id bigint, last_job_state job_state,
                last_job_run_at timestamptz, now timestamptz)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = minutehand, pg_temp AS $$
-DECLARE v_team int;
+DECLARE
+    v_team int;
+    v_now  timestamptz := mh_now();     -- read here: on Citus the query below runs on a worker, on its clock
 BEGIN
     IF p_team IS NULL OR p_series IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = 'a series is named by its team and its id';
@@ -242,7 +244,7 @@ BEGIN
     SELECT s.id, p_team, s.name, s.payload, s.priority::int, s.max_attempts, s.backoff_base_s, s.backoff_cap_s,
            s.flex_s, s.strict, s.every_s, s.cron, s.timezone, s.misfire, mh_series_state(s.paused_at, s.cancelled_at),
            s.first_due_at, s.last_due_at, s.chain_after, s.paused_at, s.cancelled_at, s.created_at, s.updated_at,
-           s.last_job_id, j.state, j.run_at, mh_now()
+           s.last_job_id, j.state, j.run_at, v_now
       FROM series s
       LEFT JOIN jobs j ON j.shard = s.shard AND j.id = s.last_job_id
      WHERE s.shard = mh_shard_of(p_series) AND s.id = p_series AND s.team_id = v_team;
