@@ -159,15 +159,16 @@ def test_a_small_team_is_not_behind_a_big_teams_batch_and_weights_share(db_dsn):
 
 
 def test_behind_a_backlog_wake_ups_do_not_count_every_shard_again_at_each_submit(db_dsn):
-    """With due rows known and unclaimed on every shard (no worker asking),
-    submits every 50 ms each wake every shard; its edge is read again no
-    more often than every BUSY_REREAD_S. A new team's job that lands there
-    still goes out within that time (rotation gives it its share)."""
+    """Behind a backlog (due rows known and unclaimed on every shard, more
+    than BACKLOG_ROWS, no worker asking), submits every 50 ms each wake every
+    shard; its edge is read again no more often than every BUSY_REREAD_S. A
+    new team's job that lands there still goes out within that time
+    (rotation gives it its share)."""
     s = make_store(db_dsn, clock=None)
     s.create_team("big")
     s.create_team("new")
     due = just_due()                                       # one class for all: rotation, not order, decides
-    submit(s, "big", 20_000, due_at=due)
+    submit(s, "big", 2 * dispatcher.BACKLOG_ROWS, due_at=due)
     d = started_dispatcher(s)
     reads: Counter = Counter()
     read_edges = s.due_edges

@@ -19,8 +19,8 @@ of all the shards to look at are read in one statement too. An edge is
 read again when:
 - a NOTIFY names the shard (rows due now were added: mh_enqueue in
   sql/functions/wheel.sql; a listener thread marks those shards), but
-  while rows the last read found there are still unclaimed, no sooner than
-  BUSY_REREAD_S after that read,
+  behind a backlog (BACKLOG_ROWS), while rows the last read found there are
+  still unclaimed, no sooner than BUSY_REREAD_S after that read,
 - its next run time comes (rows of its current bucket come due by the clock),
 - the minute turns (every shard: the wheel moved a bucket on), or the shard
   was just leased,
@@ -88,10 +88,13 @@ MAX_WAITERS_PER_ROUND = 32
 FILTERED_RECHECK_S = 1.0        # a shard found empty for a filter is tried again for it after this
 RUNNING_READ_S = 0.25           # how often the jobs running per team are read (quota headroom)
 TERMS_READ_S = 2.0              # how often teams' quotas and weights are read
-# A wake-up naming a shard whose due rows are still known (not all claimed)
-# reads its edge no sooner than this after the last whole read: behind a
-# backlog, counting every shard's due rows again at each submit would cost
-# more than claiming them. A row of a new team or class there waits at most this.
+# Behind a backlog (more than BACKLOG_ROWS due rows known and not claimed
+# yet), a wake-up naming a shard with due rows still known reads its edge
+# no sooner than BUSY_REREAD_S after the last whole read: counting every
+# shard's due rows again at each submit would cost more than claiming
+# them. A row of a new team or class there waits at most that long; below
+# the backlog a wake-up reads at once (rotation between teams is exact).
+BACKLOG_ROWS = 10_000
 BUSY_REREAD_S = 0.5
 
 # What a waiter takes: (job names, teams); None for either means any.
@@ -276,8 +279,9 @@ class Dispatcher:
         with self._cond:
             self._generation += 1
             woken = time.time()
+            behind = sum(self._index.totals.values()) > BACKLOG_ROWS
             for s in (self._leases if shards is None else shards & self._leases.keys()):
-                if self._index.of_shard.get(s) and woken - self._read_at.get(s, 0.0) < BUSY_REREAD_S:
+                if behind and self._index.of_shard.get(s) and woken - self._read_at.get(s, 0.0) < BUSY_REREAD_S:
                     self._deferred.setdefault(s, self._read_at[s] + BUSY_REREAD_S)
                     continue
                 self._due[s] = 0.0
