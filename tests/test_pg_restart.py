@@ -32,7 +32,7 @@ import pytest
 from minutehand.dev.localpg import LocalCluster
 from minutehand.store import migrate
 from minutehand.store.schema import SEARCH_PATH
-from minutehand.store.records import ClaimRequest, Complete, JobSpec
+from minutehand.store.records import ClaimRequest, Complete, JobSpec, PlannedClaim
 from minutehand.store.store import Store
 from tests.processes import Server, WorkerProcess, logs, wait_until
 from tests.worker_apps import RUNS_DDL
@@ -187,13 +187,33 @@ def unhurried_cluster() -> Iterator[LocalCluster]:
         yield c
 
 
+def _claim_one(s: Store, url: str, job_id: int, shard: int, epoch: int, worker: str, form: str,
+               synchronous: bool) -> dict:
+    """Claim the job as a worker's claim (claim_due) or as the dispatcher's
+    planned one (on plain PostgreSQL claim_planned_shards) does."""
+    if form == "per-shard":
+        request = ClaimRequest(shard, epoch, 10, worker)
+    else:
+        with psycopg.connect(url, options=SEARCH_PATH) as conn:
+            strict, priority, team, run_at = conn.execute(
+                "SELECT strict, priority, team_id, run_at FROM due_minutes WHERE job_id = %s", (job_id,)).fetchone()
+        request = PlannedClaim(shard, epoch, worker, run_at.replace(second=0, microsecond=0), [strict], [priority],
+                               [team], [1])
+    results, _ = s.claim([request], "d1", 30, synchronous_commit=synchronous)
+    [row] = results[0]
+    return row
+
+
+@pytest.mark.parametrize("form", ["per-shard", "planned"])
 @pytest.mark.parametrize("synchronous", [False, True], ids=["claims-async", "claims-synchronous"])
-def test_a_crash_right_after_a_claim_commits_loses_no_job(unhurried_cluster: LocalCluster, synchronous: bool):
+def test_a_crash_right_after_a_claim_commits_loses_no_job(unhurried_cluster: LocalCluster, synchronous: bool,
+                                                          form: str):
     """What claim_synchronous_commit risks, shown by a crash (immediate
-    shutdown, WAL replayed at start) right after a round of claims commits.
-    Off: the claim is undone, the job is due again, the first claimer's
-    reports are refused, and its second run is the one recorded. On: the
-    claim survives and its claimer's report is taken. Never lost."""
+    shutdown, WAL replayed at start) right after a round of claims commits,
+    for both forms of claim. Off: the claim is undone, the job is due
+    again, the first claimer's reports are refused, and its second run is
+    the one recorded. On: the claim survives and its claimer's report is
+    taken. Never lost."""
     with psycopg.connect(unhurried_cluster.dsn(), autocommit=True) as conn:
         conn.execute("CREATE DATABASE mh")
     url = unhurried_cluster.dsn("mh")
@@ -204,8 +224,7 @@ def test_a_crash_right_after_a_claim_commits_loses_no_job(unhurried_cluster: Loc
         with psycopg.connect(url, options=SEARCH_PATH) as conn:
             shard = conn.execute("SELECT mh_shard_of(%s)", (job_id,)).fetchone()[0]
         epoch = s.take_leases([shard], "d1", 3600)[shard]
-        results, _ = s.claim([ClaimRequest(shard, epoch, 10, "w1")], "d1", 30, synchronous_commit=synchronous)
-        [first] = results[0]
+        first = _claim_one(s, url, job_id, shard, epoch, "w1", form, synchronous)
         assert first["job_id"] == job_id
     unhurried_cluster.restart("immediate")
     with Store(url) as s:
@@ -217,8 +236,7 @@ def test_a_crash_right_after_a_claim_commits_loses_no_job(unhurried_cluster: Loc
         else:
             assert (st.state, st.attempts) == ("scheduled", 0)
             assert not report.ok and report.state == "scheduled"
-            results, _ = s.claim([ClaimRequest(shard, epoch, 10, "w2")], "d1", 30, synchronous_commit=False)
-            [second] = results[0]
+            second = _claim_one(s, url, job_id, shard, epoch, "w2", form, False)
             assert (second["job_id"], second["attempt"]) == (job_id, 1)
             assert s.complete([Complete(job_id, second["lease_token"], b'"second run"')])[0].ok
         st = s.status(job_id)
