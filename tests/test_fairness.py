@@ -329,22 +329,24 @@ def test_a_look_since_a_time_counts_only_what_came_due_since(db_dsn):
 
 
 def test_the_edges_of_many_shards_read_together_are_each_shards_own(db_dsn, db):
-    """due_edges (one statement for every shard) gives what due_edge gives
-    each shard alone, and moves the hands as it would, for hands a minute
-    behind, two just after the minute turned, far behind and never set,
-    whole reads and reads since a time."""
+    """due_edges (one statement per bucket for every shard) gives what
+    due_edge gives each shard alone, and moves the hands as it would, for
+    hands a minute behind, two just after the minute turned, far behind (to
+    a bucket with rows, or behind the sweep line) and never set, whole reads
+    and reads since a time."""
     cur = T0.replace(second=0)
     minute = dt.timedelta(minutes=1)
     s = make_store(db_dsn, clock=cur - 3 * minute)
     try:
         s.create_team("t")
-        for due in (cur - 2 * minute, cur - minute, cur + dt.timedelta(seconds=5), cur + dt.timedelta(seconds=40),
-                    cur + minute + dt.timedelta(seconds=3)):
+        # (a due time already past lands in the bucket of the submit: three minutes back)
+        for due in (cur - 10 * minute, cur - 2 * minute, cur - minute, cur + dt.timedelta(seconds=5),
+                    cur + dt.timedelta(seconds=40), cur + minute + dt.timedelta(seconds=3)):
             s.submit_many("t", [JobSpec(name="x", due_at=due, priority=due.second % 3)] * 300)
     finally:
         s.close()
     shards = list(range(256))
-    hands = {sh: [cur - minute, cur - 2 * minute, cur - 10 * minute, None][sh % 4] for sh in shards}
+    hands = {sh: [cur - minute, cur - 2 * minute, cur - 10 * minute, None, cur - 40 * minute][sh % 5] for sh in shards}
     with db.cursor() as c:
         c.executemany("UPDATE shards SET hand = %s WHERE shard = %s", [(h, sh) for sh, h in hands.items()])
     pin(db, cur + dt.timedelta(seconds=20))
@@ -368,6 +370,9 @@ def test_the_edges_of_many_shards_read_together_are_each_shards_own(db_dsn, db):
         assert together == alone
         assert sum(len(cells) for cells, _ in alone.values()) > 256
         assert any(h == cur - minute for _, h in moved if hands[_] == cur - 2 * minute)
+        if not since:       # far behind: moved to the bucket holding rows, or all the way; never set: set
+            assert {h for sh, h in moved if hands[sh] == cur - 10 * minute} >= {cur - 3 * minute, cur - minute}
+            assert None not in {h for sh, h in moved if hands[sh] is None}
 
 
 def test_a_planned_claim_over_many_shards_claims_what_each_shard_alone_would(db_dsn, db):

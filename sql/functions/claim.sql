@@ -555,93 +555,104 @@ BEGIN
 END $$;
 
 -- due_edge for many shards at once, in one statement, each row naming its
--- shard (p_since: per shard, as due_edge's, NULL for a whole read). Shards
--- whose hand is at most two minutes behind now (the steady state: a minute
--- behind, two just after the minute turned) are read together: one
--- statement per bucket from the oldest hand to the current one for all of
--- them (each shard's range of the claim index, as due_edge reads it; a
--- whole bucket read at once would also read the dead rows of its claims),
--- their next run times in one pass, and the hands that may move (a whole read
--- found the hand's bucket empty) moved one by one, as due_edge does. When
--- jobs trickle in over hundreds of shards, a read costs per bucket and row,
--- not per shard. A shard whose hand lags further (never claimed, idle a
--- while) is read on its own by due_edge.
+-- shard (p_since: per shard, as due_edge's, NULL for a whole read): one
+-- statement per bucket from the oldest shard's start to the current bucket
+-- for all of them (each shard's range of the claim index, as due_edge reads
+-- it; a whole bucket read at once would also read the dead rows of its
+-- claims), their next run times in one pass, and the hands moved as
+-- due_edge moves them: over each empty bucket from the hand (whole reads
+-- only), one statement per bucket for the shards whose hand is there, never
+-- closer than a minute behind now. When jobs trickle in over hundreds of
+-- shards a read costs per bucket and row, not per shard; a fresh database
+-- (every hand unset: 30 buckets back) costs per bucket too, which on Citus
+-- is one multi-shard read each instead of a router statement per shard and
+-- bucket. On Citus, which plans no correlated read of a distributed table
+-- from unnest(), the next run times and the empty buckets are read grouped
+-- by shard over `shard = ANY`; counts group by shard on both.
 CREATE OR REPLACE FUNCTION due_edges(p_shards int[], p_since timestamptz[])
 RETURNS TABLE (shard int, bucket timestamptz, strict boolean, priority smallint, team_id int, due int,
                oldest timestamptz, next_at timestamptz)
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_now    timestamptz := mh_now();
-    v_cur    timestamptz := mh_minute(v_now);
-    v_prev   timestamptz := v_cur - interval '1 minute';
-    v_bucket timestamptz := v_cur - interval '2 minutes';
-    v_steady int[];
-    v_starts timestamptz[];
-    v_ssince timestamptz[];
-    v_lag    int[];
-    v_lsince timestamptz[];
-    v_move   int[];
-    -- Citus plans no correlated read of a distributed table from unnest():
-    -- there the next run time and the empty buckets are read grouped by
-    -- shard (one task per Citus shard); counts group by shard on both.
-    v_citus  boolean := mh_on_citus();
+    v_now     timestamptz := mh_now();
+    v_cur     timestamptz := mh_minute(v_now);
+    v_sweep   timestamptz := v_cur - mh_sweep_after();
+    v_citus   boolean := mh_on_citus();
+    v_shards  int[];
+    v_starts  timestamptz[];
+    v_since   timestamptz[];
+    v_hands   timestamptz[];          -- where each shard's hand goes (mh_hand's, then moved)
+    v_stored  timestamptz[];          -- each shard's hand as stored (NULL: never set)
+    v_bucket  timestamptz;
+    v_here    int[];                  -- the shards whose hand may move on from this bucket
+    v_empty   int[];
 BEGIN
     IF cardinality(p_since) IS DISTINCT FROM cardinality(p_shards) THEN
         RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = 'due_edges needs one since (or NULL) per shard';
     END IF;
-    SELECT array_agg(x.shard) FILTER (WHERE x.steady), array_agg(x.start) FILTER (WHERE x.steady),
-           array_agg(x.since) FILTER (WHERE x.steady),
-           array_agg(x.shard) FILTER (WHERE NOT x.steady), array_agg(x.since) FILTER (WHERE NOT x.steady)
-      INTO v_steady, v_starts, v_ssince, v_lag, v_lsince
-      FROM (SELECT u.shard, u.since, coalesce(s.hand >= v_bucket, false) AS steady,
-                   greatest(s.hand, mh_minute(coalesce(u.since, s.hand))) AS start
+    -- Each shard's hand as mh_hand gives it (never behind the sweep line),
+    -- and where its read starts (a read since a time: that time's bucket).
+    SELECT array_agg(x.shard ORDER BY x.shard), array_agg(greatest(x.hand, mh_minute(coalesce(x.since, x.hand))) ORDER BY x.shard),
+           array_agg(x.since ORDER BY x.shard), array_agg(x.hand ORDER BY x.shard), array_agg(x.stored ORDER BY x.shard)
+      INTO v_shards, v_starts, v_since, v_hands, v_stored
+      FROM (SELECT u.shard, u.since, greatest(coalesce(s.hand, v_sweep), v_sweep) AS hand, s.hand AS stored
               FROM unnest(p_shards, p_since) AS u(shard, since)
               LEFT JOIN shards s ON s.shard = u.shard) x;
-    IF v_steady IS NOT NULL THEN
-        WHILE v_bucket <= v_cur LOOP
-            RETURN QUERY EXECUTE format(
-                $f$SELECT x.shard, $4, d.strict, d.priority, d.team_id, d.due, d.oldest, NULL::timestamptz
-                     FROM unnest($1::int[], $2::timestamptz[], $3::timestamptz[]) AS x(shard, start, since)
-                    CROSS JOIN LATERAL (
-                          SELECT c.strict, c.priority, c.team_id, count(*)::int AS due, min(c.run_at) AS oldest
-                            FROM %I c
-                           WHERE c.shard = x.shard AND c.run_at <= $5 AND (x.since IS NULL OR c.run_at >= x.since)
-                           GROUP BY c.shard, c.strict, c.priority, c.team_id) d
-                    WHERE x.start <= $4$f$,
-                mh_minute_part(mh_minute_slot(v_bucket)))
-              USING v_steady, v_starts, v_ssince, v_bucket, v_now;
-            v_bucket := v_bucket + interval '1 minute';
-        END LOOP;
-        RETURN QUERY EXECUTE format(CASE WHEN v_citus THEN
-            $f$SELECT x.shard, NULL::timestamptz, NULL::boolean, NULL::smallint, NULL::int, NULL::int,
-                      NULL::timestamptz, coalesce(a.next_at, b.next_at)
-                 FROM unnest($1::int[]) AS x(shard)
-                 LEFT JOIN (SELECT n.shard, min(n.run_at) AS next_at FROM %1$I n
-                             WHERE n.shard = ANY ($1) AND n.run_at > $2 GROUP BY n.shard) a ON a.shard = x.shard
-                 LEFT JOIN (SELECT n.shard, min(n.run_at) AS next_at FROM %2$I n
-                             WHERE n.shard = ANY ($1) AND n.run_at > $2 GROUP BY n.shard) b ON b.shard = x.shard$f$
-          ELSE
-            $f$SELECT x.shard, NULL::timestamptz, NULL::boolean, NULL::smallint, NULL::int, NULL::int,
-                      NULL::timestamptz,
-                      coalesce((SELECT min(n.run_at) FROM %1$I n WHERE n.shard = x.shard AND n.run_at > $2),
-                               (SELECT min(n.run_at) FROM %2$I n WHERE n.shard = x.shard AND n.run_at > $2))
-                 FROM unnest($1::int[]) AS x(shard)$f$ END,
-            mh_minute_part(mh_minute_slot(v_cur)), mh_minute_part(mh_minute_slot(v_cur + interval '1 minute')))
-          USING v_steady, v_now;
-        -- Hands two minutes behind move on over an empty bucket (whole reads only).
-        EXECUTE format(
-            $f$SELECT array_agg(x.shard) FROM unnest($1::int[], $2::timestamptz[], $3::timestamptz[]) AS x(shard, start, since)
-                WHERE x.since IS NULL AND x.start < $4 AND $f$ || CASE WHEN v_citus
+    IF v_shards IS NULL THEN
+        RETURN;
+    END IF;
+    v_bucket := (SELECT min(t) FROM unnest(v_starts) t);
+    WHILE v_bucket <= v_cur LOOP
+        RETURN QUERY EXECUTE format(
+            $f$SELECT x.shard, $4, d.strict, d.priority, d.team_id, d.due, d.oldest, NULL::timestamptz
+                 FROM unnest($1::int[], $2::timestamptz[], $3::timestamptz[]) AS x(shard, start, since)
+                CROSS JOIN LATERAL (
+                      SELECT c.strict, c.priority, c.team_id, count(*)::int AS due, min(c.run_at) AS oldest
+                        FROM %I c
+                       WHERE c.shard = x.shard AND c.run_at <= $5 AND (x.since IS NULL OR c.run_at >= x.since)
+                       GROUP BY c.shard, c.strict, c.priority, c.team_id) d
+                WHERE x.start <= $4$f$,
+            mh_minute_part(mh_minute_slot(v_bucket)))
+          USING v_shards, v_starts, v_since, v_bucket, v_now;
+        v_bucket := v_bucket + interval '1 minute';
+    END LOOP;
+    RETURN QUERY EXECUTE format(CASE WHEN v_citus THEN
+        $f$SELECT x.shard, NULL::timestamptz, NULL::boolean, NULL::smallint, NULL::int, NULL::int,
+                  NULL::timestamptz, coalesce(a.next_at, b.next_at)
+             FROM unnest($1::int[]) AS x(shard)
+             LEFT JOIN (SELECT n.shard, min(n.run_at) AS next_at FROM %1$I n
+                         WHERE n.shard = ANY ($1) AND n.run_at > $2 GROUP BY n.shard) a ON a.shard = x.shard
+             LEFT JOIN (SELECT n.shard, min(n.run_at) AS next_at FROM %2$I n
+                         WHERE n.shard = ANY ($1) AND n.run_at > $2 GROUP BY n.shard) b ON b.shard = x.shard$f$
+      ELSE
+        $f$SELECT x.shard, NULL::timestamptz, NULL::boolean, NULL::smallint, NULL::int, NULL::int,
+                  NULL::timestamptz,
+                  coalesce((SELECT min(n.run_at) FROM %1$I n WHERE n.shard = x.shard AND n.run_at > $2),
+                           (SELECT min(n.run_at) FROM %2$I n WHERE n.shard = x.shard AND n.run_at > $2))
+             FROM unnest($1::int[]) AS x(shard)$f$ END,
+        mh_minute_part(mh_minute_slot(v_cur)), mh_minute_part(mh_minute_slot(v_cur + interval '1 minute')))
+      USING v_shards, v_now;
+    -- The hands of whole reads move on over empty buckets, bucket by bucket
+    -- from the oldest, while they stay two or more minutes behind.
+    v_bucket := (SELECT min(h) FROM unnest(v_hands) h);
+    WHILE v_bucket < v_cur - interval '1 minute' LOOP
+        v_here := ARRAY(SELECT x.shard FROM unnest(v_shards, v_hands, v_since) AS x(shard, hand, since)
+                         WHERE x.since IS NULL AND x.hand = v_bucket);
+        IF cardinality(v_here) > 0 THEN
+            EXECUTE format(
+                $f$SELECT array_agg(x.shard) FROM unnest($1::int[]) AS x(shard) WHERE $f$ || CASE WHEN v_citus
                 THEN $f$x.shard <> ALL (ARRAY(SELECT DISTINCT d.shard FROM %1$I d WHERE d.shard = ANY ($1)))$f$
                 ELSE $f$NOT EXISTS (SELECT 1 FROM %1$I d WHERE d.shard = x.shard)$f$ END,
-            mh_minute_part(mh_minute_slot(v_cur - interval '2 minutes')))
-          INTO v_move USING v_steady, v_starts, v_ssince, v_prev;
-        PERFORM mh_move_hand(m, v_prev) FROM unnest(v_move) AS m;
-    END IF;
-    IF v_lag IS NOT NULL THEN
-        RETURN QUERY
-        SELECT x.shard, e.bucket, e.strict, e.priority, e.team_id, e.due, e.oldest, e.next_at
-          FROM unnest(v_lag, v_lsince) AS x(shard, since), LATERAL due_edge(x.shard, x.since) e;
-    END IF;
+                mh_minute_part(mh_minute_slot(v_bucket)))
+              INTO v_empty USING v_here;
+            v_hands := ARRAY(SELECT CASE WHEN x.shard = ANY (v_empty) AND x.hand = v_bucket
+                                         THEN x.hand + interval '1 minute' ELSE x.hand END
+                               FROM unnest(v_shards, v_hands) WITH ORDINALITY AS x(shard, hand, o) ORDER BY x.o);
+        END IF;
+        v_bucket := v_bucket + interval '1 minute';
+    END LOOP;
+    PERFORM mh_move_hand(x.shard, x.hand)
+       FROM unnest(v_shards, v_hands, v_stored) AS x(shard, hand, stored)
+      WHERE x.hand IS DISTINCT FROM x.stored;
 END $$;
