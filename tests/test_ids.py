@@ -1,13 +1,15 @@
 """Job ids: [ms since 2025-01-01 : 40][sequence : 13][shard : 10], made in SQL."""
 import datetime as dt
 
+from minutehand.store.citus import shard_of
+
 
 def test_id_fields_do_not_overlap_and_order_by_time(db):
     rows = db.execute("""SELECT mh_new_id(s), s, clock_timestamp() FROM generate_series(0, 255) s""").fetchall()
     epoch = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
     for job_id, shard, made_at in rows:
         assert job_id > 0
-        assert job_id & 1023 == shard                                   # the shard, read without a lookup
+        assert job_id & 1023 == shard == shard_of(job_id)               # the shard, read without a lookup
         ms = job_id >> 23
         assert abs(ms - (made_at - epoch) / dt.timedelta(milliseconds=1)) < 1000
     ids = [r[0] for r in rows]

@@ -76,6 +76,15 @@ def is_distributed(conn: psycopg.Connection) -> bool:
     return is_citus(conn) and _kind(conn, DISTRIBUTED[0]) is not None
 
 
+# A job id's low bits name its shard (mh_shard_of; tests/test_ids.py).
+SHARD_BITS = 10
+
+
+def shard_of(job_id: int) -> int:
+    """The shard of a job, read from its id as mh_shard_of reads it."""
+    return job_id & ((1 << SHARD_BITS) - 1)
+
+
 def shard_groups(conn: psycopg.Connection) -> dict[int, int]:
     """{logical shard: the Citus shard of jobs that holds it}, or {} when
     the database is not distributed. Statements that name only logical
@@ -91,7 +100,7 @@ def shard_groups(conn: psycopg.Connection) -> dict[int, int]:
                                               "to_regclass(%s))", (lead,)).fetchone()[0]:
             return {}
         rows = cur.execute("""SELECT s, get_shard_id_for_distribution_column(%s, s::smallint)
-                                FROM generate_series(0, 1023) s""", (lead,)).fetchall()
+                                FROM generate_series(0, %s) s""", (lead, (1 << SHARD_BITS) - 1)).fetchall()
     return dict(rows)
 
 

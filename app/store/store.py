@@ -828,7 +828,7 @@ class Store:
             return [list(range(len(job_ids)))]
         calls: dict[int, list[int]] = {}
         for at, job_id in enumerate(job_ids):
-            calls.setdefault(groups.get(job_id & 1023, -1), []).append(at)   # (mh_shard_of)
+            calls.setdefault(groups.get(citus.shard_of(job_id), -1), []).append(at)
         return [calls[k] for k in sorted(calls)]
 
     def _outcomes(self, name: str, items: Sequence[Report], extra: dict[str, Any]) -> list[Outcome]:
@@ -1015,12 +1015,12 @@ class Store:
 
     # ------------------------------------------------------------ maintenance
     def expire_claims(self, shards: Sequence[int]) -> tuple[int, int]:
-        """(returned, dead) over the shards: the reminders due whose jobs all
-        left their claim dropped, the shards with a claim past its expiry found
-        (a statement each, over all the shards), then each of those in its own
-        transaction (a transaction over several shards' claimed jobs could
-        lock them in another order than an outcome batch does), in one round
-        trip."""
+        """(returned, dead) over the shards: the due reminders whose jobs all
+        left their claim dropped and the shards with a claim past its expiry
+        found (a statement each, over all the shards), then expire_claims on
+        each of those in its own transaction (a transaction over several
+        shards' claimed jobs could lock them in another order than an outcome
+        batch does), all of them in one round trip."""
         with self.connection() as conn:
             # (the clock read first: Citus evaluates no mh_now() in a distributed DELETE's COALESCE)
             args = {"shards": list(shards), "now": conn.execute(q("db_now")).fetchone()["now"]}
