@@ -310,16 +310,13 @@ def test_jobs_that_end_as_their_heartbeat_goes_out_are_never_taken_for_lost(db_d
 
 
 def test_a_beat_answered_as_the_handler_returns_is_the_last_one(caplog):
-    """The handler returns just as its beat's answer comes in: the cancel of
-    the heartbeat task then meets an answer that is already there (Python
-    3.11's wait_for returns the answer and loses the cancel). The task must
-    still end there, and not send another beat later: that beat would be
-    refused, the job being finished, and read as a lost claim."""
+    """The handler returns just as its beat's answer comes in, in one turn of
+    the loop: no other beat goes out for the job later (it would be refused,
+    the job being finished, and read as a lost claim)."""
     from minutehand.protocol import OutcomeOut
-    from minutehand.worker.grace import Grace
+    from minutehand.worker.heartbeats import Heartbeats
     from minutehand.worker.job import Job
-    from minutehand.worker.runner import JobRunner, Running
-    from minutehand.worker.slots import Slots
+    from minutehand.worker.runner import Running
 
     class Beats:
         """An outbox that answers beats as the test says."""
@@ -334,27 +331,65 @@ def test_a_beat_answered_as_the_handler_returns_is_the_last_one(caplog):
         now = dt.datetime.now(dt.timezone.utc)
         job = Job(id=1, team="t", name="n", payload=None, attempt=1, max_attempts=3, idempotency_key=None,
                   due_at=now, run_at=now, claim_expires_at=now, claim_s=0.3)
-        runner = JobRunner({}, "w", Slots(1), Grace(asyncio.Event()), 1)
+        beats = Heartbeats("w")
         run = Running(job, Beats(), deadline=time.monotonic() + 10)
-        task = asyncio.ensure_future(runner.keep_alive(run))
+        beats.watch(run)
         while not run.outbox.sent:
             await asyncio.sleep(0.01)
-        # In one turn of the loop: the answer arrives, the handler returns and
-        # the runner cancels the task.
         run.outbox.sent[0].set_result(OutcomeOut(job_id=1, ok=True, state="running"))
         run.handler_done = True
-        task.cancel()
         await asyncio.sleep(0.5)                        # more than a beat's period
-        for later in run.outbox.sent[1:]:               # the finished job's beat, refused
-            later.set_result(OutcomeOut(job_id=1, ok=False, state="succeeded", reason="finished"))
-        await asyncio.sleep(0.05)
-        assert task.done()
+        beats.close()
         return run
 
     with caplog.at_level("INFO", logger="minutehand.worker"):
         run = asyncio.run(main())
-    assert run.lost is None
+    assert len(run.outbox.sent) == 1 and run.lost is None
     assert "claim_lost" not in {r.getMessage() for r in caplog.records}
+
+
+def test_beats_renew_claims_until_one_is_refused_or_the_deadline_passes(caplog):
+    """Three jobs beaten by one timer: one renewed at every beat (its deadline
+    moves on), one whose beat is refused (lost: claim_lost, no more beats),
+    one whose beat is never answered (lost at its deadline: claim_expired)."""
+    from minutehand.protocol import OutcomeOut
+    from minutehand.worker.heartbeats import Heartbeats
+    from minutehand.worker.job import Job
+    from minutehand.worker.runner import Running
+
+    class Beats:
+        def __init__(self, answer):
+            self.answer, self.sent = answer, 0
+
+        def send(self, kind, item, extend_s=None):
+            self.sent += 1
+            fut = asyncio.get_running_loop().create_future()
+            if self.answer is not None:
+                asyncio.get_running_loop().call_soon(fut.set_result, self.answer)
+            return fut
+
+    async def main():
+        now = dt.datetime.now(dt.timezone.utc)
+        beats, runs = Heartbeats("w"), []
+        for i, answer in enumerate([OutcomeOut(job_id=1, ok=True, state="running"),
+                                    OutcomeOut(job_id=2, ok=False, state="scheduled", reason="stale lease token"),
+                                    None]):
+            job = Job(id=i + 1, team="t", name="n", payload=None, attempt=1, max_attempts=3,
+                      idempotency_key=None, due_at=now, run_at=now, claim_expires_at=now, claim_s=0.3)
+            runs.append(Running(job, Beats(answer), deadline=time.monotonic() + 0.27))
+            beats.watch(runs[-1])
+        await asyncio.sleep(1.0)
+        beats.close()
+        return runs
+
+    with caplog.at_level("INFO", logger="minutehand.worker"):
+        renewed, refused, unanswered = asyncio.run(main())
+    assert renewed.lost is None and renewed.outbox.sent >= 5
+    assert renewed.deadline > time.monotonic() - 0.2     # renewed a beat ago, not 0.27 s after the start
+    assert refused.lost == "claim lost: stale lease token" and refused.outbox.sent == 1
+    assert unanswered.lost.startswith("claim expired") and unanswered.outbox.sent == 1
+    events = [(r.getMessage(), r.job_id) for r in caplog.records]
+    assert sorted(events) == [("claim_expired", 3), ("claim_lost", 2)]
 
 
 def test_a_job_whose_claim_was_lost_is_not_reported(db_dsn, live_store, token, db, caplog):
@@ -379,8 +414,13 @@ def test_a_job_whose_claim_was_lost_is_not_reported(db_dsn, live_store, token, d
             wait_until(lambda: any(r.getMessage() == "job_dropped" for r in caplog.records), 5, "job_dropped")
         st = live_store.status(job_id)
         assert st.state == "claimed" and st.result is None
-        events = [r.getMessage() for r in caplog.records if getattr(r, "job_id", None) == job_id]
-        assert "claim_lost" in events and "job_succeeded" not in events
+        records = [r for r in caplog.records if getattr(r, "job_id", None) == job_id]
+        assert "job_succeeded" not in [r.getMessage() for r in records]
+        # Refused at its start report or at its first beat, whichever went first;
+        # a job known lost is not beaten again.
+        dropped = next(r for r in records if r.getMessage() == "job_dropped")
+        assert dropped.reason.startswith(("start refused: ", "claim lost: ")), dropped.reason
+        assert [r.getMessage() for r in records].count("claim_lost") <= 1
     finally:
         server.stop()
 

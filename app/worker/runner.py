@@ -1,5 +1,5 @@
 """Running the jobs a worker leased: the handler called (async in the loop,
-sync in a handler thread), its claim kept alive by heartbeats, its outcome
+sync in a handler thread), its claim kept alive (heartbeats.py), its outcome
 reported, unless the claim may no longer be ours (then it is dropped: the
 scheduler may have given the job to another worker, and a job must not be
 finished twice)."""
@@ -19,6 +19,7 @@ from minutehand.protocol import Completed, Failed, Held, LeasedJob, enc_hook
 from minutehand.protocol.jsontext import MAX_JSON_BYTES, json_text_problem
 from minutehand.worker import metrics
 from minutehand.worker.grace import Grace
+from minutehand.worker.heartbeats import Heartbeats, claim_margin
 from minutehand.worker.job import Job, NonRetryable, error_text
 from minutehand.worker.logs import fields, log
 from minutehand.worker.outbox import Outbox
@@ -37,6 +38,8 @@ class Running:
     started: float = field(default_factory=time.monotonic)
     handler_done: bool = False
     lost: str | None = None             # why the claim is no longer ours (then the result is dropped)
+    beat_at: float | None = None        # when its heartbeat entry is due (heartbeats.py)
+    beating: bool = False               # a heartbeat is out, unanswered
 
 
 class JobRunner:
@@ -50,6 +53,7 @@ class JobRunner:
         self.slots = slots
         self.grace = grace
         self.threads = HandlerThreads(concurrency)
+        self.heartbeats = Heartbeats(worker_id)
         self.jobs: dict[asyncio.Task, Running] = {}
 
     async def start(self) -> None:
@@ -75,6 +79,7 @@ class JobRunner:
                                                          "failed, to be retried"))
             task.cancel()
         await asyncio.gather(*self.jobs, return_exceptions=True)
+        self.heartbeats.close()
         self.threads.close()
 
     def start_job(self, lj: LeasedJob, outbox: Outbox, received: float) -> None:
@@ -84,7 +89,7 @@ class JobRunner:
                   lease_token=lj.lease_token, claim_s=lj.claim_s)
         # The dispatcher claims a job just before it answers, so the claim is taken
         # to run from the answer's arrival, less a margin for the way here.
-        run = Running(job, outbox, deadline=received + lj.claim_s - _margin(lj.claim_s))
+        run = Running(job, outbox, deadline=received + lj.claim_s - claim_margin(lj.claim_s))
         task = asyncio.create_task(self.run_job(run, lj))
         self.jobs[task] = run
         task.add_done_callback(self._job_done)
@@ -104,12 +109,7 @@ class JobRunner:
                                 result=msgspec.Raw(msgspec.json.encode(lj.replay.result)))
             await self.report(run, "complete", outcome, "job_replayed", ids)
             return
-        # Heartbeats start half the claim period in (a timer costs less than
-        # a task, and most jobs are done by then: with the default 30 s claim,
-        # a job of about 10 s never beats, and never races its own outcome).
-        keep_alive: list[asyncio.Task] = []
-        timer = asyncio.get_running_loop().call_later(
-            job.claim_s / 2, lambda: keep_alive.append(asyncio.ensure_future(self.keep_alive(run))))
+        self.heartbeats.watch(run)
         # Reported with the next batch of outcomes (or, for a job done by then,
         # covered by its completion): the job is running, no longer cancellable.
         run.outbox.send("start", Held(job_id=lj.job_id, lease_token=lj.lease_token)).add_done_callback(
@@ -121,9 +121,6 @@ class JobRunner:
         finally:
             run.handler_done = True
             self.slots.give(1)
-            timer.cancel()
-            for task in keep_alive:
-                task.cancel()
         kind = "complete" if isinstance(outcome, Completed) else "fail"
         await self.report(run, kind, outcome, event, ids)
 
@@ -166,48 +163,6 @@ class JobRunner:
             if log.isEnabledFor(level):
                 log.log(level, event, **fields(self.worker_id, **ids, duration_ms=duration, error=error, state=answer.state))
 
-    async def keep_alive(self, run: Running) -> None:
-        """Heartbeat every third of the claim period while the handler runs
-        (started half way in: the first beat goes at once); a
-        claim that lapses or is refused marks the job lost."""
-        job = run.job
-        period = job.claim_s / 3
-        next_beat = time.monotonic()
-        while True:
-            now = time.monotonic()
-            await asyncio.sleep(max(0.0, min(next_beat, run.deadline) - now))
-            if run.handler_done:                        # see below
-                return
-            if time.monotonic() >= run.deadline:
-                run.lost = "claim expired: no heartbeat got through in time"
-                log.warning("claim_expired", **fields(self.worker_id, job_id=job.id, name=job.name, attempt=job.attempt,
-                                                          reason=run.lost))
-                return
-            sent = time.monotonic()
-            beat = run.outbox.send("heartbeat", Held(job_id=job.id, lease_token=job.lease_token),
-                                   extend_s=max(1.0, job.claim_s))
-            try:                                        # an answer after the deadline comes too late
-                answer = await asyncio.wait_for(asyncio.shield(beat), max(0.0, run.deadline - sent))
-            except TimeoutError:
-                continue                                # the deadline check above drops the job
-            if run.handler_done:
-                # Done while the beat was out: its outcome may have been written
-                # first and the beat refused for it. The task is cancelled when
-                # the handler returns, but Python 3.11's wait_for loses a cancel
-                # that comes as the awaited answer does.
-                return
-            if answer is None:                          # not delivered: try again soon
-                next_beat = time.monotonic() + min(period, 2.0)
-            elif answer.ok:
-                run.deadline = max(run.deadline, sent + job.claim_s - _margin(job.claim_s))
-                next_beat = sent + period
-            else:
-                run.lost = f"claim lost: {answer.reason}"
-                log.warning("claim_lost", **fields(self.worker_id, job_id=job.id, name=job.name, attempt=job.attempt,
-                                                       reason=answer.reason, state=answer.state))
-                return
-
-
 async def run_handler(handler: Handler | None, job: Job, threads: HandlerThreads) -> msgspec.Raw:
     """Run a handler on a job as the worker loop does (async in the loop, sync
     in a handler thread): its result as JSON text, checked against what the
@@ -232,12 +187,6 @@ async def run_handler(handler: Handler | None, job: Job, threads: HandlerThreads
     if reason := json_text_problem("the handler's result", bytes(raw)):
         raise NonRetryable(reason)
     return raw
-
-
-def _margin(claim_s: float) -> float:
-    """How much sooner than the dispatcher's clock says a claim is taken to end
-    here: for what may pass between its clock reading and ours."""
-    return min(1.0, claim_s / 10)
 
 
 def _ms(since: float) -> float:

@@ -19,7 +19,7 @@ How it keeps its invariants (each in its module):
 - A claim is a lease: running jobs are renewed by heartbeat from half the
   claim period on, every third of it. A job whose claim could not be renewed in time is
   dropped (its result is not reported): the scheduler may have given it to
-  another worker, and the job must not be finished twice (runner.py).
+  another worker, and the job must not be finished twice (heartbeats.py, runner.py).
 - Outcomes go out in batches, to another dispatcher if theirs is away (outbox.py).
 - SIGTERM: no new leases; jobs that arrive afterwards are released at once;
   running ones get `grace_s`, then are failed, to be retried (session.py).
@@ -171,12 +171,6 @@ class Worker:
             raise ValueError(f"metrics port {self.metrics_port} is not from 0 (no metrics server) to 65535")
         if not 0 <= self.wait_s <= MAX_WAIT_S:
             raise ValueError(f"wait_s must be between 0 and {MAX_WAIT_S}")
-
-
-def _url_list(urls: list[str] | str) -> list[str]:
-    if isinstance(urls, str):
-        urls = urls.split(",")
-    return [u.strip() for u in urls if u.strip()]
 
 
 def _url_list(urls: list[str] | str) -> list[str]:
