@@ -16,8 +16,8 @@ a concurrency limit against one or more dispatchers.
 
 Modules: worker.py (Worker: handlers, run, stop), settings.py (WorkerSettings),
 session.py (one run: its parts started and stopped in order), poller.py (a
-dispatcher's lease loop), runner.py (a job: handler, heartbeats, report),
-outbox.py (outcomes in batches), slots.py (the concurrency limit),
+dispatcher's lease loop), runner.py (a job: handler, report),
+heartbeats.py (the running jobs' claims kept alive), outbox.py (outcomes in batches), slots.py (the concurrency limit),
 threads.py (threads for sync handlers), grace.py (the stop deadline),
 client.py (HTTP calls), job.py (Job, NonRetryable), effects.py
 (exactly-once database side effects; needs psycopg, imported on use),
