@@ -392,6 +392,37 @@ def test_beats_renew_claims_until_one_is_refused_or_the_deadline_passes(caplog):
     assert sorted(events) == [("claim_expired", 3), ("claim_lost", 2)]
 
 
+def test_a_finished_job_is_not_kept_for_its_beat():
+    """Jobs done long before their first beat (most are): their runs are let
+    go at once, not held by the heartbeats until that beat's time (a worker
+    doing thousands of short jobs a second would otherwise keep every payload
+    of the last half claim period)."""
+    import gc
+    import weakref
+
+    from minutehand.worker.heartbeats import Heartbeats
+    from minutehand.worker.job import Job
+    from minutehand.worker.runner import Running
+
+    async def main():
+        now = dt.datetime.now(dt.timezone.utc)
+        beats, refs = Heartbeats("w"), []
+        for i in range(5000):
+            job = Job(id=i, team="t", name="n", payload={"big": "x" * 1000}, attempt=1, max_attempts=3,
+                      idempotency_key=None, due_at=now, run_at=now, claim_expires_at=now, claim_s=60.0)
+            run = Running(job, None, deadline=time.monotonic() + 60)
+            beats.watch(run)
+            beats.forget(run)
+            refs.append(weakref.ref(run))
+        del run
+        gc.collect()
+        assert not any(r() for r in refs)
+        assert len(beats._due) <= 2500               # the spent entries are swept out as they pile up
+        beats.close()
+
+    asyncio.run(main())
+
+
 def test_a_job_whose_claim_was_lost_is_not_reported(db_dsn, live_store, token, db, caplog):
     """The heartbeat is refused (the claim now has another token, as after an
     expiry and a new claim elsewhere): the handler's result is dropped, the

@@ -32,13 +32,17 @@ def claim_margin(claim_s: float) -> float:
 
 class Heartbeats:
     """The beats of one worker run. Each watched job has one live entry in a
-    heap: the time of its next beat, or, while a beat is out, its deadline
-    (entries left behind by a later one are skipped)."""
+    heap, [when, order, run]: the time of its next beat or, while a beat is
+    out, its deadline. An entry replaced by a later one, or whose job is done
+    (forget), no longer names its run and is skipped, as asyncio does with
+    cancelled timers: a finished job is not kept in memory until its entry's
+    time comes."""
 
     def __init__(self, worker_id: str):
         self.worker_id = worker_id
-        self._due: list[tuple[float, int, Running]] = []
+        self._due: list[list] = []
         self._order = itertools.count()             # ties: the heap never compares runs
+        self._dead = 0                              # entries that no longer name a run
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
 
@@ -46,16 +50,30 @@ class Heartbeats:
         """Keep a just-started job's claim alive while its handler runs."""
         self._at(run.started + run.job.claim_s / 2, run)
 
+    def forget(self, run: Running) -> None:
+        """The job's handler is done: no more beats for it."""
+        self._drop(run)
+
     def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        self._timer, self._timer_at, self._due = None, math.inf, []
+        self._timer, self._timer_at, self._due, self._dead = None, math.inf, [], 0
 
     def _at(self, when: float, run: Running) -> None:
-        run.beat_at = when
-        heapq.heappush(self._due, (when, next(self._order), run))
+        self._drop(run)
+        run.beat_entry = entry = [when, next(self._order), run]
+        heapq.heappush(self._due, entry)
         if when < self._timer_at:
             self._arm(when)
+
+    def _drop(self, run: Running) -> None:
+        if run.beat_entry is not None:
+            run.beat_entry[2], run.beat_entry = None, None
+            self._dead += 1
+            if self._dead > 1000 and self._dead > len(self._due) // 2:
+                self._due = [e for e in self._due if e[2] is not None]
+                heapq.heapify(self._due)
+                self._dead = 0
 
     def _arm(self, when: float) -> None:
         if self._timer is not None:
@@ -67,9 +85,12 @@ class Heartbeats:
         self._timer, self._timer_at = None, math.inf
         now = time.monotonic()
         while self._due and self._due[0][0] <= now:
-            when, _, run = heapq.heappop(self._due)
-            if when == run.beat_at:
-                self._beat(run, now)
+            _, _, run = heapq.heappop(self._due)
+            if run is None:
+                self._dead -= 1
+                continue
+            run.beat_entry = None
+            self._beat(run, now)
         if self._due:
             self._arm(self._due[0][0])
 

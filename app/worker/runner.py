@@ -38,7 +38,7 @@ class Running:
     started: float = field(default_factory=time.monotonic)
     handler_done: bool = False
     lost: str | None = None             # why the claim is no longer ours (then the result is dropped)
-    beat_at: float | None = None        # when its heartbeat entry is due (heartbeats.py)
+    beat_entry: list | None = None      # its entry in the heartbeats' heap (heartbeats.py)
     beating: bool = False               # a heartbeat is out, unanswered
 
 
@@ -121,6 +121,7 @@ class JobRunner:
         finally:
             run.handler_done = True
             self.slots.give(1)
+            self.heartbeats.forget(run)
         kind = "complete" if isinstance(outcome, Completed) else "fail"
         await self.report(run, kind, outcome, event, ids)
 
