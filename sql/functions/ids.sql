@@ -13,9 +13,12 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 256 $$;
 
 -- The smallest id made at time t: ids are ordered by creation time, so a
 -- range of ids is a range of creation times (bounded scans of recent jobs).
+-- The epoch of t is read from its UTC wall time: extract() from a
+-- timestamptz is only STABLE, and PostgreSQL does not inline an IMMUTABLE
+-- function whose body is not, so each row would call it.
 CREATE OR REPLACE FUNCTION mh_id_at(t timestamptz) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT (floor(extract(epoch FROM t) * 1000)::bigint - 1735689600000) << 23
+    SELECT (floor(extract(epoch FROM t AT TIME ZONE 'UTC') * 1000)::bigint - 1735689600000) << 23
 $$;
 
 CREATE OR REPLACE FUNCTION mh_new_id(p_shard int) RETURNS bigint

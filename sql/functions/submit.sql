@@ -22,11 +22,13 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT interval '24 hours' $$;
 CREATE OR REPLACE FUNCTION mh_earliest_due() RETURNS timestamptz
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT timestamptz '2000-01-01 00:00:00+00' $$;
 
--- NULL when acceptable, else a reason a person can act on.
+-- NULL when acceptable, else a reason a person can act on. (The problem
+-- functions are STABLE, as format() is, so that they are inlined into the
+-- batch's statement instead of called per row.)
 -- The size of the payload as JSON text: what the submitter sent, whatever
 -- its stored (possibly compressed) form.
 CREATE OR REPLACE FUNCTION mh_payload_problem(p_payload jsonb) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT CASE WHEN octet_length(p_payload::text) > mh_payload_max_bytes()
                 THEN format('payload is %s bytes as JSON, over the limit of %s',
                             octet_length(p_payload::text), mh_payload_max_bytes()) END
@@ -34,7 +36,7 @@ $$;
 
 -- Why a due time cannot be used (NULL: it can). p_label names it in the reason.
 CREATE OR REPLACE FUNCTION mh_due_problem(p_label text, p_due_at timestamptz, p_now timestamptz) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT CASE
         WHEN p_due_at IN ('infinity', '-infinity') THEN format('%s must be a finite time', p_label)
         WHEN p_due_at < mh_earliest_due()
@@ -48,7 +50,7 @@ $$;
 CREATE OR REPLACE FUNCTION mh_job_problem(p_name text, p_due_at timestamptz, p_priority int, p_max_attempts int,
                                           p_flex_s int, p_strict boolean, p_backoff_base_s real,
                                           p_backoff_cap_s real, p_key text, p_now timestamptz) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT CASE
         WHEN p_name IS NULL OR p_name !~ '^[A-Za-z0-9_.:/-]{1,200}$'
             THEN 'name must be 1 to 200 characters from letters, digits and _ . : / -'

@@ -18,13 +18,14 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 96 $$;
 CREATE OR REPLACE FUNCTION mh_hour_span() RETURNS interval
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT interval '72 hours' $$;
 
+-- (The epoch read from the UTC wall time, as in mh_id_at: inlined.)
 CREATE OR REPLACE FUNCTION mh_minute_slot(t timestamptz) RETURNS smallint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT (floor(extract(epoch FROM t) / 60)::bigint % mh_minute_slots())::smallint
+    SELECT (floor(extract(epoch FROM t AT TIME ZONE 'UTC') / 60)::bigint % mh_minute_slots())::smallint
 $$;
 CREATE OR REPLACE FUNCTION mh_hour_slot(t timestamptz) RETURNS smallint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT (floor(extract(epoch FROM t) / 3600)::bigint % mh_hour_slots())::smallint
+    SELECT (floor(extract(epoch FROM t AT TIME ZONE 'UTC') / 3600)::bigint % mh_hour_slots())::smallint
 $$;
 CREATE OR REPLACE FUNCTION mh_minute_part(p_slot int) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT format('due_m%s', lpad(p_slot::text, 3, '0')) $$;
