@@ -605,6 +605,23 @@ def test_submit_jobs_batch_touches_only_the_partitions_of_its_items(conn):
         assert all(n["Node Type"] == "ModifyTable" for n in ae.nodes_on("due_far"))
 
 
+def test_submit_jobs_batch_calls_no_function_once_per_job(conn):
+    """The helpers a batch applies to each job (ids, wheel slots, the checks of
+    each item) are inlined into its statements, not called per row: a SQL
+    function declared more immutable than its body is never inlined, and
+    then costs a function call per job (counted here by track_functions)."""
+    with conn.transaction(force_rollback=True):
+        conn.execute("SET LOCAL track_functions = 'all'")
+        conn.execute(q("submit_jobs"), {
+            "team": TEAM, "names": ["batch"] * 200, "due_ats": [T0 + dt.timedelta(seconds=i) for i in range(200)],
+            "payloads": [json.dumps({"n": i}) for i in range(200)], "priorities": None, "max_attempts": None,
+            "flex_s": None, "stricts": None, "keys": None, "backoff_base_s": None, "backoff_cap_s": None}).fetchall()
+        calls = conn.execute("""SELECT p.proname, pg_stat_get_xact_function_calls(p.oid) FROM pg_proc p
+                                 WHERE p.pronamespace = 'minutehand'::regnamespace
+                                   AND pg_stat_get_xact_function_calls(p.oid) >= 100""").fetchall()
+    assert calls == []
+
+
 # ---------------------------------------------------------------- (d) outcomes and expiry
 
 def _claimed(conn: psycopg.Connection, layout: dict, owner: str) -> list[tuple]:
