@@ -627,11 +627,8 @@ SELECT t.name AS team, t.quota, coalesce(r.running, 0)::bigint AS running
 -- never analysed or just truncated: 0), so no read of the pending set.
 SELECT (SELECT count(*) FROM due_minutes d WHERE d.slot = %(current_slot)s::smallint) AS current_minute,
        (SELECT count(*) FROM due_minutes d WHERE d.slot = %(next_slot)s::smallint) AS next_minute,
-       (SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint FROM pg_inherits i
-          JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'due_minutes'::regclass) AS minutes,
-       (SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint FROM pg_inherits i
-          JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'due_hours'::regclass) AS hours,
-       (SELECT greatest(c.reltuples, 0)::bigint FROM pg_class c WHERE c.oid = 'due_far'::regclass) AS far
+       e.minutes, e.hours, e.far
+  FROM mh_wheel_estimates() e
 
 -- ---------------------------------------------------------------- the admin UI: jobs, dead jobs, series
 -- Its job search is list_jobs (a bounded window of one team's jobs), its
@@ -718,21 +715,8 @@ SELECT d.job_id, d.name, j.attempts, j.max_attempts, j.last_error, j.finished_at
 -- name: admin_dead_names
 -- The names a team has dead jobs of (the first `names` in order), each
 -- with its count up to `cap`: a skip scan of dead_jobs_by_team, one probe
--- per name, then at most `cap` index entries counted per name.
-WITH RECURSIVE dead_names AS (
-    (SELECT d.name FROM dead_jobs d WHERE d.team_id = %(team_id)s::int ORDER BY d.name LIMIT 1)
-    UNION ALL
-    SELECT (SELECT d.name FROM dead_jobs d
-             WHERE d.team_id = %(team_id)s::int AND d.name > n.name ORDER BY d.name LIMIT 1)
-      FROM dead_names n WHERE n.name IS NOT NULL)
-SELECT n.name, c.dead
-  FROM (SELECT name FROM dead_names WHERE name IS NOT NULL LIMIT %(names)s::int) n
- CROSS JOIN LATERAL (
-     SELECT count(*)::int AS dead FROM (
-         SELECT 1 FROM dead_jobs d WHERE d.team_id = %(team_id)s::int AND d.name = n.name
-          ORDER BY d.team_id, d.name, d.job_id      -- the index's order: read in it, stopped at the cap
-          LIMIT %(cap)s::int) x) c
- ORDER BY n.name
+-- per name (sql/functions/dead.sql).
+SELECT n.name, n.dead FROM dead_names(%(team_id)s::int, %(names)s::int, %(cap)s::int) n
 
 -- name: admin_series_team
 -- The team of a series (an administrator acts through it): its primary key.
