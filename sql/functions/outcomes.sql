@@ -265,6 +265,8 @@ DECLARE
     v_states  job_state[];
     v_tokens  uuid[];
     v_held    bigint[];
+    -- (a value, not a subquery in the statement: Citus prunes to the shards it names)
+    v_in      smallint[] := ARRAY(SELECT DISTINCT mh_shard_of(x) FROM unnest(p_ids) x);
     i         int;
 BEGIN
     -- Every item's job read first, in one statement pruned to the batch's
@@ -275,8 +277,7 @@ BEGIN
     -- each (over 30 s). No item of the batch can change such a job, so the
     -- state read is the one the item would have found at its turn.
     SELECT array_agg(j.id), array_agg(j.state), array_agg(j.lease_token) INTO v_ids, v_states, v_tokens
-      FROM jobs j
-     WHERE j.shard = ANY (ARRAY(SELECT DISTINCT mh_shard_of(x) FROM unnest(p_ids) x)) AND j.id = ANY (p_ids);
+      FROM jobs j WHERE j.shard = ANY (v_in) AND j.id = ANY (p_ids);
     v_held := ARRAY(SELECT DISTINCT j.id FROM unnest(v_ids, v_states, v_tokens) AS j(id, state, token)
                       JOIN unnest(p_ids, p_tokens) AS u(id, token) ON u.id = j.id AND u.token = j.token
                      WHERE j.state IN ('claimed', 'running'));
