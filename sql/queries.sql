@@ -80,12 +80,14 @@ SELECT job_id, ok, state, reason FROM cancel(%(job_id)s::bigint, %(team)s::text)
 -- The status record of one job: one primary-key lookup (shard from the id),
 -- and for a run of a repeating job one more, of its series (same shard).
 -- Lateness: first start - agreed run time once started (final); before the
--- first start, once the agreed time has passed, the lateness so far.
+-- first start, once the agreed time has passed, the lateness so far, by
+-- `now`, the database's clock as the store read it (db_now): on Citus this
+-- statement runs on a worker, whose mh_now() is not the coordinator's.
 SELECT j.id AS job_id, t.name AS team, j.name, j.state, j.priority, j.due_at, j.agreed_at, j.run_at, j.strict,
        j.flex_s, j.attempts, j.max_attempts, j.claimed_by, j.claim_expires_at,
        CASE WHEN j.lateness IS NOT NULL THEN j.lateness
-            WHEN j.state IN ('scheduled', 'retrying', 'claimed') AND mh_now() > j.agreed_at
-            THEN mh_now() - j.agreed_at END AS lateness,
+            WHEN j.state IN ('scheduled', 'retrying', 'claimed') AND %(now)s::timestamptz > j.agreed_at
+            THEN %(now)s::timestamptz - j.agreed_at END AS lateness,
        j.lateness IS NOT NULL AS lateness_final, j.last_error, j.result,
        j.idempotency_key, j.created_at, j.started_at, j.finished_at,
        j.series_id, s.every_s, s.cron, s.timezone, coalesce(s.misfire, 'run_once') AS misfire
@@ -374,8 +376,10 @@ SELECT leave_dispatchers(%(name)s::text)
 SELECT take_duty_lease(%(duty)s::text, %(owner)s::text, %(ttl_s)s::real) AS held
 
 -- name: shard_owners
--- Every shard's lease holder (NULL when free or expired) and epoch.
-SELECT shard, CASE WHEN lease_expires_at > mh_now() THEN owner END AS owner, epoch FROM shards ORDER BY shard
+-- Every shard's lease holder (NULL when free or expired by `now`, the
+-- database's clock as the store read it: on Citus this read runs on the
+-- workers) and epoch.
+SELECT shard, CASE WHEN lease_expires_at > %(now)s::timestamptz THEN owner END AS owner, epoch FROM shards ORDER BY shard
 
 -- name: set_worker_token
 -- Create a worker credential, or replace its token's hash (rotation).
@@ -459,22 +463,23 @@ SELECT series_id, state, changed, cancelled_run
 -- How many of a team's jobs of these names are due and not claimed, counted
 -- up to cap: the rows of the wheel's minute level joined to their records
 -- (claims delete wheel rows; rows of cancelled jobs are left out by state).
--- Bounded by cap, whatever the backlog.
+-- Bounded by cap, whatever the backlog. `now`: the database's clock as
+-- the store read it (on Citus this read runs on the workers).
 SELECT count(*) AS n FROM (
     SELECT 1 FROM due_minutes w
       JOIN jobs j ON j.shard = w.shard AND j.id = w.job_id
-     WHERE w.run_at <= mh_now() AND j.state IN ('scheduled', 'retrying')
+     WHERE w.run_at <= %(now)s::timestamptz AND j.state IN ('scheduled', 'retrying')
        AND j.team_id = (SELECT id FROM teams WHERE name = %(team)s) AND j.name = ANY (%(names)s)
      LIMIT %(cap)s) s
 
 -- name: unstarted_jobs
 -- Every unstarted job of a team with these names, wherever it waits on the
--- wheel; soon: due by now or within soon_s seconds. Reads the whole wheel:
--- for a small local instance only.
+-- wheel; soon: due by `now` (the database's clock as the store read it) or
+-- within soon_s seconds. Reads the whole wheel: for a small local instance only.
 WITH w AS (SELECT shard, job_id FROM due_minutes
            UNION ALL SELECT shard, job_id FROM due_hours
            UNION ALL SELECT shard, job_id FROM due_far)
-SELECT j.id, j.run_at <= mh_now() + make_interval(secs => %(soon_s)s) AS soon
+SELECT j.id, j.run_at <= %(now)s::timestamptz + make_interval(secs => %(soon_s)s) AS soon
   FROM w JOIN jobs j ON j.shard = w.shard AND j.id = w.job_id
  WHERE j.state IN ('scheduled', 'retrying')
    AND j.team_id = (SELECT id FROM teams WHERE name = %(team)s) AND j.name = ANY (%(names)s)
@@ -483,12 +488,13 @@ SELECT j.id, j.run_at <= mh_now() + make_interval(secs => %(soon_s)s) AS soon
 -- Jobs of these names (and teams; NULL: any) that are claimed or running, or
 -- waiting and due (a retry also when due by retry_horizon): what a test's
 -- drain (minutehand.testing) still waits for. Reads the jobs table whole
--- (no index serves it): for test databases only.
+-- (no index serves it): for test databases only. `now`: the database's
+-- clock as the store read it (on Citus this read runs on the workers).
 SELECT j.id FROM jobs j
  WHERE j.name = ANY (%(names)s)
    AND (%(teams)s::text[] IS NULL OR j.team_id IN (SELECT t.id FROM teams t WHERE t.name = ANY (%(teams)s)))
    AND (j.state IN ('claimed', 'running')
-        OR (j.state IN ('scheduled', 'retrying') AND j.run_at <= mh_now())
+        OR (j.state IN ('scheduled', 'retrying') AND j.run_at <= %(now)s::timestamptz)
         OR (j.state = 'retrying' AND j.run_at <= %(retry_horizon)s::timestamptz))
  ORDER BY j.id
  LIMIT 10000
@@ -621,11 +627,8 @@ SELECT t.name AS team, t.quota, coalesce(r.running, 0)::bigint AS running
 -- never analysed or just truncated: 0), so no read of the pending set.
 SELECT (SELECT count(*) FROM due_minutes d WHERE d.slot = %(current_slot)s::smallint) AS current_minute,
        (SELECT count(*) FROM due_minutes d WHERE d.slot = %(next_slot)s::smallint) AS next_minute,
-       (SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint FROM pg_inherits i
-          JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'due_minutes'::regclass) AS minutes,
-       (SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint FROM pg_inherits i
-          JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'due_hours'::regclass) AS hours,
-       (SELECT greatest(c.reltuples, 0)::bigint FROM pg_class c WHERE c.oid = 'due_far'::regclass) AS far
+       e.minutes, e.hours, e.far
+  FROM mh_wheel_estimates() e
 
 -- ---------------------------------------------------------------- the admin UI: jobs, dead jobs, series
 -- Its job search is list_jobs (a bounded window of one team's jobs), its
@@ -637,13 +640,13 @@ SELECT (SELECT count(*) FROM due_minutes d WHERE d.slot = %(current_slot)s::smal
 -- The whole record of one job: one primary-key lookup (shard from the id);
 -- no row for another team's job (team NULL: any). Payload and result come
 -- as pretty JSON cut to `cap` characters, with their full size, so a large
--- one is never decoded whole; lateness as job_status reckons it.
+-- one is never decoded whole; lateness as job_status reckons it (by `now`).
 SELECT j.id AS job_id, t.name AS team, j.name, j.state::text AS state, j.priority, j.due_at, j.flex_s,
        j.strict, j.agreed_at, j.run_at, j.deadline, j.attempts, j.max_attempts, j.backoff_base_s,
        j.backoff_cap_s, j.claimed_by, j.claim_expires_at, j.idempotency_key, j.series_id,
        CASE WHEN j.lateness IS NOT NULL THEN j.lateness
-            WHEN j.state IN ('scheduled', 'retrying', 'claimed') AND mh_now() > j.agreed_at
-            THEN mh_now() - j.agreed_at END AS lateness,
+            WHEN j.state IN ('scheduled', 'retrying', 'claimed') AND %(now)s::timestamptz > j.agreed_at
+            THEN %(now)s::timestamptz - j.agreed_at END AS lateness,
        j.lateness IS NOT NULL AS lateness_final, j.last_error,
        left(jsonb_pretty(j.payload), %(cap)s::int) AS payload, octet_length(j.payload::text) AS payload_bytes,
        left(jsonb_pretty(j.result), %(cap)s::int) AS result, octet_length(j.result::text) AS result_bytes,
@@ -712,21 +715,8 @@ SELECT d.job_id, d.name, j.attempts, j.max_attempts, j.last_error, j.finished_at
 -- name: admin_dead_names
 -- The names a team has dead jobs of (the first `names` in order), each
 -- with its count up to `cap`: a skip scan of dead_jobs_by_team, one probe
--- per name, then at most `cap` index entries counted per name.
-WITH RECURSIVE dead_names AS (
-    (SELECT d.name FROM dead_jobs d WHERE d.team_id = %(team_id)s::int ORDER BY d.name LIMIT 1)
-    UNION ALL
-    SELECT (SELECT d.name FROM dead_jobs d
-             WHERE d.team_id = %(team_id)s::int AND d.name > n.name ORDER BY d.name LIMIT 1)
-      FROM dead_names n WHERE n.name IS NOT NULL)
-SELECT n.name, c.dead
-  FROM (SELECT name FROM dead_names WHERE name IS NOT NULL LIMIT %(names)s::int) n
- CROSS JOIN LATERAL (
-     SELECT count(*)::int AS dead FROM (
-         SELECT 1 FROM dead_jobs d WHERE d.team_id = %(team_id)s::int AND d.name = n.name
-          ORDER BY d.team_id, d.name, d.job_id      -- the index's order: read in it, stopped at the cap
-          LIMIT %(cap)s::int) x) c
- ORDER BY n.name
+-- per name (sql/functions/dead.sql).
+SELECT n.name, n.dead FROM dead_names(%(team_id)s::int, %(names)s::int, %(cap)s::int) n
 
 -- name: admin_series_team
 -- The team of a series (an administrator acts through it): its primary key.
@@ -768,10 +758,12 @@ DELETE FROM admin_sessions
                               ORDER BY s.expires_at LIMIT %(limit)s::int))
 
 -- name: admin_audit_add
--- Record one action taken through the admin UI; the entry's id.
+-- Record one action taken through the admin UI; the entry's id. Its team's
+-- id joined, not read by a subquery in VALUES (Citus refuses that).
 INSERT INTO admin_audit (at, actor, token_ref, team_id, action, target, ok, detail)
-VALUES (mh_now(), %(actor)s::text, %(token_ref)s::text, (SELECT t.id FROM teams t WHERE t.name = %(team)s::text),
-        %(action)s::text, %(target)s::text, %(ok)s::boolean, %(detail)s::jsonb)
+SELECT mh_now(), %(actor)s::text, %(token_ref)s::text, t.id,
+       %(action)s::text, %(target)s::text, %(ok)s::boolean, %(detail)s::jsonb
+  FROM (SELECT 1) one LEFT JOIN teams t ON t.name = %(team)s::text
 RETURNING id
 
 -- name: admin_audit_page
@@ -838,9 +830,11 @@ SELECT l.minute, sum(l.jobs)::bigint AS jobs
  ORDER BY l.minute
 
 -- name: admin_shards
--- Every shard: its lease holder (NULL when free or expired), the lease's
--- expiry, its fencing epoch and the wheel's hand on it (256 rows).
-SELECT s.shard, CASE WHEN s.lease_expires_at > mh_now() THEN s.owner END AS owner, s.owner AS last_owner,
+-- Every shard: its lease holder (NULL when free or expired by `now`, the
+-- database's clock as the store read it: on Citus this read runs on the
+-- workers), the lease's expiry, its fencing epoch and the wheel's hand on
+-- it (256 rows).
+SELECT s.shard, CASE WHEN s.lease_expires_at > %(now)s::timestamptz THEN s.owner END AS owner, s.owner AS last_owner,
        s.lease_expires_at, s.epoch, s.hand
   FROM shards s
  ORDER BY s.shard
@@ -858,12 +852,13 @@ SELECT d.name, d.expires_at, d.expires_at > mh_now() AS live,
 -- (claim_checks, filed by each claim and each renewal) of every shard,
 -- at most `per_shard` reminders a shard and `per_claim` jobs a reminder,
 -- read by primary key and grouped by the worker that claimed them:
--- bounded by 256 x per_shard x per_claim, never a scan of jobs.
+-- bounded by 256 x per_shard x per_claim, never a scan of jobs. `now`: the
+-- database's clock as the store read it (on Citus this read runs on the workers).
 WITH checks AS (
     SELECT c.shard, c.job_ids[1:%(per_claim)s::int] AS job_ids
       FROM shards s
      CROSS JOIN LATERAL (SELECT k.shard, k.job_ids FROM claim_checks k
-                          WHERE k.shard = s.shard AND k.check_at >= mh_now() - interval '10 minutes'
+                          WHERE k.shard = s.shard AND k.check_at >= %(now)s::timestamptz - interval '10 minutes'
                           ORDER BY k.check_at DESC LIMIT %(per_shard)s::int) c),
 claimed AS (SELECT DISTINCT c.shard, u.id FROM checks c CROSS JOIN LATERAL unnest(c.job_ids) u(id))
 SELECT j.claimed_by AS worker, count(*) FILTER (WHERE j.state = 'running') AS running,

@@ -180,13 +180,13 @@ def test_the_wheel_depth_is_estimated_not_counted(conn):
 
 
 def test_the_dispatchers_page_reads_shards_and_the_latest_claims_only(conn):
-    plan = analyzed(conn, "admin_workers", {"limit": 200, "per_shard": 4, "per_claim": 100})
+    plan = analyzed(conn, "admin_workers", {"limit": 200, "per_shard": 4, "per_claim": 100, "now": T0})
     read = assert_bounded(plan, 256 * 4 * 100)
     assert read["jobs"] <= RUNNING                       # the claimed jobs, by primary key
-    workers = conn.execute(q("admin_workers"), {"limit": 200, "per_shard": 4, "per_claim": 100}).fetchall()
+    workers = conn.execute(q("admin_workers"), {"limit": 200, "per_shard": 4, "per_claim": 100, "now": T0}).fetchall()
     assert len(workers) == 50 and sum(w[1] for w in workers) == RUNNING
     for name in ("admin_shards", "admin_dispatchers"):
-        assert "jobs" not in rows_read(analyzed(conn, name, {}))
+        assert "jobs" not in rows_read(analyzed(conn, name, {"now": T0}))
 
 
 @pytest.mark.parametrize("before", [None, AUDIT // 2])

@@ -481,7 +481,7 @@ def test_planned_claim_over_many_shards_probes_its_cells_in_one_partition(conn, 
 def test_job_status_is_one_primary_key_lookup(conn, layout, which, team):
     job_id = layout[which]
     plan = explain_json(conn, "EXPLAIN (ANALYZE, FORMAT JSON) " + q("job_status"),
-                        {"job_id": job_id, "team": team})
+                        {"job_id": job_id, "team": team, "now": T0})
     assert relations(plan) <= {"jobs", "teams", "series"}
     assert_series_by_primary_key(plan, rows=0, index=False)   # runs once: no series row
     jobs_nodes = nodes_on(plan, "jobs")
@@ -494,7 +494,7 @@ def test_job_status_is_one_primary_key_lookup(conn, layout, which, team):
     assert node["Actual Rows"] == 1 and node["Actual Loops"] == 1
     assert plan["Actual Rows"] == 1
     # the row found is the one asked for
-    row = conn.execute(q("job_status"), {"job_id": job_id, "team": team}).fetchone()
+    row = conn.execute(q("job_status"), {"job_id": job_id, "team": team, "now": T0}).fetchone()
     assert row[0] == job_id
 
 
@@ -526,7 +526,7 @@ def test_job_status_reaches_a_series_by_its_primary_key(conn, layout):
                               (TEAM,)).fetchone()[0]
         for which, rows in ((job_id, 1), (layout["far_id"], 0)):
             plan = explain_json(conn, "EXPLAIN (ANALYZE, FORMAT JSON) " + q("job_status"),
-                                {"job_id": which, "team": None})
+                                {"job_id": which, "team": None, "now": T0})
             assert relations(plan) <= {"jobs", "teams", "series"}
             assert_series_by_primary_key(plan, rows=rows)
             [node] = nodes_on(plan, "jobs")
@@ -537,13 +537,13 @@ def test_job_status_reaches_a_series_by_its_primary_key(conn, layout):
 def test_job_status_generic_plan_is_one_primary_key_lookup(conn, layout):
     """What a driver's prepared statement gets after a few executions (plan_cache_mode auto
     switches to the generic plan): still one lookup on jobs_pkey."""
-    text = q("job_status").replace("%(job_id)s", "$1").replace("%(team)s", "$2")
+    text = q("job_status").replace("%(job_id)s", "$1").replace("%(team)s", "$2").replace("%(now)s", "$3")
     conn.execute("SET plan_cache_mode = force_generic_plan")
-    conn.execute(f"PREPARE mh_status_probe (bigint, text) AS {text}")
+    conn.execute(f"PREPARE mh_status_probe (bigint, text, timestamptz) AS {text}")
     try:
         for team in (None, TEAM):
-            plan = explain_json(conn, "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE mh_status_probe (%s, %s)",
-                                (layout["far_id"], team))
+            plan = explain_json(conn, "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE mh_status_probe (%s, %s, %s)",
+                                (layout["far_id"], team, T0))
             [node] = nodes_on(plan, "jobs")
             assert (node["Node Type"], node["Index Name"]) == ("Index Scan", "jobs_pkey")
             assert node["Actual Rows"] == 1 and node["Actual Loops"] == 1

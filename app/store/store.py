@@ -922,7 +922,9 @@ class Store:
         latest times it became dead; None if there is no such job of the team."""
         def run() -> tuple[JobRecord, list[JobDeath]] | None:
             with self.connection() as conn, conn.transaction():
-                row = conn.execute(q("admin_job"), {"job_id": job_id, "team": team, "cap": cap}).fetchone()
+                # (the clock read first: on Citus admin_job runs on a worker, see _all_at_now)
+                row = conn.execute(q("admin_job"), {"job_id": job_id, "team": team, "cap": cap,
+                                                    "now": self._now_on(conn)}).fetchone()
                 if row is None:
                     return None
                 found = conn.execute(q("admin_job_events"), {"job_id": job_id, "limit": deaths}).fetchall()
@@ -1010,8 +1012,22 @@ class Store:
             "duration_ms": duration_ms, "ok": ok, "retry_s": retry_s})["current"]
 
     def status(self, job_id: int, team: str | None = None) -> JobStatus | None:
-        row = self._one("job_status", {"job_id": job_id, "team": team})
-        return JobStatus(**row) if row else None
+        rows = self._all_at_now("job_status", {"job_id": job_id, "team": team})
+        return JobStatus(**rows[0]) if rows else None
+
+    def _all_at_now(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """The rows of a read that reckons with the clock, given the database's
+        clock as `now`, read first on the same connection: on Citus the read
+        runs on workers, whose mh_now() is neither the coordinator's nor
+        pinned by its session (tests, drills)."""
+        def run() -> list[dict[str, Any]]:
+            with self.connection() as conn:
+                return conn.execute(q(name), {**params, "now": self._now_on(conn)}).fetchall()
+        return self.retrying(run)
+
+    @staticmethod
+    def _now_on(conn: psycopg.Connection) -> dt.datetime:
+        return conn.execute(q("db_now")).fetchone()["now"]
 
     # ------------------------------------------------------------ maintenance
     def expire_claims(self, shards: Sequence[int]) -> tuple[int, int]:
@@ -1100,7 +1116,7 @@ class Store:
 
     def shard_owners(self) -> dict[int, tuple[str | None, int]]:
         """{shard: (current lease holder or None, epoch)}."""
-        return {r["shard"]: (r["owner"], r["epoch"]) for r in self._all("shard_owners", {})}
+        return {r["shard"]: (r["owner"], r["epoch"]) for r in self._all_at_now("shard_owners", {})}
 
     def create_worker_token(self, name: str) -> str:
         """Create (or rotate) a worker credential; returns its token (only the hash is stored)."""
@@ -1141,19 +1157,19 @@ class Store:
     # ------------------------------------------------------------ the local demo
     def due_unclaimed(self, team: str, names: list[str], cap: int) -> int:
         """How many of the team's jobs of these names are due and unclaimed (at most cap)."""
-        return self._one("due_unclaimed", {"team": team, "names": names, "cap": cap})["n"]
+        return self._all_at_now("due_unclaimed", {"team": team, "names": names, "cap": cap})[0]["n"]
 
     def unstarted_jobs(self, team: str, names: list[str], *, soon_s: float) -> list[dict[str, Any]]:
         """The team's unstarted jobs of these names: id, and soon (due within
         soon_s). Reads the whole wheel: for a small local instance only."""
-        return self._all("unstarted_jobs", {"team": team, "names": names, "soon_s": soon_s})
+        return self._all_at_now("unstarted_jobs", {"team": team, "names": names, "soon_s": soon_s})
 
     def outstanding_jobs(self, names: list[str], teams: list[str] | None,
                          retry_horizon: dt.datetime | None) -> list[int]:
         """Ids of the jobs of these names (and teams) not yet finished that are
         due (retries by retry_horizon) or being run. Reads the whole jobs
         table: for test databases only (minutehand.testing's drain)."""
-        rows = self._all("outstanding_jobs", {"names": names, "teams": teams, "retry_horizon": retry_horizon})
+        rows = self._all_at_now("outstanding_jobs", {"names": names, "teams": teams, "retry_horizon": retry_horizon})
         return [r["id"] for r in rows]
 
     def maintain(self) -> Maintenance:
@@ -1246,9 +1262,10 @@ class Store:
         """Shard leases, dispatchers, and the workers holding jobs now (from
         the latest claims: see admin_workers)."""
         with self.connection() as conn:
+            now = self._now_on(conn)        # (on Citus the shards' reads run on workers: see _all_at_now)
             return FleetView(
-                [ShardLease(**r) for r in conn.execute(q("admin_shards"))],
+                [ShardLease(**r) for r in conn.execute(q("admin_shards"), {"now": now})],
                 [DispatcherSeen(**r) for r in conn.execute(q("admin_dispatchers"))],
                 [WorkerSeen(**r) for r in conn.execute(q("admin_workers"), {"limit": workers, "per_shard": per_shard,
-                                                                          "per_claim": per_claim})])
+                                                                          "per_claim": per_claim, "now": now})])
 

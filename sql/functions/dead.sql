@@ -238,6 +238,36 @@ BEGIN
     SELECT r.settled, r.more INTO discarded, more FROM mh_settle_dead_by_name(p_team, p_name, true, NULL, p_limit) r;
 END $$;
 
+-- The names a team has dead jobs of (the first p_names in order), each with
+-- its count up to p_cap (the admin UI's dead-jobs page): a skip scan of
+-- dead_jobs_by_team, one probe per name, then at most p_cap index entries
+-- counted per name. A loop, not a recursive CTE: Citus runs a recursive CTE
+-- over a distributed table only when it names one shard, and here every
+-- probe reads all of them.
+CREATE OR REPLACE FUNCTION dead_names(p_team int, p_names int, p_cap int, OUT name text, OUT dead int)
+RETURNS SETOF record LANGUAGE plpgsql STABLE SET search_path = minutehand, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_name text;
+BEGIN
+    -- (two probes, not one with "v_name IS NULL OR": the cached plan's index
+    -- range must start at the name before, not at the team's first entry)
+    v_name := (SELECT d.name FROM dead_jobs d WHERE d.team_id = p_team ORDER BY d.name LIMIT 1);
+    FOR i IN 1 .. p_names LOOP
+        IF i > 1 THEN
+            v_name := (SELECT d.name FROM dead_jobs d WHERE d.team_id = p_team AND d.name > v_name
+                        ORDER BY d.name LIMIT 1);
+        END IF;
+        EXIT WHEN v_name IS NULL;
+        name := v_name;
+        SELECT count(*)::int INTO dead FROM (
+            SELECT 1 FROM dead_jobs d WHERE d.team_id = p_team AND d.name = v_name
+             ORDER BY d.team_id, d.name, d.job_id      -- the index's order: read in it, stopped at the cap
+             LIMIT p_cap) x;
+        RETURN NEXT;
+    END LOOP;
+END $$;
+
 -- A team's events after the position (p_xid, p_id), oldest first, at most
 -- p_limit: only those of transactions older than every one still running,
 -- so no event can commit behind a position already handed out. PL/pgSQL,

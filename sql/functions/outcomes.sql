@@ -261,9 +261,28 @@ DECLARE
     v_stats   stats_delta[] := '{}';
     v_dead    jobs[] := '{}';
     v_ended   jobs[] := '{}';
+    v_ids     bigint[];
+    v_states  job_state[];
+    v_tokens  uuid[];
+    v_held    bigint[];
+    -- (a value, not a subquery in the statement: Citus prunes to the shards it names)
+    v_in      smallint[] := ARRAY(SELECT DISTINCT mh_shard_of(x) FROM unnest(p_ids) x);
     i         int;
 BEGIN
-    FOR i IN SELECT u.ord FROM unnest(p_ids) WITH ORDINALITY AS u(id, ord) ORDER BY mh_shard_of(u.id), u.id, u.ord
+    -- Every item's job read first, in one statement pruned to the batch's
+    -- shards. An item whose job no item of the batch holds (none, not
+    -- claimed or running, or under another token) is refused from that
+    -- read, without a locking read of its own: on Citus each such read is a
+    -- round trip to a worker, and a batch of 10,000 stale items took one
+    -- each (over 30 s). No item of the batch can change such a job, so the
+    -- state read is the one the item would have found at its turn.
+    SELECT array_agg(j.id), array_agg(j.state), array_agg(j.lease_token) INTO v_ids, v_states, v_tokens
+      FROM jobs j WHERE j.shard = ANY (v_in) AND j.id = ANY (p_ids);
+    v_held := ARRAY(SELECT DISTINCT j.id FROM unnest(v_ids, v_states, v_tokens) AS j(id, state, token)
+                      JOIN unnest(p_ids, p_tokens) AS u(id, token) ON u.id = j.id AND u.token = j.token
+                     WHERE j.state IN ('claimed', 'running'));
+    FOR i IN SELECT u.ord FROM unnest(p_ids) WITH ORDINALITY AS u(id, ord) JOIN unnest(v_held) AS h(id) ON h.id = u.id
+              ORDER BY mh_shard_of(u.id), u.id, u.ord
     LOOP
         SELECT * INTO v_job FROM jobs j
          WHERE j.shard = mh_shard_of(p_ids[i]) AND j.id = p_ids[i] FOR UPDATE;
@@ -318,7 +337,11 @@ BEGIN
                                ARRAY(SELECT d.max_attempts FROM unnest(v_dead) d),
                                ARRAY(SELECT d.last_error FROM unnest(v_dead) d), v_now);
     END IF;
-    RETURN QUERY SELECT * FROM unnest(v_answers);
+    RETURN QUERY
+    SELECT (coalesce(v_answers[u.ord], ROW(u.id, false, j.state, mh_refusal(j.id IS NOT NULL, j.state))::outcome)).*
+      FROM unnest(p_ids) WITH ORDINALITY AS u(id, ord)
+      LEFT JOIN unnest(v_ids, v_states) AS j(id, state) ON j.id = u.id
+     ORDER BY u.ord;
 END $$;
 
 -- A worker gives back claimed jobs it did not start (it is shutting down,

@@ -151,3 +151,48 @@ BEGIN
     END IF;
     RETURN v_moved;
 END $$;
+
+-- How many rows each level of the wheel holds, estimated from the planner's
+-- statistics (pg_class.reltuples as of autovacuum's last ANALYZE of each
+-- table; never analysed or just truncated: 0), so no read of the pending
+-- set (/metrics, the admin overview). On Citus the coordinator's tables are
+-- empty shells: each node adds up the statistics of the placements it holds
+-- (from the Citus metadata every node keeps), one command per node.
+CREATE OR REPLACE FUNCTION mh_wheel_estimates(OUT minutes bigint, OUT hours bigint, OUT far bigint)
+LANGUAGE plpgsql STABLE SET search_path = minutehand, pg_temp AS $$
+DECLARE
+    v_citus boolean := false;
+BEGIN
+    IF to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL THEN      -- (Citus' catalogs: named only when there)
+        EXECUTE 'SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = $1)' INTO v_citus
+          USING 'due_far'::regclass;
+    END IF;
+    IF NOT v_citus THEN
+        SELECT coalesce(sum(greatest(c.reltuples, 0)) FILTER (WHERE i.inhparent = 'due_minutes'::regclass), 0),
+               coalesce(sum(greatest(c.reltuples, 0)) FILTER (WHERE i.inhparent = 'due_hours'::regclass), 0)
+          INTO minutes, hours
+          FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+         WHERE i.inhparent IN ('due_minutes'::regclass, 'due_hours'::regclass);
+        far := (SELECT greatest(c.reltuples, 0)::bigint FROM pg_class c WHERE c.oid = 'due_far'::regclass);
+        RETURN;
+    END IF;
+    EXECUTE $e$
+        SELECT coalesce(sum(split_part(r.result, ',', 1)::bigint), 0), coalesce(sum(split_part(r.result, ',', 2)::bigint), 0),
+               coalesce(sum(split_part(r.result, ',', 3)::bigint), 0)
+          FROM run_command_on_all_nodes($c$
+              SELECT concat_ws(',', coalesce(sum(greatest(c.reltuples, 0)) FILTER (WHERE l.level = 'minutes'), 0)::bigint,
+                                    coalesce(sum(greatest(c.reltuples, 0)) FILTER (WHERE l.level = 'hours'), 0)::bigint,
+                                    coalesce(sum(greatest(c.reltuples, 0)) FILTER (WHERE l.level = 'far'), 0)::bigint)
+                FROM (SELECT i.inhrelid AS rel, 'minutes' AS level FROM pg_inherits i
+                       WHERE i.inhparent = 'minutehand.due_minutes'::regclass
+                      UNION ALL
+                      SELECT i.inhrelid, 'hours' FROM pg_inherits i WHERE i.inhparent = 'minutehand.due_hours'::regclass
+                      UNION ALL
+                      SELECT 'minutehand.due_far'::regclass, 'far') l
+                JOIN pg_dist_shard s ON s.logicalrelid = l.rel
+                JOIN pg_dist_placement p ON p.shardid = s.shardid
+                                        AND p.groupid = (SELECT groupid FROM pg_dist_local_group)
+                JOIN pg_class c ON c.oid = to_regclass(shard_name(s.logicalrelid, s.shardid))$c$) r
+         WHERE r.success$e$
+    INTO minutes, hours, far;
+END $$;
