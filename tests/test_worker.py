@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 
 import psycopg
@@ -368,7 +369,8 @@ def test_a_job_whose_claim_was_lost_is_not_reported(db_dsn, live_store, token, d
 
         @worker.job("stolen")
         def stolen(job):
-            db.execute("UPDATE jobs SET lease_token = gen_random_uuid() WHERE id = %s", (job.id,))
+            # (a token made here: Citus refuses a volatile function in the SET of a distributed table)
+            db.execute("UPDATE jobs SET lease_token = %s WHERE id = %s", (uuid.uuid4(), job.id))
             time.sleep(job.claim_s / 2 + 0.5)             # past the first heartbeat
             finished.set()
             return "should not be stored"
@@ -378,7 +380,10 @@ def test_a_job_whose_claim_was_lost_is_not_reported(db_dsn, live_store, token, d
             assert finished.wait(20)
             wait_until(lambda: any(r.getMessage() == "job_dropped" for r in caplog.records), 5, "job_dropped")
         st = live_store.status(job_id)
-        assert st.state == "claimed" and st.result is None
+        # Claimed, or running if the start report got in before the token changed
+        # (it races the handler), or waiting again once the 3 s claim ran out
+        # (a Citus cluster on a busy box is that slow); never finished by this worker.
+        assert st.state in ("claimed", "running", "scheduled") and st.result is None
         events = [r.getMessage() for r in caplog.records if getattr(r, "job_id", None) == job_id]
         assert "claim_lost" in events and "job_succeeded" not in events
     finally:
