@@ -21,13 +21,13 @@ SELECT idx, job_id, run_at, created, error
                    %(priorities)s::int[], %(max_attempts)s::int[], %(flex_s)s::int[], %(stricts)s::boolean[],
                    %(keys)s::text[], %(backoff_base_s)s::real[], %(backoff_cap_s)s::real[])
 
--- name: take_shard_lease
--- Take or renew one shard's lease; its epoch, or NULL if another holds it.
-SELECT take_shard_lease(%(shard)s::int, %(owner)s::text, %(ttl_s)s::real) AS epoch
+-- name: take_shard_leases
+-- Take or renew some shards' leases; (shard, epoch) of those now held.
+SELECT shard, epoch FROM take_shard_leases(%(shards)s::int[], %(owner)s::text, %(ttl_s)s::real)
 
--- name: release_shard_lease
--- Give a shard up at once.
-SELECT release_shard_lease(%(shard)s::int, %(owner)s::text, %(epoch)s::bigint) AS released
+-- name: release_shard_leases
+-- Give some shards up at once (their epochs in the same order).
+SELECT release_shard_leases(%(shards)s::int[], %(owner)s::text, %(epochs)s::bigint[]) AS released
 
 -- name: commit_without_flush
 -- This transaction's commit does not wait for its WAL to reach the disk.

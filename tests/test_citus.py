@@ -170,6 +170,32 @@ def test_a_submit_and_a_claim_of_one_shard_run_on_one_worker_with_a_one_phase_co
     assert db.execute("SELECT state FROM jobs WHERE id = %s", (job_id,)).fetchone()[0] == "claimed"
 
 
+def test_shard_leases_are_renewed_with_one_single_shard_transaction_per_citus_shard(citus_db, db_dsn):
+    """A dispatcher renews all its leases every fifth of a lease period: one
+    take_shard_leases call per Citus shard, each on one worker with a
+    one-phase commit, not a distributed transaction per logical shard."""
+    from tests.support import make_store
+
+    db = citus_db
+    groups: dict[int, list[int]] = {}
+    for s, group in db.execute("SELECT s, get_shard_id_for_distribution_column('minutehand.shards', s::smallint) "
+                               "FROM generate_series(0, 255) s").fetchall():
+        groups.setdefault(group, []).append(s)
+    assert len(groups) > 1
+    for shards in groups.values():
+        sent = remote_commands(db, "SELECT * FROM take_shard_leases(%s, 'd1', 600)", (shards,))
+        assert_one_worker_one_phase(sent)
+    epochs = dict(db.execute("SELECT shard, epoch FROM shards").fetchall())
+    for shards in groups.values():
+        sent = remote_commands(db, "SELECT release_shard_leases(%s, 'd1', %s)", (shards, [epochs[s] for s in shards]))
+        assert_one_worker_one_phase(sent)
+    assert db.execute("SELECT count(*) FROM shards WHERE owner IS NOT NULL").fetchone()[0] == 0
+    with make_store(db_dsn, clock=None) as store:
+        held = store.take_leases(range(256), "d2", 600)
+        assert sorted(held) == list(range(256)) and store.take_leases(range(256), "d2", 600) == held
+        assert store.take_leases(range(256), "d3", 600) == {}
+
+
 def test_claims_with_nothing_due_do_not_crash_the_coordinator(db, db_dsn):
     """The claim's UPDATE is not sent with an empty set of ids (`id = ANY (NULL)` folds to false)."""
     db.execute("INSERT INTO teams (name) VALUES ('t')")

@@ -19,7 +19,7 @@ import pytest
 
 from minutehand.store.errors import StaleLease
 from minutehand.store.records import JobSpec
-from tests.support import T0, claim, lease_all, make_store, pin
+from tests.support import T0, claim, lease_all, make_store, on_citus, pin
 
 TEAM = "racers"
 N_JOBS = 20_000
@@ -262,6 +262,10 @@ def test_two_dispatchers_racing_for_the_same_shards_split_them(db_dsn, dispatche
 
 
 def _waiting_on_locks(db: psycopg.Connection) -> int:
+    """Sessions waiting on a lock (on Citus they wait on a worker, and for the
+    coordinator on a client read: Citus lists those waits in citus_lock_waits)."""
+    if on_citus(db):
+        return db.execute("SELECT count(DISTINCT waiting_gpid) FROM citus_lock_waits").fetchone()[0]
     return db.execute("""SELECT count(*) FROM pg_stat_activity
                           WHERE datname = current_database() AND wait_event_type = 'Lock'""").fetchone()[0]
 

@@ -164,6 +164,9 @@ def test_a_quota_holds_across_two_dispatchers_and_one_killed(fleet: Fleet):
     count = """SELECT count(*) FILTER (WHERE t.name = 'capped' AND j.state IN ('claimed', 'running')),
                       count(*) FILTER (WHERE t.name = %s AND j.state IN ('scheduled', 'retrying'))
                  FROM jobs j JOIN teams t ON t.id = j.team_id"""
+    # The patience for 6,000 jobs of 0.1 s on 40 slots (15 s of work); a one-box
+    # Citus cluster is 2.5-4x slower, as in the chaos test below.
+    patience_s = 90.0 * (3 if on_citus(fleet.db) else 1)
     peak, samples, killed_at = 0, 0, None
     started = time.monotonic()
     while True:
@@ -174,7 +177,7 @@ def test_a_quota_holds_across_two_dispatchers_and_one_killed(fleet: Fleet):
         if killed_at is None and time.monotonic() - started > 4:
             dispatchers[0].kill()
             killed_at = time.monotonic()
-        assert time.monotonic() - started < 90, f"the other team's jobs still wait: {fleet.states()}\n{fleet.logs()}"
+        assert time.monotonic() - started < patience_s, f"the other team's jobs still wait: {fleet.states()}\n{fleet.logs()}"
         time.sleep(0.05)
     print(f"\ncapped team: at most {peak} running (quota {quota}) over {samples} samples while the other team "
           f"waited; q0 killed {killed_at - started:.1f} s in")

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 
 import psycopg
@@ -424,9 +425,10 @@ def test_a_finished_job_is_not_kept_for_its_beat():
 
 
 def test_a_job_whose_claim_was_lost_is_not_reported(db_dsn, live_store, token, db, caplog):
-    """The heartbeat is refused (the claim now has another token, as after an
-    expiry and a new claim elsewhere): the handler's result is dropped, the
-    job is left to its current claimer."""
+    """The claim is taken from the running job (another token, as after an
+    expiry and a new claim elsewhere): its start report or heartbeat is
+    refused, the handler's result is dropped, the job is left to its
+    current claimer."""
     server = start_server(db_dsn, "--claim-lease-s", "3")
     try:
         worker = Worker(urls=[server.url], token=token, wait_s=1, concurrency=1, grace_s=5)
@@ -434,7 +436,8 @@ def test_a_job_whose_claim_was_lost_is_not_reported(db_dsn, live_store, token, d
 
         @worker.job("stolen")
         def stolen(job):
-            db.execute("UPDATE jobs SET lease_token = gen_random_uuid() WHERE id = %s", (job.id,))
+            # (a token made here: Citus refuses a volatile function in the SET of a distributed table)
+            db.execute("UPDATE jobs SET lease_token = %s WHERE id = %s", (uuid.uuid4(), job.id))
             time.sleep(job.claim_s / 2 + 0.5)             # past the first heartbeat
             finished.set()
             return "should not be stored"
@@ -444,7 +447,11 @@ def test_a_job_whose_claim_was_lost_is_not_reported(db_dsn, live_store, token, d
             assert finished.wait(20)
             wait_until(lambda: any(r.getMessage() == "job_dropped" for r in caplog.records), 5, "job_dropped")
         st = live_store.status(job_id)
-        assert st.state == "claimed" and st.result is None
+        # Claimed, or running if the start report got in before the token changed
+        # (it races the handler), or waiting again (scheduled, or retrying if it
+        # had started) once the 3 s claim ran out (a Citus cluster on a busy box
+        # is that slow); never finished by this worker.
+        assert st.state in ("claimed", "running", "scheduled", "retrying") and st.result is None
         records = [r for r in caplog.records if getattr(r, "job_id", None) == job_id]
         assert "job_succeeded" not in [r.getMessage() for r in records]
         # Refused at its start report or at its first beat, whichever went first;

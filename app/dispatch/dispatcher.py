@@ -85,7 +85,7 @@ log = logging.getLogger(__name__)
 CHANNEL = "minutehand_due"
 MAX_SHARDS_PER_TEAM = 64        # a names-filtered waiter's claims per team in one round trip
 MAX_WAITERS_PER_ROUND = 32
-FILTERED_RECHECK_S = 1.0        # a shard found empty for a filter is tried again for it after this
+FILTERED_RECHECK_S = 1.0        # a shard found empty for a filter is tried again for it this long after the round
 RUNNING_READ_S = 0.25           # how often the jobs running per team are read (quota headroom)
 TERMS_READ_S = 2.0              # how often teams' quotas and weights are read
 # Behind a backlog (more than BACKLOG_ROWS due rows known and not claimed
@@ -177,7 +177,11 @@ class Dispatcher:
         self._read_at: dict[int, float] = {}      # shard -> when its whole edge was last read
         self._deferred: dict[int, float] = {}     # shard -> when to read it for a wake-up held back (BUSY_REREAD_S)
         self._refreshed_at = 0.0                  # when every shard's edge was last read
-        self._empty: dict[Filter, dict[int, float]] = {}   # filter -> {shard: when a claim for it came up short}
+        # filter -> {shard: (when the round whose claim for it came up short began, when to try again)}.
+        # The wait counts from the round's end: a round of many shards takes seconds on a
+        # busy Citus cluster, and counted from its start the wait would be over by then, so
+        # waiters whose names have nothing due would take every round from the others.
+        self._empty: dict[Filter, dict[int, tuple[float, float]]] = {}
         self._next_refresh = 0.0
         self._taken: list[Waiter] = []           # the waiters being served (put back if the round fails)
         # Quotas and rotation (dispatch thread only).
@@ -293,8 +297,11 @@ class Dispatcher:
         """Whether a claim of this filter found the shard empty since anything
         could have made its rows due: a wake-up, the minute turning, the
         shard's next run time coming (called holding the lock)."""
-        since = self._empty.get(filter_, {}).get(shard)
-        return (since is not None and now - since < FILTERED_RECHECK_S
+        mark = self._empty.get(filter_, {}).get(shard)
+        if mark is None:
+            return False
+        since, until = mark
+        return (now < until
                 and since >= self._woken_at.get(shard, 0.0) and since >= self._refreshed_at
                 and not since < self._due.get(shard, 0.0) <= now)
 
@@ -345,6 +352,9 @@ class Dispatcher:
             # only a claim that comes back short, and the shard is read again.)
             since = {s: dt.datetime.fromtimestamp(self._due[s] - 0.001, dt.timezone.utc)
                      for s in shards if self._due[s] > 0}
+            # Read from now on: behind a backlog, a wake-up while the read runs
+            # is held back from it, not answered by another read right after.
+            self._read_at.update((s, now) for s in shards if s not in since and self._index.of_shard.get(s))
             asked_at = self._generation
         if not shards:
             return
@@ -397,8 +407,8 @@ class Dispatcher:
             wake = min([t for t in self._due.values() if t > now] + [self._next_refresh]
                        + list(self._deferred.values()))
             if due and self._waiters:             # filters that found due shards empty look again
-                lapse = [m + FILTERED_RECHECK_S for f in {w.filter for w in self._waiters}
-                         for s, m in self._empty.get(f, {}).items() if s in due and m + FILTERED_RECHECK_S > now]
+                lapse = [until for f in {w.filter for w in self._waiters}
+                         for s, (_, until) in self._empty.get(f, {}).items() if s in due and until > now]
                 if lapse:
                     wake = min(wake, min(lapse))
             self._cond.wait(max(0.0, wake - now))
@@ -505,6 +515,7 @@ class Dispatcher:
             # Claimed, committed, and not handed out: back at once, attempts not counted.
             self.writer.later([Release(r["job_id"], r["lease_token"]) for rows in round_.got.values() for r in rows])
             raise
+        mark = (now, time.time() + FILTERED_RECHECK_S)
         with self._cond:
             for s in round_.recount:              # the rest of its edge stands until it is read again
                 if self._marked.get(s, -1) <= generation and s in self._leases:
@@ -513,7 +524,7 @@ class Dispatcher:
                 marks = self._empty.setdefault(f, {})
                 for s in found_empty:
                     if self._marked.get(s, -1) <= generation:
-                        marks[s] = now
+                        marks[s] = mark
             settled = []
             for w, jobs in answers:
                 if jobs or w.expired or id(w) in round_.failed:
@@ -525,7 +536,7 @@ class Dispatcher:
                 if not round_.asked[id(w)]:       # nothing its filter may take now: not before an event
                     marks = self._empty.setdefault(w.filter, {})
                     for s in (due if open_for[w.filter] is None else open_for[w.filter]):
-                        marks[s] = now
+                        marks[s] = mark
             self._taken = []
         settle(settled, on_gone=self._give_back)
 

@@ -12,7 +12,7 @@ import random
 import re
 import secrets
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any, TypeVar
@@ -665,22 +665,44 @@ class Store:
         """The statement once per item, in one round trip, each its own
         transaction (each_alone); the first row of each. An error is raised
         (after every item ran)."""
+        return [r[0] if r else None for r in self._each_or_raise(name, params)]
+
+    def take_leases(self, shards: Sequence[int], owner: str, ttl_s: float) -> dict[int, int]:
+        """Take or renew shard leases; {shard: epoch} for those now held.
+        One call (take_shard_leases) per Citus shard, all in one round trip,
+        each its own transaction (on plain PostgreSQL, one call)."""
+        params = [{"shards": part, "owner": owner, "ttl_s": ttl_s} for part in self._by_citus_shard(shards)]
+        held = {r["shard"]: r["epoch"] for rows in self._each_or_raise("take_shard_leases", params) for r in rows}
+        return {s: held[s] for s in shards if s in held}
+
+    def release_leases(self, leases: dict[int, int], owner: str) -> None:
+        """Give shards ({shard: epoch}) up at once."""
+        self._each_or_raise("release_shard_leases", [
+            {"shards": part, "owner": owner, "epochs": [leases[s] for s in part]}
+            for part in self._by_citus_shard(leases)])
+
+    def _by_citus_shard(self, shards: Iterable[int]) -> list[list[int]]:
+        """These logical shards in order, one list per Citus shard holding
+        them (on plain PostgreSQL, one list): a statement naming one list is
+        a router statement committed on one worker."""
+        groups = self._citus_groups()
+        parts: dict[int, list[int]] = {}
+        for s in sorted(shards):
+            parts.setdefault(groups.get(s, -1), []).append(s)
+        return [parts[k] for k in sorted(parts)]
+
+    def _each_or_raise(self, name: str, params: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+        """The statement once per item in one round trip, each its own
+        transaction (each_alone); every item's rows. An error is raised
+        (after every item ran)."""
+        if not params:
+            return []
         with self.connection() as conn:
             results = self.each_alone(conn, q(name), params)
         for r in results:
             if isinstance(r, Exception):
                 raise r
-        return [r[0] if r else None for r in results]
-
-    def take_leases(self, shards: Sequence[int], owner: str, ttl_s: float) -> dict[int, int]:
-        """Take or renew shard leases; {shard: epoch} for those now held."""
-        rows = self._pipelined("take_shard_lease", [{"shard": s, "owner": owner, "ttl_s": ttl_s} for s in shards])
-        return {s: r["epoch"] for s, r in zip(shards, rows) if r["epoch"] is not None}
-
-    def release_leases(self, leases: dict[int, int], owner: str) -> None:
-        """Give shards ({shard: epoch}) up at once."""
-        self._pipelined("release_shard_lease",
-                        [{"shard": s, "owner": owner, "epoch": e} for s, e in leases.items()])
+        return results
 
     def due_edges(self, shards: Sequence[int], since: dict[int, dt.datetime] | None = None
                   ) -> dict[int, tuple[list[EdgeCell], dt.datetime | None]]:

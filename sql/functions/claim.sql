@@ -31,6 +31,45 @@ BEGIN
     RETURN FOUND;
 END $$;
 
+-- take_shard_lease for several shards in one statement: (shard, epoch) of
+-- those now held. The dispatcher renews all its leases every fifth of a lease
+-- period; on Citus the store calls this once per Citus shard, so a renewal is
+-- a few router statements each committed in one phase on one worker, not a
+-- distributed transaction per logical shard (256 of them took longer than a
+-- short lease lasts on a busy cluster). The rows are locked in shard order
+-- first, so two dispatchers asking for overlapping shards queue, never deadlock.
+CREATE OR REPLACE FUNCTION take_shard_leases(p_shards int[], p_owner text, p_ttl_s real)
+RETURNS TABLE (shard int, epoch bigint)
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+DECLARE
+    v_now     timestamptz := mh_now();
+    v_expires timestamptz := v_now + make_interval(secs => p_ttl_s);
+BEGIN
+    PERFORM 1 FROM shards s WHERE s.shard = ANY (p_shards) ORDER BY s.shard FOR UPDATE;
+    RETURN QUERY
+    UPDATE shards s
+       SET owner = p_owner, lease_expires_at = v_expires,
+           epoch = CASE WHEN s.owner = p_owner AND s.lease_expires_at > v_now THEN s.epoch ELSE s.epoch + 1 END
+     WHERE s.shard = ANY (p_shards)
+       AND (s.owner IS NULL OR s.owner = p_owner OR s.lease_expires_at <= v_now)
+    RETURNING s.shard::int, s.epoch;
+END $$;
+
+-- release_shard_lease for several shards ({shard: epoch} as two arrays) in
+-- one statement; on Citus called once per Citus shard, as take_shard_leases.
+CREATE OR REPLACE FUNCTION release_shard_leases(p_shards int[], p_owner text, p_epochs bigint[]) RETURNS int
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+DECLARE
+    v_released int;
+BEGIN
+    PERFORM 1 FROM shards s WHERE s.shard = ANY (p_shards) ORDER BY s.shard FOR UPDATE;
+    UPDATE shards s SET owner = NULL, lease_expires_at = NULL
+     WHERE s.shard = ANY (p_shards) AND s.owner = p_owner
+       AND s.epoch = p_epochs[array_position(p_shards, s.shard::int)];
+    GET DIAGNOSTICS v_released = ROW_COUNT;
+    RETURN v_released;
+END $$;
+
 -- Why p_owner does not hold the current lease of a shard with epoch p_epoch
 -- (NULL: it does). PL/pgSQL: Citus cannot plan a SQL function's own
 -- parameterized statement over a distributed table.
