@@ -17,7 +17,6 @@ import signal
 import threading
 
 import psycopg
-import pytest
 
 from minutehand.serve import build
 from minutehand.settings import Settings

@@ -14,7 +14,7 @@ import threading
 import psycopg
 import pytest
 
-from minutehand.store.records import STATS_BOUNDS_S, Complete, Fail, JobSpec, Release, Start, Tally, quantile_bound
+from minutehand.store.records import STATS_BOUNDS_S, Complete, Fail, JobSpec, Release, Start, quantile_bound
 from tests.support import T0, claim, lease_all, pin
 
 pytestmark = pytest.mark.reused_db
