@@ -167,7 +167,7 @@ def test_outage_skip_drops_the_waiting_run_and_goes_on_at_the_next_fire_time(sto
 
 
 def test_skip_keeps_a_run_that_is_only_late_within_its_period(store, pinned_conn):
-    sid = submit(store, Repeat(every_s=60, misfire="skip"), due_at=T0)
+    submit(store, Repeat(every_s=60, misfire="skip"), due_at=T0)
     leases = lease_all(store)
     got = turn(store, leases, T0 + dt.timedelta(seconds=59))
     assert [j.due_at for j in got] == [T0]
