@@ -82,7 +82,8 @@ class Heartbeats:
         self._timer = asyncio.get_running_loop().call_later(max(0.0, when - time.monotonic()), self._tick)
 
     def _tick(self) -> None:
-        self._timer, self._timer_at = None, math.inf
+        # (-inf while the due entries are served: the timer is armed once, after)
+        self._timer, self._timer_at = None, -math.inf
         now = time.monotonic()
         while self._due and self._due[0][0] <= now:
             _, _, run = heapq.heappop(self._due)
@@ -91,6 +92,7 @@ class Heartbeats:
                 continue
             run.beat_entry = None
             self._beat(run, now)
+        self._timer_at = math.inf
         if self._due:
             self._arm(self._due[0][0])
 
