@@ -7,18 +7,8 @@
 -- old owner that wakes up holds a stale epoch and its claims are refused.
 CREATE OR REPLACE FUNCTION take_shard_lease(p_shard int, p_owner text, p_ttl_s real) RETURNS bigint
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
-DECLARE
-    v_now     timestamptz := mh_now();
-    v_expires timestamptz := v_now + make_interval(secs => p_ttl_s);
-    v_epoch   bigint;
 BEGIN
-    UPDATE shards s
-       SET owner = p_owner, lease_expires_at = v_expires,
-           epoch = CASE WHEN s.owner = p_owner AND s.lease_expires_at > v_now THEN s.epoch ELSE s.epoch + 1 END
-     WHERE s.shard = p_shard
-       AND (s.owner IS NULL OR s.owner = p_owner OR s.lease_expires_at <= v_now)
-    RETURNING s.epoch INTO v_epoch;
-    RETURN v_epoch;
+    RETURN (SELECT l.epoch FROM take_shard_leases(ARRAY[p_shard], p_owner, p_ttl_s) l);
 END $$;
 
 -- Give a shard up at once (a clean shutdown), so another takes it without
@@ -26,12 +16,10 @@ END $$;
 CREATE OR REPLACE FUNCTION release_shard_lease(p_shard int, p_owner text, p_epoch bigint) RETURNS boolean
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 BEGIN
-    UPDATE shards s SET owner = NULL, lease_expires_at = NULL
-     WHERE s.shard = p_shard AND s.owner = p_owner AND s.epoch = p_epoch;
-    RETURN FOUND;
+    RETURN release_shard_leases(ARRAY[p_shard], p_owner, ARRAY[p_epoch]) = 1;
 END $$;
 
--- take_shard_lease for several shards in one statement: (shard, epoch) of
+-- Leases on several shards in one statement: (shard, epoch) of
 -- those now held. The dispatcher renews all its leases every fifth of a lease
 -- period; on Citus the store calls this once per Citus shard, so a renewal is
 -- a few router statements each committed in one phase on one worker, not a
@@ -55,7 +43,7 @@ BEGIN
     RETURNING s.shard::int, s.epoch;
 END $$;
 
--- release_shard_lease for several shards ({shard: epoch} as two arrays) in
+-- Releases of several shards ({shard: epoch} as two arrays) in
 -- one statement; on Citus called once per Citus shard, as take_shard_leases.
 CREATE OR REPLACE FUNCTION release_shard_leases(p_shards int[], p_owner text, p_epochs bigint[]) RETURNS int
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
