@@ -5,7 +5,10 @@ for the fleet (admin) or one team; and its live fragment is what htmx
 reloads.
 
 The tests of this module share one clone of the migrated template, emptied
-before each test (teams 't' and 'u')."""
+before each test (teams 't' and 'u'). The clock is pinned (support.T0) for
+the app's store and the test's connection alike: with the real clock, a test
+that wrote "a minute ago" just before a minute's end would read it as two
+minutes ago."""
 from __future__ import annotations
 
 import re
@@ -14,7 +17,8 @@ import pytest
 from litestar.testing import TestClient
 
 from minutehand.store.records import STATS_BOUNDS_S
-from tests.admin_ui import set_tokens, sign_in, small_store, ui_app
+from tests.admin_ui import set_tokens, sign_in, ui_app
+from tests.support import make_store
 
 pytestmark = pytest.mark.reused_db
 
@@ -25,14 +29,14 @@ BUCKETS = len(STATS_BOUNDS_S) + 1
 
 @pytest.fixture(scope="module")
 def app(module_dsn):
-    store = small_store(module_dsn)
+    store = make_store(module_dsn)
     yield ui_app(store, ADMIN)
     store.close()
 
 
 @pytest.fixture
-def conn(db_dsn, module_conn):
-    return set_tokens(module_conn, {"u": TOKEN_U})
+def conn(pinned_conn):
+    return set_tokens(pinned_conn, {"u": TOKEN_U})
 
 
 def count(conn, team: str, minutes_ago: int, stripe: int, started: int, succeeded: int, failed: int, dead: int,
