@@ -111,7 +111,17 @@ def dead_job(store: Store, team: str = "t", name: str = "job", owner: str = "tes
     [c] = [c for c in claim_shards(store, leases, 100, owner).jobs if c.job_id == job_id]
     assert store.fail([Fail(job_id, c.lease_token, "boom")])[0].state == "dead"
     store.release_leases(leases, owner)
+    # An event goes out once every transaction begun before it has ended (so
+    # none commits an older event after it): on Citus the fixtures' clone of
+    # the next test's database is such a transaction, for seconds.
+    wait_until(lambda: deliverable(store, team), what=f"team {team}'s event to be deliverable")
     return job_id
+
+
+def deliverable(store: Store, team: str) -> bool:
+    with store.connection() as conn:
+        return conn.execute("SELECT EXISTS (SELECT FROM teams t, mh_events_after(t.id, '0'::xid8, 0, 1) "
+                            "WHERE t.name = %s) AS ok", (team,)).fetchone()["ok"]
 
 
 @pytest.fixture
