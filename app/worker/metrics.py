@@ -24,9 +24,17 @@ JOB_SECONDS = Histogram("minutehand_worker_job_seconds", "From the job's arrival
 BUSY = Gauge("minutehand_worker_jobs_running", "Jobs this worker holds now (running, or done and reporting)")
 
 
+# The labelled series by (name, outcome), looked up once: labels() per job
+# costs more than the increment.
+_series: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
+
+
 def record(name: str, outcome: str, seconds: float) -> None:
-    JOBS.labels(name, outcome).inc()
-    JOB_SECONDS.labels(name).observe(seconds)
+    series = _series.get((name, outcome))
+    if series is None:
+        series = _series[name, outcome] = (JOBS.labels(name, outcome), JOB_SECONDS.labels(name))
+    series[0].inc()
+    series[1].observe(seconds)
 
 
 class MetricsServer:
