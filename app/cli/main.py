@@ -267,9 +267,9 @@ def collect_seldom() -> None:
     of thousands of live objects (jobs in flight, their tasks, timers and
     futures), and CPython's default collector (every 700 allocations) walks
     the young ones so often that it took a third to a half of a worker's CPU
-    per job (ops/bench/README.md, "Sustained"). Collect every 50,000 allocations, the older
-    generations more seldom still, and keep what start-up made (modules,
-    settings) out of the full collections."""
+    per job (ops/bench/README.md, "Sustained"). Collect every 50,000
+    allocations, the older generations more seldom still, and keep what
+    start-up made (modules, settings) out of the full collections."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
