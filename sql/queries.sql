@@ -35,7 +35,8 @@ SELECT set_config('synchronous_commit', 'off', true)
 
 -- name: due_edges
 -- What some shards have due now (since: per shard, only what came due by
--- the clock since then; NULL: all), per shard, bucket, class and team, and
+-- the clock since then; NULL: all), per shard, bucket, class and team (cap:
+-- counted up to that many rows a cell; NULL: all), and
 -- for each shard one row (team_id NULL) saying when it next has more. A run
 -- time before year 1 (a row written around the procedures) reads as year 1:
 -- due, so the claim reaches that job and fails it alone, and the reader can
@@ -45,7 +46,7 @@ SELECT shard, bucket, strict, priority, team_id, due,
            AS oldest,
        CASE WHEN next_at < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'::timestamptz ELSE next_at END
            AS next_at
-  FROM due_edges(%(shards)s::int[], %(since)s::timestamptz[])
+  FROM due_edges(%(shards)s::int[], %(since)s::timestamptz[], %(cap)s::int)
 
 -- name: team_terms
 -- Every team's quota and weight, for sharing capacity between them.

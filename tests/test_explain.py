@@ -392,6 +392,39 @@ def test_due_edge_reads_only_the_hand_current_and_next_buckets(conn, layout):
         assert locked_due_relations(conn) - {layout["prev"], layout["cur"], nxt} == set()
 
 
+def test_a_capped_read_of_a_backlog_reads_per_cell_not_per_row(conn, layout):
+    """Behind a backlog (20,000 rows due on four shards, in 48 cells of
+    class and team) a read capped at 10 rows a cell reads about that many
+    entries of the claim index a cell, plus one descent to find each cell;
+    the whole count reads every row."""
+    shards = [1, 2, 3, 4]
+
+    def index_entries(cap: int | None) -> tuple[int, int]:
+        """(rows the read returned in all, index entries its scans of the current bucket returned)."""
+        with AutoExplain(conn) as ae:
+            due = conn.execute("SELECT sum(due) FROM due_edges(%s, %s, %s)",
+                               (shards, [None] * len(shards), cap)).fetchone()[0]
+        read = sum(n.get("Actual Rows", 0) * n.get("Actual Loops", 1) for n in ae.nodes_on(layout["cur"])
+                   if "Index" in n["Node Type"])
+        return due, read
+
+    with conn.transaction(force_rollback=True):
+        conn.execute("UPDATE shards SET hand = %s WHERE shard = ANY (%s)", (PREV, shards))
+        conn.execute("DELETE FROM due_minutes WHERE shard = ANY (%s)", (shards,))
+        conn.execute("""INSERT INTO due_minutes (slot, shard, strict, priority, run_at, job_id, team_id)
+                        SELECT mh_minute_slot(%(cur)s), 1 + i %% 4, (i / 4) %% 2 = 0, (i / 8) %% 2 * 5,
+                               %(cur)s + (i %% 30) * interval '1 second', -i, 1 + (i / 16) %% 3
+                          FROM generate_series(1, 20000) i""", {"cur": CUR})
+        cells = conn.execute("SELECT count(*) FROM (SELECT DISTINCT shard, strict, priority, team_id "
+                             "FROM due_minutes WHERE shard = ANY (%s)) c", (shards,)).fetchone()[0]
+        whole, whole_read = index_entries(None)
+        capped, capped_read = index_entries(10)
+    assert cells == 4 * 2 * 2 * 3                  # shards x strict or not x priorities x teams
+    assert whole == 20_000 and whole_read >= 20_000
+    assert capped == 10 * cells
+    assert capped_read <= cells * (10 + 4), (cells, capped_read)
+
+
 def test_the_edges_of_all_shards_read_together_touch_four_buckets(conn, layout):
     """due_edges, the dispatcher's summary of every shard in one statement:
     with the hands a minute behind (or two, just after the minute turned),

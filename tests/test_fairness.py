@@ -15,6 +15,7 @@ import time
 from collections import Counter
 
 import psycopg
+import pytest
 
 from minutehand.dispatch import dispatcher, fairness
 from minutehand.dispatch.fairness import Budget, DueIndex
@@ -175,9 +176,9 @@ def test_behind_a_backlog_wake_ups_do_not_count_every_shard_again_at_each_submit
     reads: Counter = Counter()
     read_edges = s.due_edges
 
-    def counting(shards, since=None):
+    def counting(shards, since=None, cap=None):
         reads.update(sh for sh in shards if not since or sh not in since)
-        return read_edges(shards, since)
+        return read_edges(shards, since, cap)
 
     try:
         deadline = time.monotonic() + 20
@@ -344,6 +345,75 @@ def test_a_look_since_a_time_counts_only_what_came_due_since(db_dsn):
         s.close()
     assert sum(c.due for cells, _ in full.values() for c in cells) == 80
     assert sum(c.due for cells, _ in since.values() for c in cells) == 40
+
+
+def test_a_capped_read_counts_each_cell_up_to_the_cap_from_its_oldest(db_dsn, db):
+    """With a cap, every cell a whole read finds is there, counted up to the
+    cap, with its true oldest run time (the cells found by skipping through
+    the claim index: next team, next priority, next strictness), for whole
+    reads and reads since a time; cells whose rows are not due yet are not
+    cells. A cap below 1 is refused, and nothing moves."""
+    cur = T0.replace(second=0)
+    s = make_store(db_dsn, clock=cur)
+    try:
+        for team in ("a", "b", "c", "later"):
+            s.create_team(team)
+        for team, n in (("a", 9), ("b", 2), ("c", 5)):
+            for strict in (True, False):
+                for priority in (0, 7):
+                    s.submit_many(team, [JobSpec(name="x", due_at=T0 - dt.timedelta(seconds=1 + k),
+                                                 strict=strict, priority=priority) for k in range(n)] * 30)
+        s.submit_many("later", [JobSpec(name="x", due_at=T0 + dt.timedelta(seconds=20), strict=True)] * 300)
+    finally:
+        s.close()
+    shards = list(range(256))
+    pin(db, T0)
+
+    def cells(since: dict, cap: int | None) -> dict:
+        with db.transaction(force_rollback=True):
+            return {tuple(r[:5]): (r[5], r[6]) for r in db.execute(
+                "SELECT * FROM due_edges(%s, %s, %s) WHERE team_id IS NOT NULL",
+                (shards, [since.get(sh) for sh in shards], cap)).fetchall()}
+
+    for since in ({}, {sh: T0 - dt.timedelta(seconds=4) for sh in shards if sh % 2}):
+        whole = cells(since, None)
+        assert len({(k[2], k[3], k[4]) for k in whole}) == 12        # 3 teams x strict or not x 2 priorities
+        for cap in (1, 3, 1000):
+            assert cells(since, cap) == {k: (min(due, cap), oldest) for k, (due, oldest) in whole.items()}
+    assert max(due for due, _ in whole.values()) > 3
+    assert len({oldest for _, oldest in whole.values()}) > 3
+    with db.transaction(force_rollback=True):
+        hands = db.execute("SELECT shard, hand FROM shards ORDER BY shard").fetchall()
+        with pytest.raises(psycopg.Error) as refused:
+            db.execute("SELECT * FROM due_edges(%s, %s, 0)", (shards, [None] * 256))
+    assert refused.value.sqlstate == "MH400"
+    assert db.execute("SELECT shard, hand FROM shards ORDER BY shard").fetchall() == hands
+
+
+def test_a_backlog_far_above_the_caps_goes_out_whole_counted_a_cap_at_a_time(db_dsn):
+    """25,600 rows of one cell over the shards (about 100 a shard, the cap
+    32): no read counts more than the cap a cell, and claiming a capped cell
+    down reads its shard again, so every job goes out, exactly once."""
+    s = make_store(db_dsn, clock=None)
+    s.create_team("t")
+    want = set(submit(s, "t", 25_600, due_at=just_due()))
+    d = started_dispatcher(s)
+    counted: list[int] = []
+    read_edges = s.due_edges
+
+    def counting(shards, since=None, cap=None):
+        edges = read_edges(shards, since, cap)
+        counted.extend(c.due for cells, _ in edges.values() for c in cells)
+        return edges
+
+    s.due_edges = counting
+    try:
+        got = [int(j.job_id) for j in asyncio.run(lease_until(d, len(want), capacity=500))]
+    finally:
+        d.stop()
+        s.close()
+    assert len(got) == len(set(got)) and set(got) == want
+    assert max(counted) == dispatcher.EDGE_CAP_MIN == 32 < len(want) / 256
 
 
 def test_the_edges_of_many_shards_read_together_are_each_shards_own(db_dsn, db):

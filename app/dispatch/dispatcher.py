@@ -25,7 +25,8 @@ read again when:
 - the minute turns (every shard: the wheel moved a bucket on), or the shard
   was just leased,
 - a claim came back with fewer rows than the edge promised (cancelled jobs,
-  another claimer).
+  another claimer), or took a cell whose count the read capped (EDGE_CAP_MIN)
+  down to nothing.
 It sleeps until the earliest of these, never polling empty buckets.
 
 Quotas: a team's quota is shared between the dispatchers by the fraction of
@@ -96,6 +97,12 @@ TERMS_READ_S = 2.0              # how often teams' quotas and weights are read
 # the backlog a wake-up reads at once (rotation between teams is exact).
 BACKLOG_ROWS = 10_000
 BUSY_REREAD_S = 0.5
+# A read counts each cell's due rows up to a cap (the oldest): enough over
+# all the shards for two full waiters of one class and team, at least
+# EDGE_CAP_MIN. So behind a backlog (a million rows due at midnight, or
+# arrivals outrunning the workers) a read costs per cell, not per waiting
+# row; a shard is read again once a capped cell of it is claimed down.
+EDGE_CAP_MIN = 32
 
 # What a waiter takes: (job names, teams); None for either means any.
 Filter = tuple[tuple[str, ...] | None, tuple[str, ...] | None]
@@ -283,7 +290,7 @@ class Dispatcher:
         with self._cond:
             self._generation += 1
             woken = time.time()
-            behind = sum(self._index.totals.values()) > BACKLOG_ROWS
+            behind = bool(self._index.capped) or sum(self._index.totals.values()) > BACKLOG_ROWS
             for s in (self._leases if shards is None else shards & self._leases.keys()):
                 if behind and self._index.of_shard.get(s) and woken - self._read_at.get(s, 0.0) < BUSY_REREAD_S:
                     self._deferred.setdefault(s, self._read_at[s] + BUSY_REREAD_S)
@@ -358,7 +365,8 @@ class Dispatcher:
             asked_at = self._generation
         if not shards:
             return
-        edges = self.store.due_edges(shards, since)
+        cap = max(EDGE_CAP_MIN, math.ceil(2 * self.settings.dispatch_batch / max(1, len(self._leases))))
+        edges = self.store.due_edges(shards, since, cap)
         with self._cond:
             for s, (cells, next_at) in edges.items():
                 if s not in self._leases:
@@ -366,9 +374,9 @@ class Dispatcher:
                 cells_ = {((c.bucket.timestamp(), c.strict, c.priority), c.team_id): [c.due, c.oldest.timestamp()]
                           for c in cells}
                 if s in since:
-                    self._index.add_to_shard(s, cells_)
+                    self._index.add_to_shard(s, cells_, cap)
                 else:
-                    self._index.set_shard(s, cells_)
+                    self._index.set_shard(s, cells_, cap)
                     self._read_at[s] = now
                 # A wake-up that came while the query ran is newer than its answer.
                 if self._marked.get(s, -1) > asked_at:
@@ -607,7 +615,8 @@ class Dispatcher:
                     came[_class(row), row["team_id"]] += 1
                 for key, n in cells.items():
                     # Short without a names filter: none left there.
-                    self._index.take(r.shard, key, came[key], gone=came[key] < n and r.names is None)
+                    if self._index.take(r.shard, key, came[key], gone=came[key] < n and r.names is None):
+                        round_.recount.add(r.shard)   # claimed down to its cap: more may wait
                     if came[key] < n:             # read it again; for these names, nothing here
                         round_.recount.add(r.shard)
                         if r.names is not None:

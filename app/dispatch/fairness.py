@@ -44,28 +44,37 @@ class DueIndex:
     [rows due, oldest run time], with each (class, team)'s total, kept as
     edges are read and counted down, so that planning a round costs in
     proportion to the classes and teams waiting and the shards it takes
-    from, not to every cell of every shard."""
+    from, not to every cell of every shard.
+
+    A read may count a cell only up to a cap (its oldest rows): such a cell
+    is `capped`, and take() says when it has been claimed down, so that
+    the shard is read again."""
 
     def __init__(self) -> None:
         self.cells: dict[tuple[Class, int], dict[int, list[float]]] = {}
         self.totals: dict[tuple[Class, int], int] = {}
         self.of_shard: dict[int, set[tuple[Class, int]]] = {}
+        self.capped: set[tuple[int, tuple[Class, int]]] = set()    # (shard, cell): more due than counted
 
-    def set_shard(self, shard: int, cells: dict[tuple[Class, int], list[float]]) -> None:
-        """A shard's edge as just read."""
+    def set_shard(self, shard: int, cells: dict[tuple[Class, int], list[float]], cap: int | None = None) -> None:
+        """A shard's edge as just read (each cell counted up to cap rows)."""
         self.remove_shard(shard)
         for key, (due, oldest) in cells.items():
             if due > 0:
                 self.cells.setdefault(key, {})[shard] = [due, oldest]
                 self.totals[key] = self.totals.get(key, 0) + int(due)
+                if cap is not None and due >= cap:
+                    self.capped.add((shard, key))
         if cells:
             self.of_shard[shard] = {k for k, (due, _) in cells.items() if due > 0}
 
-    def add_to_shard(self, shard: int, cells: dict[tuple[Class, int], list[float]]) -> None:
+    def add_to_shard(self, shard: int, cells: dict[tuple[Class, int], list[float]], cap: int | None = None) -> None:
         """Rows that came due on a shard since its edge was read."""
         for key, (due, oldest) in cells.items():
             if due <= 0:
                 continue
+            if cap is not None and due >= cap:
+                self.capped.add((shard, key))
             on = self.cells.setdefault(key, {})
             if shard in on:
                 on[shard][0] += due
@@ -79,19 +88,23 @@ class DueIndex:
         for key in self.of_shard.pop(shard, ()):
             self._drop(shard, key)
 
-    def take(self, shard: int, key: tuple[Class, int], n: int, gone: bool = False) -> None:
-        """n rows of the cell were claimed (gone: none is left there)."""
+    def take(self, shard: int, key: tuple[Class, int], n: int, gone: bool = False) -> bool:
+        """n rows of the cell were claimed (gone: none is left there).
+        Whether the shard should be read again: a capped cell ran out."""
         cell = self.cells.get(key, {}).get(shard)
         if cell is None:
-            return
+            return False
         if gone or cell[0] <= n:
+            more = (shard, key) in self.capped and not gone
             self._drop(shard, key)
             self.of_shard.get(shard, set()).discard(key)
-        else:
-            cell[0] -= n
-            self.totals[key] -= n
+            return more
+        cell[0] -= n
+        self.totals[key] -= n
+        return False
 
     def _drop(self, shard: int, key: tuple[Class, int]) -> None:
+        self.capped.discard((shard, key))
         shards = self.cells.get(key)
         if shards is None or shard not in shards:
             return

@@ -704,15 +704,16 @@ class Store:
                 raise r
         return results
 
-    def due_edges(self, shards: Sequence[int], since: dict[int, dt.datetime] | None = None
+    def due_edges(self, shards: Sequence[int], since: dict[int, dt.datetime] | None = None, cap: int | None = None
                   ) -> dict[int, tuple[list[EdgeCell], dt.datetime | None]]:
         """Per shard, in one statement (due_edges): its cells due now (for the
         shards in `since`, only the rows that came due by the clock since
-        then), and the next run time in its current and next buckets (None: none)."""
+        then; each counted up to `cap` rows, None: all), and the next run
+        time in its current and next buckets (None: none)."""
         since = since or {}
         shards = list(shards)
         edges: dict[int, tuple[list[EdgeCell], dt.datetime | None]] = {s: ([], None) for s in shards}
-        rows = self._all("due_edges", {"shards": shards, "since": [since.get(s) for s in shards]})
+        rows = self._all("due_edges", {"shards": shards, "since": [since.get(s) for s in shards], "cap": cap})
         for r in rows:
             shard, next_at = r.pop("shard"), r.pop("next_at")
             if r["team_id"] is None:               # the row that says when more comes due

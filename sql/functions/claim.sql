@@ -595,8 +595,13 @@ END $$;
 -- is one multi-shard read each instead of a router statement per shard and
 -- bucket. On Citus, which plans no correlated read of a distributed table
 -- from unnest(), the next run times and the empty buckets are read grouped
--- by shard over `shard = ANY`; counts group by shard on both.
-CREATE OR REPLACE FUNCTION due_edges(p_shards int[], p_since timestamptz[])
+-- by shard over `shard = ANY`.
+-- With p_cap, a cell's count stops at p_cap rows (its oldest): behind a
+-- backlog a read costs per cell, not per waiting row, and the dispatcher
+-- reads a shard again once it has claimed a capped cell down. On Citus,
+-- where counts group by shard, every due row is still read (the count is
+-- capped after).
+CREATE OR REPLACE FUNCTION due_edges(p_shards int[], p_since timestamptz[], p_cap int DEFAULT NULL)
 RETURNS TABLE (shard int, bucket timestamptz, strict boolean, priority smallint, team_id int, due int,
                oldest timestamptz, next_at timestamptz)
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
@@ -618,6 +623,9 @@ BEGIN
     IF cardinality(p_since) IS DISTINCT FROM cardinality(p_shards) THEN
         RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = 'due_edges needs one since (or NULL) per shard';
     END IF;
+    IF p_cap < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = 'due_edges counts at least 1 row per cell, or all (NULL)';
+    END IF;
     -- Each shard's hand as mh_hand gives it (never behind the sweep line),
     -- and where its read starts (a read since a time: that time's bucket).
     SELECT array_agg(x.shard ORDER BY x.shard), array_agg(greatest(x.hand, mh_minute(coalesce(x.since, x.hand))) ORDER BY x.shard),
@@ -631,17 +639,54 @@ BEGIN
     END IF;
     v_bucket := (SELECT min(t) FROM unnest(v_starts) t);
     WHILE v_bucket <= v_cur LOOP
-        RETURN QUERY EXECUTE format(
+        RETURN QUERY EXECUTE format(CASE WHEN v_citus THEN
             $f$SELECT x.shard, $4, d.strict, d.priority, d.team_id, d.due, d.oldest, NULL::timestamptz
                  FROM unnest($1::int[], $2::timestamptz[], $3::timestamptz[]) AS x(shard, start, since)
                 CROSS JOIN LATERAL (
-                      SELECT c.strict, c.priority, c.team_id, count(*)::int AS due, min(c.run_at) AS oldest
-                        FROM %I c
+                      SELECT c.strict, c.priority, c.team_id, least(count(*), $6)::int AS due, min(c.run_at) AS oldest
+                        FROM %1$I c
                        WHERE c.shard = x.shard AND c.run_at <= $5 AND (x.since IS NULL OR c.run_at >= x.since)
                        GROUP BY c.shard, c.strict, c.priority, c.team_id) d
-                WHERE x.start <= $4$f$,
+                WHERE x.start <= $4$f$
+          ELSE
+            -- Each shard's cells found by skipping through the claim index
+            -- (one descent per cell: the next team, else the next priority,
+            -- else the next strictness), then each cell's due rows counted
+            -- oldest first up to the cap.
+            $f$SELECT x.shard, $4, d.strict, d.priority, d.team_id, d.due, d.oldest, NULL::timestamptz
+                 FROM unnest($1::int[], $2::timestamptz[], $3::timestamptz[]) AS x(shard, start, since)
+                CROSS JOIN LATERAL (
+                      WITH RECURSIVE cell AS (
+                          (SELECT c.strict, c.priority, c.team_id FROM %1$I c WHERE c.shard = x.shard
+                            ORDER BY c.strict DESC, c.priority DESC, c.team_id LIMIT 1)
+                        UNION ALL
+                          SELECT n.strict, n.priority, n.team_id
+                            FROM cell p CROSS JOIN LATERAL (
+                                  (SELECT c.strict, c.priority, c.team_id FROM %1$I c
+                                    WHERE c.shard = x.shard AND c.strict = p.strict AND c.priority = p.priority
+                                      AND c.team_id > p.team_id
+                                    ORDER BY c.team_id LIMIT 1)
+                                  UNION ALL
+                                  (SELECT c.strict, c.priority, c.team_id FROM %1$I c
+                                    WHERE c.shard = x.shard AND c.strict = p.strict AND c.priority < p.priority
+                                    ORDER BY c.priority DESC, c.team_id LIMIT 1)
+                                  UNION ALL
+                                  (SELECT c.strict, c.priority, c.team_id FROM %1$I c
+                                    WHERE c.shard = x.shard AND c.strict < p.strict
+                                    ORDER BY c.strict DESC, c.priority DESC, c.team_id LIMIT 1)
+                                  LIMIT 1) n)
+                      SELECT p.strict, p.priority, p.team_id, k.due, k.oldest
+                        FROM cell p CROSS JOIN LATERAL (
+                              SELECT count(*)::int AS due, min(r.run_at) AS oldest
+                                FROM (SELECT c.run_at FROM %1$I c
+                                       WHERE c.shard = x.shard AND c.strict = p.strict AND c.priority = p.priority
+                                         AND c.team_id = p.team_id
+                                         AND c.run_at <= $5 AND c.run_at >= coalesce(x.since, '-infinity')
+                                       ORDER BY c.run_at LIMIT $6) r) k
+                       WHERE k.due > 0) d
+                WHERE x.start <= $4$f$ END,
             mh_minute_part(mh_minute_slot(v_bucket)))
-          USING v_shards, v_starts, v_since, v_bucket, v_now;
+          USING v_shards, v_starts, v_since, v_bucket, v_now, p_cap;
         v_bucket := v_bucket + interval '1 minute';
     END LOOP;
     RETURN QUERY EXECUTE format(CASE WHEN v_citus THEN
