@@ -71,6 +71,18 @@ def test_within_a_class_the_shard_with_the_oldest_rows_goes_first_whatever_was_r
     assert [(t.shard, t.n) for t in fairness.plan(600, index, {1: Budget(1, BIG)}, {})] == [(7, 500), (3, 100)]
 
 
+def test_a_capped_cell_claimed_down_asks_for_its_shard_to_be_read_again():
+    index = DueIndex()
+    index.set_shard(1, {(P0, 1): [32, 5.0], (P0, 2): [3, 6.0]}, cap=32)
+    assert not index.take(1, (P0, 1), 30)
+    assert not index.take(1, (P0, 2), 3)          # counted whole: nothing more there
+    assert index.take(1, (P0, 1), 2)              # counted up to the cap: more may wait
+    assert not index.capped and not index.due_shards()
+    index.add_to_shard(2, {(P0, 1): [40, 1.0]}, cap=32)
+    index.remove_shard(2)
+    assert not index.capped
+
+
 def test_quota_first_then_capacity_is_lent():
     e = edges((1, P0, 1, 1000), (2, P0, 2, 1000))
     budgets = {1: Budget(1, 80), 2: Budget(1, 20)}

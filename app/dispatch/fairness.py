@@ -95,7 +95,7 @@ class DueIndex:
         if cell is None:
             return False
         if gone or cell[0] <= n:
-            more = (shard, key) in self.capped and not gone
+            more = (shard, key) in self.capped
             self._drop(shard, key)
             self.of_shard.get(shard, set()).discard(key)
             return more
