@@ -185,7 +185,7 @@ DECLARE
     s       int;
     s2      int;
 BEGIN
-    IF p_name IS NULL OR p_name !~ '^[A-Za-z0-9_.:/-]{1,200}$' THEN
+    IF NOT mh_name_ok(p_name) THEN
         RAISE EXCEPTION USING ERRCODE = 'MH400',
             MESSAGE = 'name must be 1 to 200 characters from letters, digits and _ . : / -';
     END IF;

@@ -304,7 +304,7 @@ DECLARE
     v_team int := CASE WHEN p_team IS NULL THEN 0 ELSE mh_team_id(p_team) END;
     v_now  timestamptz := mh_now();
 BEGIN
-    IF p_name IS NOT NULL AND p_name !~ '^[A-Za-z0-9_.:/-]{1,200}$' THEN
+    IF p_name IS NOT NULL AND NOT mh_name_ok(p_name) THEN
         RAISE EXCEPTION USING ERRCODE = 'MH400',
             MESSAGE = 'job name must be 1 to 200 characters from letters, digits and _ . : / -';
     END IF;

@@ -21,6 +21,13 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT interval '24 hours' $$;
 -- be stored by PostgreSQL but not read by Python or most clients.
 CREATE OR REPLACE FUNCTION mh_earliest_due() RETURNS timestamptz
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT timestamptz '2000-01-01 00:00:00+00' $$;
+-- Whether a job name is 1 to 200 characters from letters, digits and _ . : / -
+-- (false for NULL). Not written as '^[...]{1,200}$': PostgreSQL's regex
+-- engine unrolls the bound, and a batch paid ~25 us a job for it (~1 us so).
+CREATE OR REPLACE FUNCTION mh_name_ok(p_name text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT p_name IS NOT NULL AND length(p_name) BETWEEN 1 AND 200 AND p_name !~ '[^A-Za-z0-9_.:/-]'
+$$;
 
 -- NULL when acceptable, else a reason a person can act on. (The problem
 -- functions are STABLE, as format() is, so that they are inlined into the
@@ -52,7 +59,7 @@ CREATE OR REPLACE FUNCTION mh_job_problem(p_name text, p_due_at timestamptz, p_p
                                           p_backoff_cap_s real, p_key text, p_now timestamptz) RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT CASE
-        WHEN p_name IS NULL OR p_name !~ '^[A-Za-z0-9_.:/-]{1,200}$'
+        WHEN NOT mh_name_ok(p_name)
             THEN 'name must be 1 to 200 characters from letters, digits and _ . : / -'
         WHEN mh_due_problem('due time', p_due_at, p_now) IS NOT NULL THEN mh_due_problem('due time', p_due_at, p_now)
         WHEN p_priority IS NULL OR p_priority NOT BETWEEN -100 AND 100 THEN 'priority must be between -100 and 100'
