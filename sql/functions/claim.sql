@@ -651,8 +651,10 @@ BEGIN
           ELSE
             -- Each shard's cells found by skipping through the claim index
             -- (one descent per cell: the next team, else the next priority,
-            -- else the next strictness), then each cell's due rows counted
-            -- oldest first up to the cap.
+            -- else the next strictness; none past the shard's last cell,
+            -- found by one descent from the end, as most shards have one
+            -- cell), then each cell's due rows counted oldest first up to
+            -- the cap.
             $f$SELECT x.shard, $4, d.strict, d.priority, d.team_id, d.due, d.oldest, NULL::timestamptz
                  FROM unnest($1::int[], $2::timestamptz[], $3::timestamptz[]) AS x(shard, start, since)
                 CROSS JOIN LATERAL (
@@ -674,7 +676,10 @@ BEGIN
                                   (SELECT c.strict, c.priority, c.team_id FROM %1$I c
                                     WHERE c.shard = x.shard AND c.strict < p.strict
                                     ORDER BY c.strict DESC, c.priority DESC, c.team_id LIMIT 1)
-                                  LIMIT 1) n)
+                                  LIMIT 1) n
+                           WHERE (p.strict, p.priority, p.team_id) <>
+                                 (SELECT c.strict, c.priority, c.team_id FROM %1$I c WHERE c.shard = x.shard
+                                   ORDER BY c.strict, c.priority, c.team_id DESC LIMIT 1))
                       SELECT p.strict, p.priority, p.team_id, k.due, k.oldest
                         FROM cell p CROSS JOIN LATERAL (
                               SELECT count(*)::int AS due, min(r.run_at) AS oldest
