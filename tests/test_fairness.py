@@ -427,6 +427,97 @@ def test_a_backlog_far_above_the_caps_goes_out_whole_counted_a_cap_at_a_time(db_
     assert max(counted) == dispatcher.EDGE_CAP_MIN == 32 < len(want) / 256
 
 
+def _wake_ups(conn: psycopg.Connection) -> list[str]:
+    """The payloads of the NOTIFYs on the dispatchers' channel that have come."""
+    return [n.payload for n in conn.notifies(timeout=0.5)]
+
+
+def test_a_bulk_submission_wakes_the_dispatchers_with_its_due_rows_counted(db_dsn, db):
+    """mh_enqueue_many's wake-up: each shard's rows due now, counted by
+    class and team with the oldest, as a read would find them; a shard that
+    got rows due later in the minute only named (read then); one per call
+    even when two calls of a transaction would say the same; and over
+    NOTIFY's limit, the shards only."""
+    s = make_store(db_dsn, clock=T0)
+    s.create_team("t")
+    later = T0 + dt.timedelta(seconds=20)
+    with psycopg.connect(db_dsn, autocommit=True) as listener:
+        listener.execute(f"LISTEN {dispatcher.CHANNEL}")
+        try:
+            s.submit_many("t", [JobSpec(name="x", due_at=T0 - dt.timedelta(seconds=5), priority=p % 3,
+                                        strict=p % 2 == 0) for p in range(300)]
+                               + [JobSpec(name="x", due_at=later, strict=True)])
+            due_now = s.due_edges(list(range(256)))
+        finally:
+            s.close()
+        shards: set[int] = set()
+        cells: dict = {}
+        payloads = _wake_ups(listener)
+        assert len(payloads) == 1
+        dispatcher._parse_wake_up(payloads[0], shards, cells)
+        read = {(sh, ((c.bucket.timestamp(), c.strict, c.priority), c.team_id)): (c.due, c.oldest.timestamp())
+                for sh, (edge, _) in due_now.items() for c in edge}
+        counted = {(sh, key): (n, oldest) for sh, on in cells.items() for key, (n, oldest) in on.items()}
+        assert sum(n for n, _ in counted.values()) == 300
+        assert counted.keys() == read.keys()
+        for key, (n, oldest) in counted.items():
+            assert n == read[key][0] and oldest == pytest.approx(read[key][1], abs=0.001), key
+        later_shard = db.execute("SELECT shard FROM due_minutes WHERE run_at = %s", (later,)).fetchone()[0]
+        assert shards == {later_shard}
+
+        # Two calls of one transaction with the same rows due now: two wake-ups.
+        rows = "ARRAY[ROW(7::smallint, false, 0::smallint, %(t)s::timestamptz, %(id)s::bigint, 1)::due_row]"
+        with db.transaction():
+            for job_id in (-1, -2):
+                db.execute(f"SELECT mh_enqueue_many({rows}, %(t)s)", {"t": T0, "id": job_id})
+        twice = [dispatcher._parse_wake_up(p, set(), got := {}) or got for p in _wake_ups(listener)]
+        bucket = T0.replace(second=0, microsecond=0).timestamp()
+        assert twice == [{7: {((bucket, False, 0), 1): [1, T0.timestamp()]}}] * 2
+
+        # Too many cells for one NOTIFY: the shards are named, and read.
+        many = db.execute("""SELECT array_agg(ROW(g %% 256, false, 0, %(t)s::timestamptz, -1000 - g, 1 + g / 256)::due_row)
+                               FROM generate_series(0, 1023) g""", {"t": T0}).fetchone()[0]
+        with db.transaction():
+            db.execute("SELECT mh_enqueue_many(%s::due_row[], %s)", (many, T0))
+        payloads = _wake_ups(listener)
+        shards, cells = set(), {}
+        for p in payloads:
+            dispatcher._parse_wake_up(p, shards, cells)
+        assert shards == set(range(256)) and cells == {}
+
+
+def test_counted_wake_ups_reach_a_waiting_worker_with_no_read_of_their_shards(db_dsn):
+    """Jobs trickling in over most shards: the dispatcher adds the rows each
+    wake-up counted to what it knows and claims them, without reading the
+    shards' edges again (a read of hundreds of shards per batch was most of
+    its database time); each job goes out once."""
+    s = make_store(db_dsn, clock=None)
+    s.create_team("t")
+    d = started_dispatcher(s)
+    reads: list = []
+    read_edges = s.due_edges
+
+    def counting(shards, since=None, cap=None):
+        reads.append(sorted(shards))
+        return read_edges(shards, since, cap)
+
+    try:
+        first = submit(s, "t", 1, due_at=just_due())
+        assert [int(j.job_id) for j in asyncio.run(lease_until(d, 1))] == first     # the first read is done
+        if dt.datetime.now(UTC).second >= 45:                                       # the minute turns: every
+            time.sleep(62 - dt.datetime.now(UTC).second)                           # shard is read then
+        s.due_edges = counting
+        want: set[int] = set()
+        for _ in range(5):
+            want |= set(submit(s, "t", 200, due_at=just_due()))
+        got = [int(j.job_id) for j in asyncio.run(lease_until(d, len(want), capacity=1000))]
+    finally:
+        d.stop()
+        s.close()
+    assert len(got) == len(set(got)) and set(got) == want
+    assert reads == []
+
+
 def test_the_edges_of_many_shards_read_together_are_each_shards_own(db_dsn, db):
     """due_edges (one statement per bucket for every shard) gives what
     due_edge gives each shard alone, and moves the hands as it would, for

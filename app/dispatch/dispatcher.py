@@ -20,7 +20,12 @@ read again when:
 - a NOTIFY names the shard (rows due now were added: mh_enqueue in
   sql/functions/wheel.sql; a listener thread marks those shards), but
   behind a backlog (BACKLOG_ROWS), while rows the last read found there are
-  still unclaimed, no sooner than BUSY_REREAD_S after that read,
+  still unclaimed, no sooner than BUSY_REREAD_S after that read. A NOTIFY
+  of a bulk submission (mh_enqueue_many) counts its rows due now by shard,
+  class and team instead: they are added to the edges as they are, with
+  no read (a read in flight then may count them twice, which only makes
+  a claim come back short; it cannot miss them, as they committed before
+  their NOTIFY came),
 - its next run time comes (rows of its current bucket come due by the clock),
 - the minute turns (every shard: the wheel moved a bucket on), or the shard
   was just leased,
@@ -183,6 +188,7 @@ class Dispatcher:
         self._woken_at: dict[int, float] = {}     # shard -> when a NOTIFY last marked it due
         self._read_at: dict[int, float] = {}      # shard -> when its whole edge was last read
         self._deferred: dict[int, float] = {}     # shard -> when to read it for a wake-up held back (BUSY_REREAD_S)
+        self._arrived: dict[int, dict[tuple[Class, int], list[float]]] = {}   # rows NOTIFYs counted, not yet in the index
         self._refreshed_at = 0.0                  # when every shard's edge was last read
         # filter -> {shard: (when the round whose claim for it came up short began, when to try again)}.
         # The wait counts from the round's end: a round of many shards takes seconds on a
@@ -300,6 +306,23 @@ class Dispatcher:
                 self._woken_at[s] = woken
             self._cond.notify()
 
+    def _add_due(self, cells: dict[int, dict[tuple[Class, int], list[float]]]) -> None:
+        """Rows due now that a NOTIFY counted, by shard and cell: added to
+        the index by the dispatch thread's next round, with no read."""
+        with self._cond:
+            self._generation += 1
+            woken = time.time()
+            for s in cells.keys() & self._leases.keys():
+                arrived = self._arrived.setdefault(s, {})
+                for key, (n, oldest) in cells[s].items():
+                    if key in arrived:
+                        arrived[key][0] += n
+                        arrived[key][1] = min(arrived[key][1], oldest)
+                    else:
+                        arrived[key] = [n, oldest]
+                self._woken_at[s] = woken
+            self._cond.notify()
+
     def _empty_for(self, filter_: Filter, shard: int, now: float) -> bool:
         """Whether a claim of this filter found the shard empty since anything
         could have made its rows due: a wake-up, the minute turning, the
@@ -342,6 +365,10 @@ class Dispatcher:
             for s in self._lost:                  # the index is the dispatch thread's own
                 self._index.remove_shard(s)
             self._lost.clear()
+            for s, cells in self._arrived.items():
+                if s in self._leases:
+                    self._index.add_to_shard(s, cells)
+            self._arrived.clear()
             for s in [s for s, t in self._deferred.items() if t <= now]:
                 del self._deferred[s]
                 if s in self._leases:             # a held-back wake-up: now
@@ -410,8 +437,9 @@ class Dispatcher:
                         w.state = "taken"
                     self._taken = ready
                     return ready
-            if any(t <= now for t in self._due.values()) or any(t <= now for t in self._deferred.values()):
-                return []
+            if self._arrived or any(t <= now for t in self._due.values()) \
+                    or any(t <= now for t in self._deferred.values()):
+                return []                         # (arrivals join the index at the next _refresh)
             wake = min([t for t in self._due.values() if t > now] + [self._next_refresh]
                        + list(self._deferred.values()))
             if due and self._waiters:             # filters that found due shards empty look again
@@ -683,13 +711,39 @@ class Dispatcher:
                         got = list(conn.notifies(timeout=1.0, stop_after=1))
                         if got:
                             got += conn.notifies(timeout=0.001)
-                        shards = {int(s) for n in got for s in n.payload.split(",") if s.isdigit()}
+                        shards: set[int] = set()
+                        cells: dict[int, dict[tuple[Class, int], list[float]]] = {}
+                        for n in got:
+                            _parse_wake_up(n.payload, shards, cells)
+                        if cells:
+                            self._add_due(cells)
                         if shards:
                             self._mark_due(shards)
             except Exception as exc:
                 if not self._stopping.is_set():
                     log.warning("listen: %s; reconnecting", exc)
                     self._stopping.wait(1.0)
+
+
+def _parse_wake_up(payload: str, shards: set[int], cells: dict[int, dict[tuple[Class, int], list[float]]]) -> None:
+    """A NOTIFY's payload (mh_enqueue_many in sql/functions/wheel.sql says
+    its items) into the shards it names and the rows due now it counts."""
+    bucket = None
+    for item in payload.split(","):
+        if item.isdigit():
+            shards.add(int(item))
+        elif item.startswith("@"):
+            bucket = float(item[1:].split("/")[0])
+        elif bucket is not None:
+            shard, strict, priority, team, n, oldest_ms = map(int, item.split("/"))
+            on = cells.setdefault(shard, {})
+            key = ((bucket, strict == 1, priority), team)
+            oldest = bucket + oldest_ms / 1000
+            if key in on:                      # (two NOTIFYs of one wake-up)
+                on[key][0] += n
+                on[key][1] = min(on[key][1], oldest)
+            else:
+                on[key] = [n, oldest]
 
 
 def _leased(row: dict, claim_s: float) -> LeasedJob:

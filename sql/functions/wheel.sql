@@ -72,13 +72,29 @@ END $$;
 -- The same for a set of rows (bulk submission, cascades, expiry, give-back):
 -- three set-based INSERTs, no per-row round trip. Returns how many rows
 -- went to each level.
+--
+-- Its wake-up counts the rows due now instead of naming their shards, so
+-- that a dispatcher adds them to what it knows without reading the shards
+-- again (when jobs trickle in, every batch lands on most shards). The
+-- payload's items, comma separated:
+--   @B/I                 the bucket the rows went into (B: its epoch second),
+--                        and the least job id (no two payloads of one
+--                        transaction are alike, so none is dropped as a repeat)
+--   S/strict/P/T/N/O     shard S got N rows due now of class (strict 0 or 1,
+--                        priority P) and team T, the oldest O ms after B
+--   S                    shard S got rows due later in this or the next minute
+-- A payload over NOTIFY's limit names the shards only, as mh_enqueue's.
 CREATE OR REPLACE FUNCTION mh_enqueue_many(p_rows due_row[], p_now timestamptz,
                                       OUT to_minutes bigint, OUT to_hours bigint, OUT to_far bigint)
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
     v_minute_end timestamptz := mh_minute_end(p_now);
     v_hour_end   timestamptz := mh_hour_end(p_now);
-    v_shards     text;
+    v_bucket     timestamptz := mh_minute(p_now);
+    v_cells      text;
+    v_first      bigint;
+    v_later      text;
+    v_payload    text;
 BEGIN
     INSERT INTO due_minutes (slot, shard, strict, priority, run_at, job_id, team_id)
     SELECT mh_minute_slot(greatest(r.run_at, p_now)), r.shard, r.strict, r.priority, r.run_at, r.job_id, r.team_id
@@ -93,10 +109,24 @@ BEGIN
       FROM unnest(p_rows) r WHERE r.run_at >= v_hour_end;
     GET DIAGNOSTICS to_far = ROW_COUNT;
     IF to_minutes > 0 THEN
-        SELECT string_agg(DISTINCT r.shard::text, ',') INTO v_shards
-          FROM unnest(p_rows) r WHERE r.run_at < mh_minute(p_now) + interval '2 minutes';
-        IF v_shards IS NOT NULL THEN
-            PERFORM pg_notify('minutehand_due', v_shards);
+        SELECT string_agg(format('%s/%s/%s/%s/%s/%s', c.shard, c.strict::int, c.priority, c.team_id, c.n,
+                                 floor(extract(epoch FROM c.oldest - v_bucket) * 1000)::bigint), ','),
+               min(c.first)
+          INTO v_cells, v_first
+          FROM (SELECT r.shard, r.strict, r.priority, r.team_id, count(*) AS n, min(r.run_at) AS oldest,
+                       min(r.job_id) AS first
+                  FROM unnest(p_rows) r WHERE r.run_at <= p_now
+                 GROUP BY r.shard, r.strict, r.priority, r.team_id) c;
+        SELECT string_agg(DISTINCT r.shard::text, ',') INTO v_later
+          FROM unnest(p_rows) r WHERE r.run_at > p_now AND r.run_at < v_bucket + interval '2 minutes';
+        v_payload := concat_ws(',', '@' || extract(epoch FROM v_bucket)::bigint || '/' || v_first || ',' || v_cells,
+                               v_later);
+        IF octet_length(v_payload) > 7900 THEN
+            SELECT string_agg(DISTINCT r.shard::text, ',') INTO v_payload
+              FROM unnest(p_rows) r WHERE r.run_at < v_bucket + interval '2 minutes';
+        END IF;
+        IF v_payload <> '' THEN
+            PERFORM pg_notify('minutehand_due', v_payload);
         END IF;
     END IF;
 END $$;
