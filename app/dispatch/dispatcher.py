@@ -315,11 +315,7 @@ class Dispatcher:
             for s in cells.keys() & self._leases.keys():
                 arrived = self._arrived.setdefault(s, {})
                 for key, (n, oldest) in cells[s].items():
-                    if key in arrived:
-                        arrived[key][0] += n
-                        arrived[key][1] = min(arrived[key][1], oldest)
-                    else:
-                        arrived[key] = [n, oldest]
+                    _count(arrived, key, n, oldest)
                 self._woken_at[s] = woken
             self._cond.notify()
 
@@ -736,14 +732,16 @@ def _parse_wake_up(payload: str, shards: set[int], cells: dict[int, dict[tuple[C
             bucket = float(item[1:].split("/")[0])
         elif bucket is not None:
             shard, strict, priority, team, n, oldest_ms = map(int, item.split("/"))
-            on = cells.setdefault(shard, {})
-            key = ((bucket, strict == 1, priority), team)
-            oldest = bucket + oldest_ms / 1000
-            if key in on:                      # (two NOTIFYs of one wake-up)
-                on[key][0] += n
-                on[key][1] = min(on[key][1], oldest)
-            else:
-                on[key] = [n, oldest]
+            _count(cells.setdefault(shard, {}), ((bucket, strict == 1, priority), team), n, bucket + oldest_ms / 1000)
+
+
+def _count(cells: dict[tuple[Class, int], list[float]], key: tuple[Class, int], n: int, oldest: float) -> None:
+    """n more rows of a cell, the oldest at `oldest`."""
+    if key in cells:
+        cells[key][0] += n
+        cells[key][1] = min(cells[key][1], oldest)
+    else:
+        cells[key] = [n, oldest]
 
 
 def _leased(row: dict, claim_s: float) -> LeasedJob:
