@@ -451,10 +451,9 @@ def test_a_bulk_submission_wakes_the_dispatchers_with_its_due_rows_counted(db_ds
         finally:
             s.close()
         shards: set[int] = set()
-        cells: dict = {}
         payloads = _wake_ups(listener)
         assert len(payloads) == 1
-        dispatcher._parse_wake_up(payloads[0], shards, cells)
+        cells = dispatcher._parse_wake_up(payloads[0], shards)
         read = {(sh, ((c.bucket.timestamp(), c.strict, c.priority), c.team_id)): (c.due, c.oldest.timestamp())
                 for sh, (edge, _) in due_now.items() for c in edge}
         counted = {(sh, key): (n, oldest) for sh, on in cells.items() for key, (n, oldest) in on.items()}
@@ -470,7 +469,7 @@ def test_a_bulk_submission_wakes_the_dispatchers_with_its_due_rows_counted(db_ds
         with db.transaction():
             for job_id in (-1, -2):
                 db.execute(f"SELECT mh_enqueue_many({rows}, %(t)s)", {"t": T0, "id": job_id})
-        twice = [dispatcher._parse_wake_up(p, set(), got := {}) or got for p in _wake_ups(listener)]
+        twice = [dispatcher._parse_wake_up(p, set()) for p in _wake_ups(listener)]
         bucket = T0.replace(second=0, microsecond=0).timestamp()
         assert twice == [{7: {((bucket, False, 0), 1): [1, T0.timestamp()]}}] * 2
 
@@ -479,11 +478,9 @@ def test_a_bulk_submission_wakes_the_dispatchers_with_its_due_rows_counted(db_ds
                                FROM generate_series(0, 1023) g""", {"t": T0}).fetchone()[0]
         with db.transaction():
             db.execute("SELECT mh_enqueue_many(%s::due_row[], %s)", (many, T0))
-        payloads = _wake_ups(listener)
-        shards, cells = set(), {}
-        for p in payloads:
-            dispatcher._parse_wake_up(p, shards, cells)
-        assert shards == set(range(256)) and cells == {}
+        shards = set()
+        counted = [dispatcher._parse_wake_up(p, shards) for p in _wake_ups(listener)]
+        assert shards == set(range(256)) and not any(counted)
 
 
 def test_counted_wake_ups_reach_a_waiting_worker_with_no_read_of_their_shards(db_dsn):
@@ -507,15 +504,18 @@ def test_counted_wake_ups_reach_a_waiting_worker_with_no_read_of_their_shards(db
         if dt.datetime.now(UTC).second >= 45:                                       # the minute turns: every
             time.sleep(62 - dt.datetime.now(UTC).second)                           # shard is read then
         s.due_edges = counting
+        minute = dt.datetime.now(UTC).replace(second=0, microsecond=0)
         want: set[int] = set()
         for _ in range(5):
             want |= set(submit(s, "t", 200, due_at=just_due()))
         got = [int(j.job_id) for j in asyncio.run(lease_until(d, len(want), capacity=1000))]
+        turned = dt.datetime.now(UTC).replace(second=0, microsecond=0) != minute
     finally:
         d.stop()
         s.close()
     assert len(got) == len(set(got)) and set(got) == want
-    assert reads == []
+    # None, or (on a slow box the minute turned all the same) the one read of every shard then.
+    assert reads == [] or (turned and reads == [list(range(256))]), reads
 
 
 def test_the_edges_of_many_shards_read_together_are_each_shards_own(db_dsn, db):

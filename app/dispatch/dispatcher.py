@@ -188,7 +188,7 @@ class Dispatcher:
         self._woken_at: dict[int, float] = {}     # shard -> when a NOTIFY last marked it due
         self._read_at: dict[int, float] = {}      # shard -> when its whole edge was last read
         self._deferred: dict[int, float] = {}     # shard -> when to read it for a wake-up held back (BUSY_REREAD_S)
-        self._arrived: dict[int, dict[tuple[Class, int], list[float]]] = {}   # rows NOTIFYs counted, not yet in the index
+        self._arrived: list[dict[int, dict[tuple[Class, int], list[float]]]] = []   # NOTIFYs' counts, not yet in the index
         self._refreshed_at = 0.0                  # when every shard's edge was last read
         # filter -> {shard: (when the round whose claim for it came up short began, when to try again)}.
         # The wait counts from the round's end: a round of many shards takes seconds on a
@@ -306,17 +306,16 @@ class Dispatcher:
                 self._woken_at[s] = woken
             self._cond.notify()
 
-    def _add_due(self, cells: dict[int, dict[tuple[Class, int], list[float]]]) -> None:
-        """Rows due now that a NOTIFY counted, by shard and cell: added to
-        the index by the dispatch thread's next round, with no read."""
+    def _add_due(self, counted: list[dict[int, dict[tuple[Class, int], list[float]]]]) -> None:
+        """Rows due now that NOTIFYs counted, each by shard and cell: added
+        to the index by the dispatch thread's next round, with no read."""
         with self._cond:
             self._generation += 1
             woken = time.time()
-            for s in cells.keys() & self._leases.keys():
-                arrived = self._arrived.setdefault(s, {})
-                for key, (n, oldest) in cells[s].items():
-                    _count(arrived, key, n, oldest)
-                self._woken_at[s] = woken
+            self._arrived.extend(counted)
+            for cells in counted:
+                for s in cells.keys() & self._leases.keys():
+                    self._woken_at[s] = woken
             self._cond.notify()
 
     def _empty_for(self, filter_: Filter, shard: int, now: float) -> bool:
@@ -361,9 +360,10 @@ class Dispatcher:
             for s in self._lost:                  # the index is the dispatch thread's own
                 self._index.remove_shard(s)
             self._lost.clear()
-            for s, cells in self._arrived.items():
-                if s in self._leases:
-                    self._index.add_to_shard(s, cells)
+            for counted in self._arrived:
+                for s, cells in counted.items():
+                    if s in self._leases:
+                        self._index.add_to_shard(s, cells)
             self._arrived.clear()
             for s in [s for s, t in self._deferred.items() if t <= now]:
                 del self._deferred[s]
@@ -708,11 +708,9 @@ class Dispatcher:
                         if got:
                             got += conn.notifies(timeout=0.001)
                         shards: set[int] = set()
-                        cells: dict[int, dict[tuple[Class, int], list[float]]] = {}
-                        for n in got:
-                            _parse_wake_up(n.payload, shards, cells)
-                        if cells:
-                            self._add_due(cells)
+                        counted = [cells for n in got if (cells := _parse_wake_up(n.payload, shards))]
+                        if counted:
+                            self._add_due(counted)
                         if shards:
                             self._mark_due(shards)
             except Exception as exc:
@@ -721,9 +719,12 @@ class Dispatcher:
                     self._stopping.wait(1.0)
 
 
-def _parse_wake_up(payload: str, shards: set[int], cells: dict[int, dict[tuple[Class, int], list[float]]]) -> None:
+def _parse_wake_up(payload: str, shards: set[int]) -> dict[int, dict[tuple[Class, int], list[float]]]:
     """A NOTIFY's payload (mh_enqueue_many in sql/functions/wheel.sql says
-    its items) into the shards it names and the rows due now it counts."""
+    its items): the shards it names go into `shards`; the rows due now it
+    counts are returned, {shard: {cell: [rows, oldest]}} (a payload counts
+    each cell once)."""
+    cells: dict[int, dict[tuple[Class, int], list[float]]] = {}
     bucket = None
     for item in payload.split(","):
         if item.isdigit():
@@ -732,16 +733,8 @@ def _parse_wake_up(payload: str, shards: set[int], cells: dict[int, dict[tuple[C
             bucket = float(item[1:].split("/")[0])
         elif bucket is not None:
             shard, strict, priority, team, n, oldest_ms = map(int, item.split("/"))
-            _count(cells.setdefault(shard, {}), ((bucket, strict == 1, priority), team), n, bucket + oldest_ms / 1000)
-
-
-def _count(cells: dict[tuple[Class, int], list[float]], key: tuple[Class, int], n: int, oldest: float) -> None:
-    """n more rows of a cell, the oldest at `oldest`."""
-    if key in cells:
-        cells[key][0] += n
-        cells[key][1] = min(cells[key][1], oldest)
-    else:
-        cells[key] = [n, oldest]
+            cells.setdefault(shard, {})[((bucket, strict == 1, priority), team)] = [n, bucket + oldest_ms / 1000]
+    return cells
 
 
 def _leased(row: dict, claim_s: float) -> LeasedJob:
