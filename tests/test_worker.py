@@ -394,7 +394,85 @@ def test_beats_renew_claims_until_one_is_refused_or_the_deadline_passes(caplog):
     assert sorted(events) == [("claim_expired", 3), ("claim_lost", 2)]
 
 
-def test_a_finished_job_is_not_kept_for_its_beat():
+def test_a_beat_out_at_the_deadline_decides_by_its_answer(caplog):
+    """Beats whose answers come after the deadline (an overloaded scheduler,
+    or a second dispatcher after the first timed out): one accepted keeps the
+    job's claim, from when it was sent, and its result is reported; one that
+    was not delivered loses the claim when that answer comes, not before."""
+    from minutehand.protocol import OutcomeOut
+    from minutehand.worker.heartbeats import Heartbeats
+    from minutehand.worker.job import Job
+    from minutehand.worker.runner import Running
+
+    class Beats:
+        def __init__(self):
+            self.sent: list[asyncio.Future] = []
+
+        def send(self, kind, item, extend_s=None):
+            self.sent.append(asyncio.get_running_loop().create_future())
+            return self.sent[-1]
+
+    async def main():
+        now = dt.datetime.now(dt.timezone.utc)
+        beats, runs = Heartbeats("w"), []
+        for i in range(2):
+            job = Job(id=i + 1, team="t", name="n", payload=None, attempt=1, max_attempts=3,
+                      idempotency_key=None, due_at=now, run_at=now, claim_expires_at=now, claim_s=0.6)
+            runs.append(Running(job, Beats(), deadline=time.monotonic() + 0.54))
+            beats.watch(runs[-1])
+        await asyncio.sleep(0.7)                        # each beat went out at 0.3 s; deadlines passed
+        accepted, undelivered = runs
+        assert [len(r.outbox.sent) for r in runs] == [1, 1] and accepted.lost is None and undelivered.lost is None
+        accepted.outbox.sent[0].set_result(OutcomeOut(job_id=1, ok=True, state="running"))
+        undelivered.outbox.sent[0].set_result(None)
+        await asyncio.sleep(0)
+        assert accepted.lost is None and accepted.deadline > time.monotonic()
+        assert undelivered.lost.startswith("claim expired")
+        beats.close()
+
+    with caplog.at_level("INFO", logger="minutehand.worker"):
+        asyncio.run(main())
+    assert [(r.getMessage(), r.job_id) for r in caplog.records] == [("claim_expired", 2)]
+
+
+def test_a_beat_answered_late_through_another_dispatcher_keeps_the_job(db_dsn, live_store, token, caplog):
+    """Both dispatchers freeze (SIGSTOP) just before a job's beat: its request
+    to the first times out, the one to the second waits until both go on,
+    after the job's deadline on the worker's side and after its handler
+    returned. The beat was accepted in time on the scheduler's side, so the
+    result is reported, not dropped, and the job runs once."""
+    servers = [Server(db_dsn, "--claim-lease-s", "12", name=name) for name in "ab"]
+    try:
+        worker = Worker(urls=[s.url for s in servers], token=token, wait_s=1, concurrency=1, grace_s=5)
+        started = threading.Event()
+
+        @worker.job("slow")
+        def slow(job):
+            started.set()
+            time.sleep(11.2)        # first beat at 6 s, deadline here 11 s, claim until 12 s
+            return "in time"
+
+        job_id = submit(live_store, "slow")
+        with caplog.at_level("INFO", logger="minutehand.worker"), running(worker):
+            assert started.wait(30)
+            t0 = time.monotonic()
+            time.sleep(5)
+            for s in servers:
+                s.signal(signal.SIGSTOP)
+            try:
+                time.sleep(max(0.0, t0 + 11.4 - time.monotonic()))
+            finally:
+                for s in servers:
+                    s.signal(signal.SIGCONT)
+            wait_until(lambda: all_in(live_store, [job_id], {"succeeded"}), 20, "the job to succeed")
+        events = [r.getMessage() for r in caplog.records if getattr(r, "job_id", None) == job_id]
+        assert "claim_expired" not in events and "job_dropped" not in events, events
+        assert live_store.status(job_id).attempts == 1
+        assert any(r.getMessage() == "dispatcher_unavailable" and r.reason == "sending outcomes"
+                   for r in caplog.records)
+    finally:
+        for s in servers:
+            s.stop()
     """Jobs done long before their first beat (most are): their runs are let
     go at once, not held by the heartbeats until that beat's time (a worker
     doing thousands of short jobs a second would otherwise keep every payload

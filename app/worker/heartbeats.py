@@ -6,8 +6,12 @@ then: a job that never beats never races its own outcome), then one every
 third of the period. Beats go out through the job's outbox, in the batches
 of its other outcomes. A job is marked lost, and its result will be
 dropped, when a beat is refused (the claim is no longer ours) or when its
-deadline passes with no beat answered in time (the scheduler may have given
-the job to another worker)."""
+deadline passes with no beat accepted in time (the scheduler may have given
+the job to another worker). A beat still out at the deadline decides: the
+scheduler extends a claim only while it is the job's current one, so an
+accepted beat shows the claim held, however late its answer came (on an
+overloaded scheduler, or through a second dispatcher after the first timed
+out)."""
 from __future__ import annotations
 
 import asyncio
@@ -99,27 +103,33 @@ class Heartbeats:
     def _beat(self, run: Running, now: float) -> None:
         if run.handler_done or run.lost is not None:
             return
+        job = run.job
+        if run.beat is not None:                    # out past the deadline: its answer decides
+            if now >= run.deadline + job.claim_s:   # (the outbox answers long before this)
+                self._expired(run)
+            else:
+                self._at(run.deadline + job.claim_s, run)
+            return
         if now >= run.deadline:
             self._expired(run)
             return
-        if run.beating:                             # its answer will reschedule it
-            self._at(run.deadline, run)
-            return
-        job = run.job
-        run.beating = True
-        answer = run.outbox.send("heartbeat", Held(job_id=job.id, lease_token=job.lease_token),
-                                 extend_s=max(1.0, job.claim_s))
+        run.beat = answer = run.outbox.send("heartbeat", Held(job_id=job.id, lease_token=job.lease_token),
+                                            extend_s=max(1.0, job.claim_s))
         answer.add_done_callback(lambda fut, sent=now: self._answered(run, sent, fut))
-        self._at(run.deadline, run)                 # an answer after the deadline comes too late
+        self._at(run.deadline, run)
 
     def _answered(self, run: Running, sent: float, fut: asyncio.Future) -> None:
-        run.beating = False
+        run.beat = None
+        answer = fut.result() if not fut.cancelled() else None
+        job = run.job
+        if answer is not None and answer.ok:
+            # Extended from when it arrived, after it was sent.
+            run.deadline = max(run.deadline, sent + job.claim_s - claim_margin(job.claim_s))
         if run.handler_done or run.lost is not None:
             # Done while the beat was out: its outcome may have been written
             # first and the beat refused for it.
             return
-        answer = fut.result() if not fut.cancelled() else None
-        now, job = time.monotonic(), run.job
+        now = time.monotonic()
         if now >= run.deadline:
             self._expired(run)
             return
@@ -127,7 +137,6 @@ class Heartbeats:
         if answer is None:                          # not delivered: try again soon
             next_beat = now + min(period, 2.0)
         elif answer.ok:
-            run.deadline = max(run.deadline, sent + job.claim_s - claim_margin(job.claim_s))
             next_beat = sent + period
         else:
             run.lost = f"claim lost: {answer.reason}"

@@ -39,7 +39,7 @@ class Running:
     handler_done: bool = False
     lost: str | None = None             # why the claim is no longer ours (then the result is dropped)
     beat_entry: list | None = None      # its entry in the heartbeats' heap (heartbeats.py)
-    beating: bool = False               # a heartbeat is out, unanswered
+    beat: asyncio.Future | None = None  # the answer of a heartbeat that is out
 
 
 class JobRunner:
@@ -149,6 +149,10 @@ class JobRunner:
         duration = _ms(run.started)
         error = outcome.error if isinstance(outcome, Failed) else None
         outcome_name = "replayed" if event == "job_replayed" else "succeeded" if kind == "complete" else "failed"
+        if run.lost is None and run.beat is not None and time.monotonic() > run.deadline:
+            # A beat is out: an answer that accepts it, however late, shows the
+            # claim held (heartbeats.py), so it decides.
+            await asyncio.wait([run.beat], timeout=run.job.claim_s)
         if run.lost is None and time.monotonic() > run.deadline:
             run.lost = "claim expired before the handler returned"
         if run.lost is not None:
