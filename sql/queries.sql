@@ -159,11 +159,16 @@ SELECT EXISTS (SELECT 1 FROM teams WHERE name = %(name)s) AS exists
 -- in one statement over these shards. Under a steady flow of jobs shorter
 -- than their claim nearly every reminder is such, and expire_claims (one
 -- shard per transaction) is left the shards where a claim lapsed or was
--- renewed. It locks no job. `now` as in shards_with_expired_claims.
+-- renewed. It locks no job. `now` as in shards_with_expired_claims. The
+-- jobs come from the reminder's own list (unnest in the subquery's FROM), so
+-- the check stays a primary-key probe per job: written as `j.id = ANY
+-- (c.job_ids)` it could be planned as an anti join over a scan of all jobs,
+-- as it was when the statistics still saw a small table.
 DELETE FROM claim_checks c
  WHERE c.shard = ANY (%(shards)s::int[]) AND c.check_at <= %(now)s::timestamptz
-   AND NOT EXISTS (SELECT 1 FROM jobs j
-                    WHERE j.shard = c.shard AND j.id = ANY (c.job_ids) AND j.state IN ('claimed', 'running'))
+   AND NOT EXISTS (SELECT 1 FROM unnest(c.job_ids) AS u(id)
+                     JOIN jobs j ON j.shard = c.shard AND j.id = u.id
+                    WHERE j.state IN ('claimed', 'running'))
 
 -- name: shards_with_expired_claims
 -- Which of these shards have claims past their expiry (a reminder in
