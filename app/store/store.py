@@ -772,9 +772,15 @@ class Store:
                 # One of them failed: each alone, so it fails alone.
                 got = together[len(sync):] if together is not None else self.each_alone(conn, sql, args)
                 for unit, rows in zip(chunk, got):
+                    if isinstance(rows, Exception) or not unit.many:
+                        for i in unit.requests:
+                            results[i] = rows
+                        continue
+                    by_shard: dict[int, list[dict[str, Any]]] = {}      # (one pass: hundreds of shards)
+                    for row in rows:
+                        by_shard.setdefault(row["shard"], []).append(row)
                     for i in unit.requests:
-                        results[i] = rows if isinstance(rows, Exception) or not unit.many else \
-                            [r for r in rows if r["shard"] == requests[i].shard]
+                        results[i] = by_shard.get(requests[i].shard, [])
         refused: dict[int, str] = {}
         for i, (r, rows) in enumerate(zip(requests, results)):
             if not isinstance(rows, Exception) and rows and rows[0]["refused"] is not None:
