@@ -59,6 +59,13 @@ def test_every_table_is_placed_and_the_distributed_ones_are_colocated_with_jobs(
     assert nodes == 1
 
 
+def test_the_workers_plan_our_statements_with_jit_off(citus_db):
+    """Statements Citus pushes down are planned in its sessions on the
+    workers: their database has JIT off, as our own connections do."""
+    got = citus_db.execute("SELECT nodeport, result FROM run_command_on_workers('SHOW jit')").fetchall()
+    assert got and {r for _, r in got} == {"off"}, got
+
+
 def test_a_migration_after_distribution_leaves_it_distributed(citus_db, db_dsn):
     from minutehand.store import migrate
 

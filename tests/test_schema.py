@@ -190,3 +190,16 @@ def test_a_session_with_the_default_search_path_submits_beside_its_own_jobs_tabl
             c.execute("ROLLBACK") if c.info.transaction_status else None
             c.execute(f"DROP OWNED BY {role}")
             c.execute(f"DROP ROLE {role}")
+
+
+def test_our_connections_start_in_our_schema_with_jit_off(db_dsn):
+    """The store's connections: our search path, and JIT compilation off (a
+    statement of ours runs in milliseconds; compiling a plan whose estimate
+    overshot took hundreds), unless the URL's own options say otherwise."""
+    from minutehand.store.schema import conninfo
+    user_dsn = db_dsn.split("?")[0]
+    with psycopg.connect(conninfo(user_dsn)) as c:
+        assert c.execute("SHOW search_path").fetchone()[0] == "minutehand"
+        assert c.execute("SHOW jit").fetchone()[0] == "off"
+    with psycopg.connect(conninfo(user_dsn + "?options=-c%20jit%3Don")) as c:
+        assert c.execute("SHOW jit").fetchone()[0] == "on"

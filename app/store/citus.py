@@ -167,7 +167,9 @@ def distribute(database_url: str, shard_count: int) -> Distribution:
 # sessions: the path names our schema. The workers hold copies of functions
 # the coordinator checked; a body naming what exists on the coordinator
 # alone (mh_new_id's sequence: ids are made there) is not checked again.
-WORKER_SETTINGS = {"search_path": f"{SCHEMA}, public", "check_function_bodies": "off"}
+# JIT off, as on our own connections (schema.py): Citus' sessions on the
+# workers run the pushed-down statements, so they plan them there.
+WORKER_SETTINGS = {"search_path": f"{SCHEMA}, public", "check_function_bodies": "off", "jit": "off"}
 
 
 def worker_settings(conn: psycopg.Connection) -> None:
