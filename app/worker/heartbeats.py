@@ -123,7 +123,7 @@ class Heartbeats:
         answer = fut.result() if not fut.cancelled() else None
         job = run.job
         if answer is not None and answer.ok:
-            # Extended from when it arrived, after it was sent.
+            # The claim lasts claim_s from the beat's arrival, which was after `sent`.
             run.deadline = max(run.deadline, sent + job.claim_s - claim_margin(job.claim_s))
         if run.handler_done or run.lost is not None:
             # Done while the beat was out: its outcome may have been written
