@@ -106,12 +106,12 @@ class Heartbeats:
         job = run.job
         if run.beat is not None:                    # out past the deadline: its answer decides
             if now >= run.deadline + job.claim_s:   # (the outbox answers long before this)
-                self._expired(run)
+                self.expired(run)
             else:
                 self._at(run.deadline + job.claim_s, run)
             return
         if now >= run.deadline:
-            self._expired(run)
+            self.expired(run)
             return
         run.beat = answer = run.outbox.send("heartbeat", Held(job_id=job.id, lease_token=job.lease_token),
                                             extend_s=max(1.0, job.claim_s))
@@ -131,7 +131,7 @@ class Heartbeats:
             return
         now = time.monotonic()
         if now >= run.deadline:
-            self._expired(run)
+            self.expired(run)
             return
         period = job.claim_s / 3
         if answer is None:                          # not delivered: try again soon
@@ -144,7 +144,8 @@ class Heartbeats:
             return
         self._at(min(next_beat, run.deadline), run)
 
-    def _expired(self, run: Running) -> None:
+    def expired(self, run: Running) -> None:
+        """The claim lapsed with no beat accepted: the job is lost (logged once)."""
         run.lost = "claim expired: no heartbeat got through in time"
         self._log("claim_expired", run, reason=run.lost)
 

@@ -154,7 +154,7 @@ class JobRunner:
             # claim held (heartbeats.py), so it decides.
             await asyncio.wait([run.beat], timeout=run.job.claim_s)
         if run.lost is None and time.monotonic() > run.deadline:
-            run.lost = "claim expired before the handler returned"
+            self.heartbeats.expired(run)
         if run.lost is not None:
             metrics.record(run.job.name, "dropped", duration / 1000)
             log.warning("job_dropped", **fields(self.worker_id, **ids, duration_ms=duration, error=error,
