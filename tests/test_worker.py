@@ -311,6 +311,16 @@ def test_jobs_that_end_as_their_heartbeat_goes_out_are_never_taken_for_lost(db_d
         server.stop()
 
 
+class HeldBeats:
+    """An outbox whose beats the test answers: each send is a future it resolves."""
+    def __init__(self):
+        self.sent: list[asyncio.Future] = []
+
+    def send(self, kind, item, extend_s=None):
+        self.sent.append(asyncio.get_running_loop().create_future())
+        return self.sent[-1]
+
+
 def test_a_beat_answered_as_the_handler_returns_is_the_last_one(caplog):
     """The handler returns just as its beat's answer comes in, in one turn of
     the loop: no other beat goes out for the job later (it would be refused,
@@ -320,21 +330,12 @@ def test_a_beat_answered_as_the_handler_returns_is_the_last_one(caplog):
     from minutehand.worker.job import Job
     from minutehand.worker.runner import Running
 
-    class Beats:
-        """An outbox that answers beats as the test says."""
-        def __init__(self):
-            self.sent: list[asyncio.Future] = []
-
-        def send(self, kind, item, extend_s=None):
-            self.sent.append(asyncio.get_running_loop().create_future())
-            return self.sent[-1]
-
     async def main():
         now = dt.datetime.now(dt.timezone.utc)
         job = Job(id=1, team="t", name="n", payload=None, attempt=1, max_attempts=3, idempotency_key=None,
                   due_at=now, run_at=now, claim_expires_at=now, claim_s=0.3)
         beats = Heartbeats("w")
-        run = Running(job, Beats(), deadline=time.monotonic() + 10)
+        run = Running(job, HeldBeats(), deadline=time.monotonic() + 10)
         beats.watch(run)
         while not run.outbox.sent:
             await asyncio.sleep(0.01)
@@ -397,20 +398,12 @@ def test_beats_renew_claims_until_one_is_refused_or_the_deadline_passes(caplog):
 def test_a_beat_out_at_the_deadline_decides_by_its_answer(caplog):
     """Beats whose answers come after the deadline (an overloaded scheduler,
     or a second dispatcher after the first timed out): one accepted keeps the
-    job's claim, from when it was sent, and its result is reported; one that
+    job's claim (its deadline counts from when the beat was sent); one that
     was not delivered loses the claim when that answer comes, not before."""
     from minutehand.protocol import OutcomeOut
     from minutehand.worker.heartbeats import Heartbeats
     from minutehand.worker.job import Job
     from minutehand.worker.runner import Running
-
-    class Beats:
-        def __init__(self):
-            self.sent: list[asyncio.Future] = []
-
-        def send(self, kind, item, extend_s=None):
-            self.sent.append(asyncio.get_running_loop().create_future())
-            return self.sent[-1]
 
     async def main():
         now = dt.datetime.now(dt.timezone.utc)
@@ -418,7 +411,7 @@ def test_a_beat_out_at_the_deadline_decides_by_its_answer(caplog):
         for i in range(2):
             job = Job(id=i + 1, team="t", name="n", payload=None, attempt=1, max_attempts=3,
                       idempotency_key=None, due_at=now, run_at=now, claim_expires_at=now, claim_s=0.6)
-            runs.append(Running(job, Beats(), deadline=time.monotonic() + 0.54))
+            runs.append(Running(job, HeldBeats(), deadline=time.monotonic() + 0.54))
             beats.watch(runs[-1])
         await asyncio.sleep(0.7)                        # each beat went out at 0.3 s; deadlines passed
         accepted, undelivered = runs
