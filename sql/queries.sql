@@ -163,7 +163,7 @@ SELECT EXISTS (SELECT 1 FROM teams WHERE name = %(name)s) AS exists
 -- jobs come from the reminder's own list (unnest in the subquery's FROM), so
 -- the check stays a primary-key probe per job: written as `j.id = ANY
 -- (c.job_ids)` it could be planned as an anti join over a scan of all jobs,
--- as it was when the statistics still saw a small table.
+-- as it was when the planner took a few hundred due reminders for thousands.
 DELETE FROM claim_checks c
  WHERE c.shard = ANY (%(shards)s::int[]) AND c.check_at <= %(now)s::timestamptz
    AND NOT EXISTS (SELECT 1 FROM unnest(c.job_ids) AS u(id)

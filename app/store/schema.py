@@ -9,8 +9,6 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 SCHEMA = "minutehand"
 SEARCH_PATH = f"-c search_path={SCHEMA}"
-
-
 JIT_OFF = "-c jit=off"
 
 
