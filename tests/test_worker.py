@@ -466,6 +466,9 @@ def test_a_beat_answered_late_through_another_dispatcher_keeps_the_job(db_dsn, l
     finally:
         for s in servers:
             s.stop()
+
+
+def test_a_finished_job_is_not_kept_for_its_beat():
     """Jobs done long before their first beat (most are): their runs are let
     go at once, not held by the heartbeats until that beat's time (a worker
     doing thousands of short jobs a second would otherwise keep every payload
