@@ -481,7 +481,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dsn", help="a PostgreSQL server (superuser); default: a fresh durable local cluster")
     parser.add_argument("--rates", type=lambda t: [float(x) for x in t.split(",")],
-                        default=[500, 1000, 2000, 4000, 8000, 11574], help="offered jobs/s, one step each")
+                        default=[500, 1000, 2000, 4000, 6000, 8000, 11574], help="offered jobs/s, one step each")
     parser.add_argument("--step-s", type=int, default=180, help="seconds per step")
     parser.add_argument("--warmup-s", type=int, default=20, help="seconds of each step before its figures")
     parser.add_argument("--dispatchers", type=int, choices=(1, 2), default=1,
