@@ -1,5 +1,5 @@
 -- Named statements the Python store sends, looked up by name
--- (app/store/queries.py). Each calls a procedure of sql/functions/: the logic
+-- (app/minutehand/store/queries.py). Each calls a procedure of sql/functions/: the logic
 -- lives there, these only bind parameters. `-- name: X` starts one; the
 -- next line says what it does.
 
@@ -591,7 +591,7 @@ SELECT record_delivery(%(team_id)s::int, %(url)s::text, %(from_xid)s::text::xid8
 SET LOCAL max_parallel_workers_per_gather = 0
 
 -- name: metrics_clock
--- Where the Prometheus exposition (app/api/metrics.py) divides team_stats
+-- Where the Prometheus exposition (app/minutehand/api/metrics.py) divides team_stats
 -- into rows it has added up once and rows it reads on every refresh (line):
 -- the hour two hours back. On an hour boundary, so a minute row and the hour
 -- row roll_up_stats folds it into lie on the same side; purge_stats folds
@@ -730,7 +730,7 @@ SELECT t.name AS team FROM series s JOIN teams t ON t.id = s.team_id
  WHERE s.shard = mh_shard_of(%(series_id)s::bigint) AND s.id = %(series_id)s::bigint
 
 -- ---------------------------------------------------------------- the admin UI
--- app/admin/: its sessions and audit log (sql/tables/admin.sql) and what its
+-- app/minutehand/admin/: its sessions and audit log (sql/tables/admin.sql) and what its
 -- pages read. Every read is bounded by the page, the clock or the number of
 -- teams and shards, never by the number of jobs (tests/test_admin_plans.py).
 

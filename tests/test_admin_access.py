@@ -1,4 +1,4 @@
-"""The admin UI's access over HTTP (app/admin/access.py): sign-in with the
+"""The admin UI's access over HTTP (app/minutehand/admin/access.py): sign-in with the
 admin token or a team's, the session cookie's attributes, the redirect of
 every page to the sign-in page, CSRF on every form (refused with 403 and
 nothing written), sign-out, a rotated token ending a team's session, and

@@ -42,7 +42,7 @@ SMALL = "team-7"
 # an incident: one team's backlog of dead jobs of one name (part of JOBS)
 BACKLOG, BACKLOG_TEAM, BACKLOG_NAME = 50_000, "team-2", "flaky"
 SERIES = 10_000
-# the search window and page the admin pages use (app/admin/jobs.py)
+# the search window and page the admin pages use (app/minutehand/admin/jobs.py)
 SCAN = 2000
 PAGE = 50
 

@@ -1,4 +1,4 @@
-"""The admin UI's overview over HTTP (app/admin/overview.py): the figures
+"""The admin UI's overview over HTTP (app/minutehand/admin/overview.py): the figures
 it shows come from the counters (team_stats: the last hour per minute and
 lateness), team_running (running vs quota) and load_minutes (the day ahead),
 for the fleet (admin) or one team; and its live fragment is what htmx

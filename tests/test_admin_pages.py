@@ -1,4 +1,4 @@
-"""The admin UI's jobs, dead-jobs and series pages over HTTP (app/admin/jobs.py,
+"""The admin UI's jobs, dead-jobs and series pages over HTTP (app/minutehand/admin/jobs.py,
 dead.py, series.py): what they show, what their actions change (and audit),
 and every bad input a browser can send — a bad id, state, date, reversed
 range, cursor, an unknown series, an action on a job in the wrong state, a

@@ -1,4 +1,4 @@
-"""The admin UI's teams pages over HTTP (app/admin/teams.py): an admin's
+"""The admin UI's teams pages over HTTP (app/minutehand/admin/teams.py): an admin's
 edit saved and audited in the same transaction; every bad value refused
 with 422, the form shown again with the reason, and nothing written; a
 team's session refused any change (403) and any other team (404); token

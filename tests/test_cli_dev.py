@@ -213,6 +213,6 @@ def test_dev_runs_the_demo_and_the_api_then_a_second_run_reuses_the_cluster(tmp_
         cluster = LocalCluster(tmp_path / "pgdata")
         if cluster.running():
             cluster.stop()
-        # as root the data may live elsewhere (app/dev/localpg.py relocates it): remove it too
+        # as root the data may live elsewhere (app/minutehand/dev/localpg.py relocates it): remove it too
         pgdata = tmp_path / "pgdata"
         shutil.rmtree(pgdata.resolve().parent if pgdata.is_symlink() else pgdata, ignore_errors=True)

@@ -1,7 +1,7 @@
 """Who goes first under contention: order across shards, quotas with
 lending, weighted rotation, and no job waiting for the sweep.
 
-The plan itself (app/dispatch/fairness.py) is checked directly; the
+The plan itself (app/minutehand/dispatch/fairness.py) is checked directly; the
 promises through the real dispatcher (in this process, with its keeper,
 listener and outcome writer, against the real database), leasing as a
 worker does."""

@@ -2,7 +2,7 @@
 the worker library stands alone, the protocol is a leaf both sides share,
 dev-only code stays out of the runtime, and packages import no cycle.
 Plus: the worker imports and runs with the server's dependencies blocked,
-and pyproject's package list is app/'s folders."""
+and pyproject's package list is app/minutehand/'s folders."""
 from __future__ import annotations
 
 import ast
@@ -13,17 +13,18 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-APP = ROOT / "app"
+SRC = ROOT / "app"                      # what a src/ folder is elsewhere
+APP = SRC / "minutehand"
 SERVER_ONLY = ("litestar", "sqlalchemy", "psycopg", "psycopg_pool", "alembic", "apscheduler", "uvicorn")
 # Leaves of minutehand (they import none of it) that any layer may use.
 LEAVES = {"minutehand.lifecycle", "minutehand.envconfig"}
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(APP).with_suffix("").parts
+    parts = path.relative_to(SRC).with_suffix("").parts
     if parts[-1] == "__init__":
         parts = parts[:-1]
-    return ".".join(("minutehand", *parts))
+    return ".".join(parts)
 
 
 def imports(path: Path) -> set[str]:

@@ -1,4 +1,4 @@
-"""The worker library (app/worker) against a real `minutehand serve` process
+"""The worker library (app/minutehand/worker) against a real `minutehand serve` process
 and a real database: handlers sync and async, the concurrency limit, replayed
 results, failures retried or dead, heartbeats, dropped results after a lost
 claim, exactly-once effects (also across SIGKILL), and SIGTERM drain of a

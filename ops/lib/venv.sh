@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
-# Server binaries on the machine (as app/dev/localpg.py looks for them before pgserver).
+# Server binaries on the machine (as app/minutehand/dev/localpg.py looks for them before pgserver).
 mh_have_system_pg() {
     command -v pg_ctl >/dev/null 2>&1 || compgen -G '/usr/lib/postgresql/*/bin/pg_ctl' >/dev/null
 }

@@ -2,7 +2,7 @@
 -- series (chain_after, set by mh_take_claimed in the claim's transaction),
 -- and the dispatcher that owns the shard reads the marked series
 -- (series_to_chain), computes each next fire time in Python outside any
--- transaction (PostgreSQL has no cron parser: app/store/repeat.py), and
+-- transaction (PostgreSQL has no cron parser: app/minutehand/store/repeat.py), and
 -- creates the runs (chain_series). The mark is durable, so a dispatcher
 -- killed at any point leaves the work to whoever owns the shard next; the
 -- mark is compared and cleared with the run's creation, and (shard,

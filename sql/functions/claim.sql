@@ -322,7 +322,7 @@ END $$;
 
 -- The dispatcher's claim: from one bucket of one shard, for each cell
 -- (strict, priority, team) up to its limit, the cells it chose across all
--- its shards by order, quota and rotation (app/dispatch/fairness.py); of
+-- its shards by order, quota and rotation (app/minutehand/dispatch/fairness.py); of
 -- those job names only, for workers that take only some (NULL: any). Rows
 -- as claim_due's, with the cell each job came from (team_id, strict,
 -- priority), so the dispatcher can count down what it knows is due. A

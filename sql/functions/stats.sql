@@ -155,7 +155,7 @@ END $$;
 -- by primary key; what they counted is added to the (team, name)'s row of
 -- everything purged (minute -infinity, stripe -2), so team_stats added up
 -- whole stays the count since the first event: the Prometheus counters
--- (app/api/metrics.py) never go back. No window reaches that row.
+-- (app/minutehand/api/metrics.py) never go back. No window reaches that row.
 CREATE OR REPLACE FUNCTION purge_stats(p_limit int DEFAULT 100000) RETURNS bigint
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE v_n bigint;

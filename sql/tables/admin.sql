@@ -1,4 +1,4 @@
--- The admin UI (app/admin/): its sign-in sessions and its audit log. Both
+-- The admin UI (app/minutehand/admin/): its sign-in sessions and its audit log. Both
 -- are small control tables (reference tables on Citus): they are read by
 -- primary key or by a short keyset walk, never with the jobs.
 

@@ -1,0 +1,139 @@
+"""The admin UI's wiring: admin_ui(ctx) -> the /admin router and the
+template config, which create_app (app/minutehand/api/app.py) mounts when it is given
+them (app/minutehand/serve.py passes admin_ui; the api package does not import this
+one, which imports the api's Principal and Context).
+
+The contract every page module follows (jobs.py, dead.py, series.py,
+overview.py, dispatchers.py, teams.py, audit.py):
+
+- A module lists its Litestar handlers in `HANDLERS`; admin_router
+  collects them. Paths are relative to /admin (`@get("/jobs")` serves
+  /admin/jobs). Every handler needs a signed-in browser: the router's
+  guard (access.guard) sends anyone else to /admin/signin before the
+  handler runs.
+- Two dependencies, by parameter name: `who: access.Who` (an access.Signed:
+  who.principal is an api.auth.Principal, the admin or one team, with
+  scope()/own_team()/require_admin() as in the API; who.is_admin;
+  who.note(...) builds an audit entry) and `ctx: access.Ctx` (the API's Context:
+  ctx.store, ctx.settings, `await ctx.db(fn, ...)` runs a store call off the
+  event loop).
+- Render with `access.render(request, "page.html", **values)` -> Template;
+  pass status_code=4xx to re-render a refused form. Templates extend
+  "base.html" and fill `{% block content %}` (`{% block title %}` too); the
+  context has `who`, `csrf`, `nav`, `path`, `prefix` ("/admin"); filters
+  `utc` (a datetime as UTC to the second, "—" for None) and `num` (1,234).
+- Every state-changing form is a POST carrying
+  `<input type="hidden" name="csrf" value="{{ csrf }}">`: the guard refuses
+  (403, handler not run) a POST without the session's token. Read the
+  fields with `await request.form()`.
+- A change goes through `await access.action(ctx, who.note(action, target,
+  team=TEAM, **detail), store_fn, *args)`: the store calls and the audit
+  entry commit in one transaction (Store.audited); a refusal (StoreError)
+  is audited as refused, rolled back and raised.
+- Refusals: raise access.Refused(status_code=..., detail=...), or let a
+  StoreError through (NotFound -> 404, InvalidInput -> 400, Conflict -> 409):
+  the router renders error.html with the status. access.admin_only(who)
+  refuses a team's session (403).
+- Static files: /admin/static/ (htmx.min.js, admin.css).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from litestar import Request, Router
+from litestar.datastructures import ResponseHeader
+from litestar.di import Provide
+from litestar.plugins.jinja import JinjaTemplateEngine
+from litestar.exceptions import HTTPException
+from litestar.response import Template
+from litestar.static_files import create_static_files_router
+from litestar.template.config import TemplateConfig
+
+from minutehand.admin import access, audit, dead, dispatchers, jobs, overview, series, teams
+from minutehand.api.context import Context
+from minutehand.store import errors
+
+log = logging.getLogger(__name__)
+HERE = Path(__file__).resolve().parent
+PAGE_MODULES = (access, overview, jobs, dead, series, dispatchers, teams, audit)
+# Every /admin response: never framed by another site (clickjacking), forms
+# post only here, nothing sniffed, no address leaked to other sites.
+HEADERS = [ResponseHeader(name="Content-Security-Policy",
+                          value="frame-ancestors 'none'; form-action 'self'; base-uri 'none'; object-src 'none'"),
+           ResponseHeader(name="X-Frame-Options", value="DENY"),
+           ResponseHeader(name="X-Content-Type-Options", value="nosniff"),
+           ResponseHeader(name="Referrer-Policy", value="same-origin")]
+
+
+def _utc(value: dt.datetime | None) -> str:
+    """A time as the pages show it: UTC, to the second ("—" for none)."""
+    if value is None:
+        return "—"
+    return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _num(value: Any) -> str:
+    """A count with thousands separators."""
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _filters(engine: JinjaTemplateEngine) -> None:
+    engine.engine.filters.update(utc=_utc, num=_num)
+
+
+def template_config() -> TemplateConfig:
+    """Jinja2 over app/minutehand/admin/templates, autoescaped; filters `utc` and `num`."""
+    return TemplateConfig(directory=HERE / "templates", engine=JinjaTemplateEngine, engine_callback=_filters)
+
+
+def _error_page(request: Request, status: int, detail: str) -> Template:
+    return access.render(request, "error.html", status_code=status, status=status, detail=detail)
+
+
+def _store_refusal(request: Request, exc: errors.StoreError) -> Template:
+    return _error_page(request, exc.status if 400 <= exc.status < 500 else 503, exc.message)
+
+
+def _http_error(request: Request, exc: HTTPException) -> Template:
+    status = exc.status_code
+    detail = exc.detail if status < 500 else "the server failed; the error is logged"
+    if status == 404 and detail in ("", "Not Found"):
+        detail = "no such page"
+    elif status == 400 and not isinstance(exc, access.Refused):
+        detail = "that address or form was not understood (a number or name out of shape?)"
+    return _error_page(request, status, detail)
+
+
+def _database_away(request: Request, exc: psycopg.OperationalError) -> Template:
+    log.warning("admin: database unreachable: %s", exc)
+    return _error_page(request, 503, "the database cannot be reached now: try again in a moment")
+
+
+def _unexpected(request: Request, exc: Exception) -> Template:
+    log.error("admin: unexpected error", exc_info=exc)
+    return _error_page(request, 500, "the server failed; the error is logged")
+
+
+def admin_router(ctx: Context) -> Router:
+    """Every page under /admin, behind access.guard."""
+    handlers: list = [h for module in PAGE_MODULES for h in module.HANDLERS]
+    static = create_static_files_router(path="/static", directories=[HERE / "static"], opt={"public": True},
+                                        name="admin.static")
+    return Router(
+        "/admin", route_handlers=[*handlers, static], include_in_schema=False,
+        before_request=access.guard, response_headers=HEADERS,
+        dependencies={"who": Provide(access.signed, sync_to_thread=False),
+                      "ctx": Provide(lambda: ctx, sync_to_thread=False)},
+        exception_handlers={errors.StoreError: _store_refusal, HTTPException: _http_error,
+                            psycopg.OperationalError: _database_away, Exception: _unexpected},
+        signature_namespace={"Signed": access.Signed, "Context": Context},
+    )
+
+
+def admin_ui(ctx: Context) -> tuple[Router, TemplateConfig]:
+    """What create_app mounts: the router and the template config."""
+    return admin_router(ctx), template_config()
