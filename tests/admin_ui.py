@@ -12,7 +12,8 @@ from litestar.testing import TestClient
 from minutehand.serve import build
 from minutehand.settings import Settings
 from minutehand.store import migrate
-from minutehand.store.store import Store, hash_token
+from minutehand.store.store import Store
+from minutehand.store.teams import hash_token
 
 
 def small_store(dsn: str) -> Store:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import psycopg
 
-from minutehand.store.records import JobSpec
+from minutehand.store.submit import JobSpec
 from tests.processes import Process, Server, WorkerProcess, logs
 from tests.support import make_store
 from tests.worker_apps import RUNS_DDL

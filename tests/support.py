@@ -18,8 +18,9 @@ from minutehand.lifecycle import Services
 from minutehand.serve import dispatcher_parts
 from minutehand.settings import Settings
 from minutehand.store import errors
-from minutehand.store.records import ClaimRequest, JobSpec
+from minutehand.store.claim import ClaimRequest
 from minutehand.store.store import Store
+from minutehand.store.submit import JobSpec
 
 UTC = dt.timezone.utc
 # A fixed instant, 30 s into a minute, for tests that pin the clock.

@@ -17,8 +17,9 @@ from minutehand.serve import build
 from minutehand.settings import Settings
 from minutehand.store import migrate
 from minutehand.store import errors
-from minutehand.store.records import AuditNote, JobSpec
-from minutehand.store.store import hash_token
+from minutehand.store.admin import AuditNote
+from minutehand.store.submit import JobSpec
+from minutehand.store.teams import hash_token
 from tests.admin_ui import csrf_of, set_tokens, sign_in, small_store, ui_app
 
 pytestmark = pytest.mark.reused_db

@@ -17,7 +17,7 @@ the search window, never by the table. The statements the store prepares
 also under their generic plan (plan_cache_mode auto switches a driver's
 prepared statement to it after a few executions), where the planner does
 not see the values; the dead-jobs reads as the store sends them
-(unprepared, bitmap scans off: sql/queries.sql says why).
+(unprepared, bitmap scans off: sql/queries/admin.sql says why).
 """
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ import pytest
 from minutehand.store.queries import q
 from tests.support import T0, pin
 from tests.test_explain import AutoExplain, explain_json, nodes_on, plan_nodes, relations
+
+pytestmark = pytest.mark.bench
 
 JOBS = 1_000_000
 TEAMS = 40

@@ -16,7 +16,7 @@ import re
 import pytest
 from litestar.testing import TestClient
 
-from minutehand.store.records import STATS_BOUNDS_S
+from minutehand.store.stats import STATS_BOUNDS_S
 from tests.admin_ui import set_tokens, sign_in, ui_app
 from tests.support import make_store
 

@@ -17,8 +17,9 @@ import psycopg
 import pytest
 from litestar.testing import TestClient
 
-from minutehand.store.records import Fail, JobSpec
+from minutehand.store.outcomes import Fail
 from minutehand.store.store import Store
+from minutehand.store.submit import JobSpec
 from tests.admin_ui import set_tokens, small_store, ui_app
 from tests.support import claim
 

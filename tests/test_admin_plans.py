@@ -26,6 +26,8 @@ import pytest
 from minutehand.store.queries import q
 from tests.support import T0, pin
 
+pytestmark = pytest.mark.bench
+
 JOBS = 1_000_000
 RUNNING = 1_000
 AUDIT = 100_000

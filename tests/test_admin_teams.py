@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from litestar.testing import TestClient
 
-from minutehand.store.store import hash_token
+from minutehand.store.teams import hash_token
 from tests.admin_ui import csrf_of, set_tokens, sign_in, small_store, ui_app
 
 pytestmark = pytest.mark.reused_db

@@ -16,14 +16,15 @@ import threading
 import pytest
 from litestar.testing import TestClient
 
-from minutehand.api.admission import Admission
 from minutehand.api.coalesce import SubmitCoalescer, _Pending
 from minutehand.cli import main as cli
 from minutehand.serve import build
 from minutehand.settings import Settings
 from minutehand.store import errors, migrate
-from minutehand.store.records import Complete, Fail, JobSpec
-from minutehand.store.store import hash_token
+from minutehand.store.outcomes import Complete, Fail
+from minutehand.store.submit import JobSpec
+from minutehand.store.teams import hash_token
+from minutehand.web.admission import Admission
 from tests.support import T0, claim, counts, lease_all, submit_sql
 
 pytestmark = pytest.mark.reused_db   # one database for the module, reset before each test

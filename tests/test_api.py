@@ -19,8 +19,10 @@ from minutehand.api.app import create_app
 from minutehand.serve import build
 from minutehand.settings import Settings
 from minutehand.store import migrate
-from minutehand.store.records import Complete, Fail, JobSpec, Start
-from minutehand.store.store import Store, hash_token
+from minutehand.store.outcomes import Complete, Fail, Start
+from minutehand.store.store import Store
+from minutehand.store.submit import JobSpec
+from minutehand.store.teams import hash_token
 from tests.support import claim
 
 pytestmark = pytest.mark.reused_db   # one database for the module, reset before each test

@@ -34,11 +34,15 @@ import httpx
 import msgspec
 import pytest
 
-from minutehand.api import jobs, problems
+from minutehand.api import jobs
 from minutehand.protocol.jsontext import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_text_problem, nested_deeper
-from minutehand.store.store import Store, hash_token
+from minutehand.store.store import Store
+from minutehand.store.teams import hash_token
+from minutehand.web.problems import ApiProblem
 from tests.processes import Server, logs
 from tests.support import RESET
+
+pytestmark = pytest.mark.processes
 
 ADMIN = "admin-hardening-token"
 TEAM_TOKEN = "tok-hardening-t"
@@ -315,7 +319,7 @@ def test_reading_the_jobs_of_a_huge_batch_allocates_almost_nothing_past_the_limi
     jobs._bounded_envelope(10_000)                  # the decoder, built once per process
     tracemalloc.start()
     try:
-        with pytest.raises(problems.ApiProblem) as refused:
+        with pytest.raises(ApiProblem) as refused:
             jobs.batch_items(body, 10_000)
         _, peak = tracemalloc.get_traced_memory()
     finally:

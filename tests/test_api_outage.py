@@ -19,6 +19,8 @@ from minutehand.settings import Settings
 from minutehand.store import migrate
 from minutehand.store.store import Store
 
+pytestmark = pytest.mark.processes
+
 
 @pytest.fixture
 def cluster():

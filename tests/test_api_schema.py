@@ -19,7 +19,8 @@ from schemathesis.specs.openapi.checks import (content_type_conformance, respons
 from minutehand.api.app import create_app
 from minutehand.settings import Settings
 from minutehand.store import migrate
-from minutehand.store.store import Store, hash_token
+from minutehand.store.store import Store
+from minutehand.store.teams import hash_token
 from tests.processes import serving
 from tests.support import RESET
 

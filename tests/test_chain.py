@@ -14,7 +14,8 @@ import datetime as dt
 import pytest
 
 from minutehand.store import repeat
-from minutehand.store.records import JobSpec, Repeat
+from minutehand.store.records import Repeat
+from minutehand.store.submit import JobSpec
 from tests.support import T0, claim_all
 
 pytestmark = pytest.mark.reused_db

@@ -19,11 +19,15 @@ import psycopg
 
 from minutehand.serve import build
 from minutehand.settings import Settings
-from minutehand.store.records import JobSpec, Repeat
+from minutehand.store.records import Repeat
+from minutehand.store.submit import JobSpec
 from minutehand.worker import Worker
 from tests.chain_child import chain_until_killed
 from tests.processes import serving, wait_until
 from tests.support import T0, claim_all, make_store, on_citus
+import pytest
+
+pytestmark = pytest.mark.processes
 
 MIN = dt.timedelta(minutes=1)
 ALL = range(256)

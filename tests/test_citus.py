@@ -285,7 +285,7 @@ def test_an_outcome_batch_over_many_shards_is_one_single_shard_transaction_per_c
 def test_the_store_answers_an_outcome_batch_over_many_shards_in_input_order(citus_db, db_dsn):
     """Split by Citus shard and sent in one round trip, the answers still come
     back in input order, refusals included (a stale token, an unknown job)."""
-    from minutehand.store.records import Complete, Start
+    from minutehand.store.outcomes import Complete, Start
     from tests.support import make_store
 
     db = citus_db
@@ -313,7 +313,7 @@ def test_a_request_whose_shard_call_fails_does_not_fail_the_requests_of_other_sh
     import asyncio
 
     from minutehand.dispatch.outcomes import OutcomeWriter, _Pending
-    from minutehand.store.records import Complete
+    from minutehand.store.outcomes import Complete
     from tests.support import make_store
 
     db = citus_db

@@ -22,7 +22,11 @@ import urllib.request
 from http.cookiejar import CookieJar
 from pathlib import Path
 
+import pytest
+
 from minutehand.dev.localpg import LocalCluster
+
+pytestmark = pytest.mark.processes
 
 
 def free_port() -> int:

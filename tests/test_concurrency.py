@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from minutehand.store.errors import StaleLease
-from minutehand.store.records import JobSpec
+from minutehand.store.submit import JobSpec
 from tests.support import T0, claim, lease_all, make_store, on_citus, pin
 
 TEAM = "racers"

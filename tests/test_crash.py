@@ -20,8 +20,10 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from minutehand.store.records import JobSpec
+from minutehand.store.submit import JobSpec
 from tests.support import T0, claim, lease_all, make_store
+
+pytestmark = pytest.mark.processes
 
 CHILD = Path(__file__).with_name("crash_claimer.py")
 TEAM = "crashers"

@@ -21,8 +21,10 @@ from minutehand.serve import build
 from minutehand.settings import Settings
 from minutehand.store import migrate
 from minutehand.store.errors import InvalidInput, NotFound
-from minutehand.store.records import Fail, JobSpec
-from minutehand.store.store import Store, hash_token
+from minutehand.store.outcomes import Fail
+from minutehand.store.store import Store
+from minutehand.store.submit import JobSpec
+from minutehand.store.teams import hash_token
 from tests.support import AUTO_EXPLAIN_ON_CITUS, T0, claim as claim_shards, skip_on_citus
 
 pytestmark = pytest.mark.reused_db

@@ -20,9 +20,11 @@ import psycopg
 import pytest
 
 from minutehand.dispatch.shards import assign
-from minutehand.store.records import JobSpec
+from minutehand.store.submit import JobSpec
 from tests.processes import Server, WorkerProcess, logs, wait_until
 from tests.worker_apps import RUNS_DDL
+
+pytestmark = pytest.mark.processes
 
 
 @pytest.fixture

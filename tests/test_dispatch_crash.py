@@ -26,12 +26,16 @@ import re
 import signal
 import threading
 import time
-import psycopg
 
-from minutehand.store.records import JobSpec
+import psycopg
+import pytest
+
+from minutehand.store.submit import JobSpec
 from tests.fleet import SHARDS, TEAM, ClaimsNeverExpire, Fleet, work
 from tests.processes import wait_until
 from tests.support import on_citus
+
+pytestmark = pytest.mark.processes
 
 
 def wait_or_fail(fleet: Fleet, check, timeout_s: float, what: str):
@@ -276,11 +280,12 @@ def test_paused_dispatcher_claims_nothing_under_its_old_epoch(fleet: Fleet):
 
 # ---------------------------------------------------------------- 5. chaos
 def test_chaos_20000_jobs_with_workers_and_a_dispatcher_killed(fleet: Fleet):
-    n, deadline_s = 20_000, 240.0
-    if on_citus(fleet.db):
-        # The same jobs and kills; a one-box Citus cluster (three servers on the
-        # same cores, every statement through the coordinator) is 2.5-4x slower.
-        deadline_s *= 3
+    # What must hold is that the jobs keep finishing through the kills, not how
+    # fast: a busy machine (or a one-box Citus cluster, every statement
+    # through the coordinator) takes several times a quiet one's time. So
+    # the test fails when no job has finished for STALL_S, and only a run
+    # past a generous ceiling fails on time alone.
+    n, stall_s, ceiling_s = 20_000, 120.0, 1800.0
     rng = random.Random()
     flags = ("--shard-lease-s", "3", "--claim-lease-s", "5")
     dispatchers = [fleet.server(*flags, role="dispatcher", name=f"d{i}") for i in range(2)]
@@ -308,7 +313,8 @@ def test_chaos_20000_jobs_with_workers_and_a_dispatcher_killed(fleet: Fleet):
     def chaos_logs() -> str:
         return f"{worker_kills} workers and {dispatcher_kills} dispatcher killed\n" + fleet.logs(30, live_only=True)
 
-    worker_kills = dispatcher_kills = 0
+    worker_kills = dispatcher_kills = last_done = 0
+    progressed = started
     next_kill = time.monotonic() + rng.uniform(1.5, 2.5)
     dispatcher_kill_at = time.monotonic() + 6.0
     try:
@@ -320,7 +326,10 @@ def test_chaos_20000_jobs_with_workers_and_a_dispatcher_killed(fleet: Fleet):
             if done == n and not submitter.is_alive():
                 break
             now = time.monotonic()
-            assert now - started < deadline_s, f"not done after {deadline_s} s: {states}\n{chaos_logs()}"
+            if done > last_done:
+                last_done, progressed = done, now
+            assert now - progressed < stall_s, f"no job finished for {stall_s} s: {states}\n{chaos_logs()}"
+            assert now - started < ceiling_s, f"not done after {ceiling_s} s: {states}\n{chaos_logs()}"
             assert not (states.keys() - {"scheduled", "claimed", "running", "retrying", "succeeded"}), \
                 f"{states}\n{chaos_logs()}"
             if stale := fleet.stale_claims():

@@ -30,7 +30,7 @@ import psycopg
 import pytest
 
 from minutehand.store.queries import q
-from minutehand.store.records import JobSpec
+from minutehand.store.submit import JobSpec
 from tests.support import AUTO_EXPLAIN_ON_CITUS, T0, make_store, pin
 
 FAR_JOBS = 1_000_000

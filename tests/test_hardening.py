@@ -35,8 +35,9 @@ from psycopg.types.json import Jsonb
 
 from minutehand.settings import Settings
 from minutehand.store import errors
-from minutehand.store.records import JobSpec, Repeat
+from minutehand.store.records import Repeat
 from minutehand.store.store import Store
+from minutehand.store.submit import JobSpec
 from tests.support import (T0, claim_all, counts, lease_all, lease_until, make_store, on_citus, pin,
                            started_dispatcher, submit_sql)
 
@@ -124,7 +125,7 @@ def test_cron_expressions_that_never_fire_are_refused_quickly(pinned_store, db):
 
 
 def test_fire_times_of_one_request_have_a_cpu_budget(pinned_store, db, monkeypatch):
-    monkeypatch.setattr("minutehand.store.store.FIRE_TIME_BUDGET_S", 0.0)
+    monkeypatch.setattr("minutehand.store.submit.FIRE_TIME_BUDGET_S", 0.0)
     before = counts(db)
     items = pinned_store.submit_many("t", [JobSpec(name="plain")] + [JobSpec(name="s", repeat=Repeat(cron="0 3 * * *"))] * 3)
     assert items[0].error is None
@@ -370,7 +371,7 @@ def test_a_submission_the_database_keeps_aborting_is_503_saying_so(db_dsn, db):
 
     from minutehand.api.app import create_app
     from minutehand.store import migrate
-    from minutehand.store.store import hash_token
+    from minutehand.store.teams import hash_token
     db.execute("INSERT INTO teams (name, token_hash) VALUES ('t', %s)", (hash_token("tok-t"),))
     db.execute("""CREATE FUNCTION abort_as_deadlock() RETURNS trigger LANGUAGE plpgsql AS $$
                   BEGIN
@@ -393,6 +394,7 @@ def test_a_submission_the_database_keeps_aborting_is_503_saying_so(db_dsn, db):
     assert counts(db) == before
 
 
+@pytest.mark.processes
 def test_batches_of_cron_expressions_that_never_fire_do_not_starve_anyone(db_dsn, db):
     """8 requests at once, 40 items each of `0 0 31 2 *`, against a real
     `minutehand serve` with a pool of 4: each item is refused at once; another
@@ -404,7 +406,7 @@ def test_batches_of_cron_expressions_that_never_fire_do_not_starve_anyone(db_dsn
     import urllib.request
     from concurrent.futures import ThreadPoolExecutor
 
-    from minutehand.store.store import hash_token
+    from minutehand.store.teams import hash_token
     from tests.processes import Server
     db.execute("INSERT INTO teams (name, token_hash) VALUES ('t', %s), ('u', %s)",
                (hash_token("tok-t"), hash_token("tok-u")))

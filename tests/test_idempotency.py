@@ -15,7 +15,8 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from minutehand.store.errors import Conflict
-from minutehand.store.records import Complete, JobSpec
+from minutehand.store.outcomes import Complete
+from minutehand.store.submit import JobSpec
 from tests.support import T0, claim, counts, json_text, on_citus, pin, submit_sql, submit_store
 
 pytestmark = pytest.mark.reused_db   # one database for the module, reset before each test

@@ -1,6 +1,8 @@
 """Who may import whom, read from the source with ast (no module is imported):
 the worker library stands alone, the protocol is a leaf both sides share,
-dev-only code stays out of the runtime, and packages import no cycle.
+the API and the admin UI are siblings over minutehand.web and the rules
+(which know no HTTP), the CLI uses neither app, dev-only code stays out of
+the runtime, and packages import no cycle.
 Plus: the worker imports and runs with the server's dependencies blocked,
 and pyproject's package list is app/minutehand/'s folders."""
 from __future__ import annotations
@@ -109,8 +111,39 @@ def test_the_store_imports_no_layer_above_it():
                                               "minutehand.maintenance"))
 
 
+def test_each_part_of_the_store_imports_no_other_part():
+    # A part is a concern of Store built on store.base; what parts share lives in base and records.
+    parts = {m for m, i in of("minutehand.store").items() if "minutehand.store.base" in i} - {"minutehand.store.store"}
+    assert {"minutehand.store.submit", "minutehand.store.claim"} <= parts
+    assert not {m: sorted(IMPORTS[m] & parts - {m}) for m in parts if IMPORTS[m] & parts - {m}}
+
+
 def test_the_api_imports_no_cli_or_dev():
     assert not offenders("minutehand.api", ("minutehand.cli", "minutehand.dev", "minutehand.serve"))
+
+
+def test_the_admin_ui_and_the_cli_import_no_api():
+    # What the admin UI shares with the API is in minutehand.web, the rules all three apply in minutehand.rules.
+    assert not offenders("minutehand.admin", ("minutehand.api",))
+    assert not offenders("minutehand.cli", ("minutehand.api",))
+
+
+def test_the_api_imports_no_admin_ui():
+    # The composition root (serve) hands create_app the admin UI.
+    assert not offenders("minutehand.api", ("minutehand.admin",))
+
+
+def test_what_both_http_apps_share_imports_neither():
+    assert not offenders("minutehand.web", ("minutehand.api", "minutehand.admin", "minutehand.cli", "minutehand.dev",
+                                            "minutehand.serve"))
+
+
+def test_the_rules_import_no_http_framework_and_no_layer_above_the_store():
+    assert "minutehand.rules" in MODULES
+    above = ("minutehand.api", "minutehand.admin", "minutehand.web", "minutehand.cli", "minutehand.dev",
+             "minutehand.serve", "minutehand.dispatch", "minutehand.maintenance", "minutehand.worker")
+    http = ("litestar", "uvicorn", "httpx", "anyio")
+    assert not offenders("minutehand.rules", above + http)
 
 
 def test_no_runtime_module_imports_dev_code():

@@ -12,6 +12,8 @@ import pytest
 
 from minutehand.dev.localpg import LocalCluster
 
+pytestmark = pytest.mark.processes
+
 REPO = Path(__file__).resolve().parent.parent
 
 

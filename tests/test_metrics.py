@@ -25,7 +25,7 @@ from minutehand.api.metrics import OTHER, DatabaseMetrics
 from minutehand.serve import build
 from minutehand.settings import Settings
 from minutehand.store import migrate
-from minutehand.store.records import JobSpec
+from minutehand.store.submit import JobSpec
 from tests.processes import Server, WorkerProcess, free_port, logs, wait_until
 from tests.support import T0, make_store
 from tests.worker_apps import RUNS_DDL
@@ -170,6 +170,7 @@ def worker_jobs(port: int) -> dict[tuple[str, str], float]:
             for k, v in values(got.get("minutehand_worker_jobs", []), "_total").items()}
 
 
+@pytest.mark.processes
 def test_after_a_run_every_family_is_exposed_and_the_job_counters_equal_a_recount(run):
     server, worker, worker_port, expected = run
     families = scrape(server.url + "/metrics")
@@ -226,6 +227,7 @@ def test_after_a_run_every_family_is_exposed_and_the_job_counters_equal_a_recoun
             assert name in exposed, f"dashboard panel {panel!r}: {name} is not exposed ({expr})"
 
 
+@pytest.mark.processes
 def test_a_dispatcher_alone_serves_metrics(db_dsn, live_store):
     live_store.submit_many("t", [JobSpec("later", due_at=dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=2))])
     server = Server(db_dsn, "--metrics-read-s", "0", role="dispatcher")

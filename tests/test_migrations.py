@@ -273,6 +273,7 @@ def test_a_database_of_the_old_layout_moves_into_the_schema(empty_dsn, pg_server
     smoke(empty_dsn)
 
 
+@pytest.mark.processes
 def test_two_migrates_at_once_wait_for_each_other(empty_dsn):
     """Processes (Alembic's context is one per process)."""
     code = "import sys; from minutehand.store import migrate; migrate.upgrade(sys.argv[1])"

@@ -17,7 +17,9 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from minutehand.store.errors import InvalidInput
-from minutehand.store.records import Complete, Fail, Heartbeat, JobSpec, Outcome, Start
+from minutehand.store.outcomes import Complete, Fail, Heartbeat, Start
+from minutehand.store.records import Outcome
+from minutehand.store.submit import JobSpec
 from tests.support import T0, claim as claim_shards, counts, json_text, pin
 
 pytestmark = pytest.mark.reused_db   # one database for the module, reset before each test

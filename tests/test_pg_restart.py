@@ -31,11 +31,15 @@ import pytest
 
 from minutehand.dev.localpg import LocalCluster
 from minutehand.store import migrate
+from minutehand.store.claim import ClaimRequest, PlannedClaim
+from minutehand.store.outcomes import Complete
 from minutehand.store.schema import SEARCH_PATH
-from minutehand.store.records import ClaimRequest, Complete, JobSpec, PlannedClaim
 from minutehand.store.store import Store
+from minutehand.store.submit import JobSpec
 from tests.processes import Server, WorkerProcess, logs, wait_until
 from tests.worker_apps import RUNS_DDL
+
+pytestmark = pytest.mark.processes
 
 RESUME_S = 15.0             # processing resumes within this long of the database being back
 RATE = 100                  # jobs submitted per second (in batches of 10)

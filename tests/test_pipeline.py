@@ -6,9 +6,10 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from minutehand.store.claim import ClaimRequest
 from minutehand.store.errors import StaleLease
-from minutehand.store.records import ClaimRequest, JobSpec
 from minutehand.store.store import Store
+from minutehand.store.submit import JobSpec
 from tests.support import lease_all, make_store
 
 

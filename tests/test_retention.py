@@ -24,8 +24,9 @@ from minutehand.maintenance.schedule import MaintenanceSchedule
 from minutehand.serve import build
 from minutehand.settings import Settings
 from minutehand.store import migrate
-from minutehand.store.records import Complete, Fail, JobSpec
-from minutehand.store.store import hash_token
+from minutehand.store.outcomes import Complete, Fail
+from minutehand.store.submit import JobSpec
+from minutehand.store.teams import hash_token
 from tests.support import T0, claim, lease_all, make_store, pin, shard_count
 
 pytestmark = pytest.mark.reused_db   # one database for the module, reset before each test

@@ -10,7 +10,8 @@ import datetime as dt
 
 import pytest
 
-from minutehand.store.records import Complete, Fail, Heartbeat, JobSpec, Start
+from minutehand.store.outcomes import Complete, Fail, Heartbeat, Start
+from minutehand.store.submit import JobSpec
 from tests.support import T0, claim as claim_shards, due_rows, json_text, make_store, minute_part, pin
 
 pytestmark = pytest.mark.reused_db   # one database for the module, reset before each test

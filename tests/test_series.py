@@ -24,8 +24,9 @@ from minutehand.api.app import create_app
 from minutehand.settings import Settings
 from minutehand.store import errors, migrate
 from minutehand.store import repeat as repeats
-from minutehand.store.records import JobSpec, Repeat
-from minutehand.store.store import hash_token
+from minutehand.store.records import Repeat
+from minutehand.store.submit import JobSpec
+from minutehand.store.teams import hash_token
 from tests.support import T0, due_rows, minute_part, pin
 
 pytestmark = pytest.mark.reused_db   # one database for the module, reset before each test

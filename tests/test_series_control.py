@@ -24,9 +24,11 @@ from minutehand.api.app import create_app
 from minutehand.cli import main as cli
 from minutehand.settings import Settings
 from minutehand.store import errors, migrate, repeat
+from minutehand.store.outcomes import Start
 from minutehand.store.queries import q
-from minutehand.store.records import JobSpec, Repeat, Start
-from minutehand.store.store import hash_token
+from minutehand.store.records import Repeat
+from minutehand.store.submit import JobSpec
+from minutehand.store.teams import hash_token
 from tests.support import T0, claim as claim_shards, pin, router_plan
 
 pytestmark = pytest.mark.reused_db   # one database for the module, reset before each test

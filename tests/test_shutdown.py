@@ -17,9 +17,11 @@ import time
 
 import pytest
 
-from minutehand.store.records import JobSpec
+from minutehand.store.submit import JobSpec
 from tests.fleet import SHARDS, Fleet
 from tests.processes import Process, wait_until
+
+pytestmark = pytest.mark.processes
 
 
 def submit(fleet: Fleet, n: int, **payload) -> list[int]:

@@ -17,8 +17,9 @@ from litestar.testing import TestClient
 from minutehand.api.app import create_app
 from minutehand.settings import Settings
 from minutehand.store import errors, migrate
-from minutehand.store.records import JobSpec, Repeat
-from minutehand.store.store import hash_token
+from minutehand.store.records import Repeat
+from minutehand.store.submit import JobSpec
+from minutehand.store.teams import hash_token
 from tests.support import AUTO_EXPLAIN_ON_CITUS, T0, pin, skip_on_citus
 
 pytestmark = pytest.mark.reused_db   # one database for the module, reset before each test

@@ -14,7 +14,9 @@ import threading
 import psycopg
 import pytest
 
-from minutehand.store.records import STATS_BOUNDS_S, Complete, Fail, JobSpec, Release, Start, quantile_bound
+from minutehand.store.outcomes import Complete, Fail, Release, Start
+from minutehand.store.stats import STATS_BOUNDS_S, quantile_bound
+from minutehand.store.submit import JobSpec
 from tests.support import T0, claim, lease_all, pin
 
 pytestmark = pytest.mark.reused_db

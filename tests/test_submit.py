@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from minutehand.store.errors import InvalidInput, NotFound, PayloadTooLarge, StoreError
-from minutehand.store.records import JobSpec
+from minutehand.store.submit import JobSpec
 from tests.support import T0, claim, counts, due_rows, minute_part, pin, submit_sql, submit_store
 
 pytestmark = pytest.mark.reused_db   # one database for the module, reset before each test

@@ -24,10 +24,13 @@ import time
 from collections import Counter
 
 import psycopg
+import pytest
 
-from minutehand.store.records import JobSpec
+from minutehand.store.submit import JobSpec
 from tests.fleet import Fleet
 from tests.processes import WorkerProcess, logs, wait_until
+
+pytestmark = pytest.mark.bench
 
 RATE = 1000                     # jobs/s offered
 BATCH_EVERY_S = 0.1

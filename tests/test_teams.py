@@ -17,7 +17,8 @@ from minutehand.cli import main as cli
 from minutehand.serve import build
 from minutehand.settings import TEAM_LIMIT_MAX, Settings
 from minutehand.store import migrate
-from minutehand.store.store import Store, hash_token
+from minutehand.store.store import Store
+from minutehand.store.teams import hash_token
 
 pytestmark = pytest.mark.reused_db   # one database for the module, reset before each test
 

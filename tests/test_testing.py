@@ -12,8 +12,8 @@ import time
 import pytest
 
 from minutehand import testing
-from minutehand.store.records import JobSpec
 from minutehand.store.store import Store
+from minutehand.store.submit import JobSpec
 from minutehand.worker import Job, NonRetryable, Worker
 
 pytest_plugins = ["minutehand.testing"]

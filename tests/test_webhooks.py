@@ -24,8 +24,10 @@ from minutehand.maintenance.webhooks import SIGNATURE_HEADER, WebhookDeliverer, 
 from minutehand.serve import build
 from minutehand.settings import Settings
 from minutehand.store import migrate
-from minutehand.store.records import Fail, JobSpec
-from minutehand.store.store import Store, hash_token
+from minutehand.store.outcomes import Fail
+from minutehand.store.store import Store
+from minutehand.store.submit import JobSpec
+from minutehand.store.teams import hash_token
 from tests.processes import Server, logs, wait_until
 from tests.support import T0, claim as claim_shards, make_store
 
@@ -303,6 +305,7 @@ def test_http_webhooks_belong_to_the_admin_and_the_team_itself(client):
 
 
 # ---------------------------------------------------------------- a deliverer killed mid-delivery
+@pytest.mark.processes
 def test_a_dispatcher_killed_while_the_receiver_holds_the_request_delivers_after_restart(db_dsn):
     """The receiver holds the first POST unanswered; the dispatcher process
     delivering it is SIGKILLed. Its position has not moved, so the same

@@ -13,7 +13,7 @@ import threading
 import psycopg
 import pytest
 
-from minutehand.store.records import JobSpec
+from minutehand.store.submit import JobSpec
 from tests.support import T0, claim, make_store, pin, table_of
 
 TEAM = "wheelers"

@@ -27,6 +27,8 @@ from minutehand.worker import Job, NonRetryable, Worker, effects
 from tests.processes import ROOT, Server, free_port, wait_until
 from tests.support import submit_store
 
+pytestmark = pytest.mark.processes
+
 
 # ---------------------------------------------------------------- a server, a team, a worker token
 def start_server(dsn: str, *extra: str) -> Server:

@@ -18,8 +18,8 @@ from schemathesis.specs.openapi.checks import (content_type_conformance, respons
 from minutehand.serve import build
 from minutehand.settings import Settings
 from minutehand.store import migrate
-from minutehand.store.records import JobSpec
 from minutehand.store.store import Store
+from minutehand.store.submit import JobSpec
 from tests.processes import serving
 from tests.support import RESET
 

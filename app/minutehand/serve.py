@@ -22,7 +22,6 @@ from litestar import Litestar
 from psycopg.conninfo import make_conninfo
 
 from minutehand.admin.app import admin_ui
-from minutehand.api.admission import Admission
 from minutehand.api.app import create_app
 from minutehand.api.coalesce import SubmitCoalescer
 from minutehand.api.limits import protocol_class
@@ -33,6 +32,7 @@ from minutehand.maintenance.schedule import MaintenanceSchedule
 from minutehand.maintenance.webhooks import WebhookDeliverer
 from minutehand.settings import Settings
 from minutehand.store.store import Store
+from minutehand.web.admission import Admission
 
 
 def api_store(settings: Settings) -> Store:

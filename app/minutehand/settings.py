@@ -94,7 +94,7 @@ class Settings:
     # its creation names none.
     default_team_quota: int = 1000
     default_team_weight: int = 1
-    # Admission control (app/minutehand/api/admission.py). A new team's submission rate
+    # Admission control (app/minutehand/web/admission.py). A new team's submission rate
     # limit, when its creation names none: jobs per second (0: none) and the
     # most at once (0: one second's worth). The admin sets each team's own.
     default_team_submit_rate: float = 0.0

@@ -53,7 +53,7 @@ from minutehand.worker import Job, Worker
 from minutehand.worker.settings import WorkerSettings
 
 if TYPE_CHECKING:
-    from minutehand.store.records import JobStatus
+    from minutehand.store.jobs import JobStatus
 
 __all__ = ["Drained", "DrainTimeout", "Failed", "Outcome", "Succeeded", "drain", "drain_async",
            "make_job", "run_job", "run_job_async"]

@@ -36,8 +36,8 @@ from collections.abc import Callable
 import psycopg
 
 from minutehand.store import migrate, schema
-from minutehand.store.records import JobSpec
 from minutehand.store.store import Store
+from minutehand.store.submit import JobSpec
 from ops.bench.api import _free_port, start_server, stop_server
 from ops.bench.server import bench_server, citus_database
 from ops.bench.store import _url, floor, recreate

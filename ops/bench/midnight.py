@@ -61,8 +61,8 @@ import psycopg
 from psycopg.rows import dict_row
 
 from minutehand.store import migrate, schema
-from minutehand.store.records import JobSpec
 from minutehand.store.store import Store
+from minutehand.store.submit import JobSpec
 from ops.bench.api import _free_port, start_server, stop_server
 from ops.bench.e2e import start_workers, stop_all
 from ops.bench.server import bench_server

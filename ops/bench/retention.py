@@ -33,8 +33,8 @@ import time
 import psycopg
 
 from minutehand.store import migrate, schema
-from minutehand.store.records import JobSpec
 from minutehand.store.store import Store
+from minutehand.store.submit import JobSpec
 from ops.bench.api import _free_port, start_server, stop_server
 from ops.bench.e2e import TEAM, start_workers, stop_all, throughput
 from ops.bench.server import bench_server

@@ -36,8 +36,10 @@ from collections import Counter
 from dataclasses import dataclass
 
 from minutehand.store import migrate
-from minutehand.store.records import ClaimRequest, JobSpec, Repeat
+from minutehand.store.claim import ClaimRequest
+from minutehand.store.records import Repeat
 from minutehand.store.store import Store
+from minutehand.store.submit import JobSpec
 from ops.bench.server import bench_server
 from ops.bench.store import recreate
 

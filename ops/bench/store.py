@@ -29,8 +29,10 @@ import psycopg
 
 from minutehand.store import migrate, schema
 from ops.bench.server import bench_server
-from minutehand.store.records import ClaimRequest, Complete, JobSpec
+from minutehand.store.claim import ClaimRequest
+from minutehand.store.outcomes import Complete
 from minutehand.store.store import Store
+from minutehand.store.submit import JobSpec
 
 FLOOR = Path(__file__).with_name("floor") / "run.sh"
 PGBENCH_LIFECYCLE = Path(__file__).with_name("lifecycle.pgbench.sql")

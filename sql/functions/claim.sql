@@ -11,14 +11,6 @@ BEGIN
     RETURN (SELECT l.epoch FROM take_shard_leases(ARRAY[p_shard], p_owner, p_ttl_s) l);
 END $$;
 
--- Give a shard up at once (a clean shutdown), so another takes it without
--- waiting for expiry. Only the current holder of the epoch can.
-CREATE OR REPLACE FUNCTION release_shard_lease(p_shard int, p_owner text, p_epoch bigint) RETURNS boolean
-LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
-BEGIN
-    RETURN release_shard_leases(ARRAY[p_shard], p_owner, ARRAY[p_epoch]) = 1;
-END $$;
-
 -- Leases on several shards in one statement: (shard, epoch) of
 -- those now held. The dispatcher renews all its leases every fifth of a lease
 -- period; on Citus the store calls this once per Citus shard, so a renewal is
@@ -43,8 +35,10 @@ BEGIN
     RETURNING s.shard::int, s.epoch;
 END $$;
 
--- Releases of several shards ({shard: epoch} as two arrays) in
--- one statement; on Citus called once per Citus shard, as take_shard_leases.
+-- Give shards up at once (a clean shutdown), so others take them without
+-- waiting for expiry; only the current holder of a shard's epoch can. Several
+-- shards ({shard: epoch} as two arrays) in one statement; on Citus called once
+-- per Citus shard, as take_shard_leases.
 CREATE OR REPLACE FUNCTION release_shard_leases(p_shards int[], p_owner text, p_epochs bigint[]) RETURNS int
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE

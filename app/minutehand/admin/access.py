@@ -16,7 +16,7 @@ static files) are let through; the sign-in form has a CSRF token of its own
 (a cookie and a form field that must match).
 
 Pages use: `Who` and `Ctx` (their dependencies: the Signed browser, the
-API's Context), `render` (a template with the common context), `action` (an
+Context it shares with the API), `render` (a template with the common context), `action` (an
 audited store call), `admin_only`, `Refused` (see app/minutehand/admin/app.py).
 """
 from __future__ import annotations
@@ -36,10 +36,10 @@ from litestar.exceptions import HTTPException
 from litestar.params import SkipValidation
 from litestar.response import Redirect, Template
 
-from minutehand.api.auth import Principal
-from minutehand.api.context import Context
-from minutehand.store.records import AuditNote
-from minutehand.store.store import hash_token
+from minutehand.store.admin import AuditNote
+from minutehand.store.teams import hash_token
+from minutehand.web.auth import Principal
+from minutehand.web.context import Context
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -1,7 +1,8 @@
 """The admin UI's wiring: admin_ui(ctx) -> the /admin router and the
 template config, which create_app (app/minutehand/api/app.py) mounts when it is given
-them (app/minutehand/serve.py passes admin_ui; the api package does not import this
-one, which imports the api's Principal and Context).
+them (app/minutehand/serve.py passes admin_ui). The api and admin packages import
+neither the other: what both use is in app/minutehand/web/ (Principal, Context)
+and app/minutehand/rules.py.
 
 The contract every page module follows (jobs.py, dead.py, series.py,
 overview.py, dispatchers.py, teams.py, audit.py):
@@ -12,11 +13,11 @@ overview.py, dispatchers.py, teams.py, audit.py):
   guard (access.guard) sends anyone else to /admin/signin before the
   handler runs.
 - Two dependencies, by parameter name: `who: access.Who` (an access.Signed:
-  who.principal is an api.auth.Principal, the admin or one team, with
+  who.principal is a web.auth.Principal, the admin or one team, with
   scope()/own_team()/require_admin() as in the API; who.is_admin;
-  who.note(...) builds an audit entry) and `ctx: access.Ctx` (the API's Context:
-  ctx.store, ctx.settings, `await ctx.db(fn, ...)` runs a store call off the
-  event loop).
+  who.note(...) builds an audit entry) and `ctx: access.Ctx` (the
+  web.context.Context the API has too: ctx.store, ctx.settings,
+  `await ctx.db(fn, ...)` runs a store call off the event loop).
 - Render with `access.render(request, "page.html", **values)` -> Template;
   pass status_code=4xx to re-render a refused form. Templates extend
   "base.html" and fill `{% block content %}` (`{% block title %}` too); the
@@ -54,8 +55,8 @@ from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
 
 from minutehand.admin import access, audit, dead, dispatchers, jobs, overview, series, teams
-from minutehand.api.context import Context
 from minutehand.store import errors
+from minutehand.web.context import Context
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent

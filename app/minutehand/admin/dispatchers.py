@@ -14,7 +14,7 @@ from litestar import Request, get
 from litestar.response import Template
 
 from minutehand.admin.access import Ctx, Who, admin_only, render
-from minutehand.store.records import ShardLease
+from minutehand.store.admin import ShardLease
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import datetime as dt
 import re
 
 from minutehand.admin.access import Refused, Signed
-from minutehand.api.schemas import TEAM_NAME_PATTERN
+from minutehand.rules import TEAM_NAME_PATTERN
 from minutehand.store import errors
 from minutehand.store.records import Outcome
 

@@ -29,7 +29,7 @@ from litestar.response import Redirect, Template
 from minutehand.admin.access import Ctx, Refused, Who, action, render
 from minutehand.admin.finding import (JOB_STATES, a_name, a_state, a_time, an_id, bad, created_at_of, scope,
                                       settled, team_in_view, text)
-from minutehand.store.records import JobRecord
+from minutehand.store.admin import JobRecord
 
 PAGE = 50
 SCAN = 2000                   # a filtered page reads at most this many of the team's jobs (unfiltered: PAGE)

@@ -15,8 +15,9 @@ from litestar.response import Template
 
 from minutehand.admin import charts
 from minutehand.admin.access import Ctx, Signed, Who, render
-from minutehand.api.context import Context
-from minutehand.store.records import Overview, quantile_bound
+from minutehand.store.admin import Overview
+from minutehand.store.stats import quantile_bound
+from minutehand.web.context import Context
 
 REFRESH_S = 10
 MINUTE = dt.timedelta(minutes=1)

@@ -7,7 +7,7 @@ pause / resume / cancel.
 
 The reads and the controls are the store methods behind /v1/series
 (Store.list_series, Store.series, Store.pause_series ...), the next fire
-times computed as the API computes them (app/minutehand/api/series.py); each control
+times computed as the API computes them (app/minutehand/rules.py); each control
 is audited in its own transaction. The admin reaches a series through its
 team (Store.series_team, one primary-key lookup).
 """
@@ -22,9 +22,9 @@ from litestar.response import Redirect, Template
 
 from minutehand.admin.access import Ctx, Refused, Who, action, render
 from minutehand.admin.finding import an_id, team_in_view, text
-from minutehand.api.series import next_fire_times
+from minutehand.rules import next_fire_times
 from minutehand.store import errors
-from minutehand.store.records import SeriesDetail
+from minutehand.store.series import SeriesDetail
 
 PAGE = 50
 RUNS = 20

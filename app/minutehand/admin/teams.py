@@ -1,7 +1,7 @@
 """Teams: quotas, weights, admission limits (rate, burst, pending ceiling)
 and retention, listed by name (keyset pages); the admin edits them and
 rotates a team's token, through the store methods the /v1/teams API uses
-and with its checks (app/minutehand/api/teams.py). A team's session sees its own team,
+and with its checks (app/minutehand/rules.py). A team's session sees its own team,
 read-only. A refused edit re-renders the form with the reason (422) and
 writes nothing."""
 from __future__ import annotations
@@ -15,12 +15,10 @@ from litestar.params import Parameter
 from litestar.response import Template
 
 from minutehand.admin.access import Ctx, Refused, Signed, Who, action, admin_only, render
-from minutehand.api.context import Context
-from minutehand.api.schemas import TEAM_NAME_PATTERN
-from minutehand.api.teams import retention_problem
+from minutehand.rules import TEAM_NAME_PATTERN, retention_problem
 from minutehand.store import errors
-from minutehand.store.records import TeamSettings
-from minutehand.store.store import KEEP
+from minutehand.store.teams import KEEP, TeamSettings
+from minutehand.web.context import Context
 
 PAGE = 50
 INT_MAX = 2**31 - 1

@@ -3,7 +3,9 @@ from components it is given (the process is built in app/minutehand/serve.py).
 
 Routes live in jobs.py, teams.py, series.py, dead.py (dead jobs and the
 events feed), webhooks.py and health.py; authentication in auth.py;
-errors in problems.py; bodies and responses in schemas.py. The OpenAPI
+errors in problems.py; bodies and responses in schemas.py. What the admin
+UI shares with them (the Context, the Principal, the kinds of problem) is
+in app/minutehand/web/, the rules in app/minutehand/rules.py. The OpenAPI
 schema is served at /schema/openapi.json (and browsable at /schema).
 """
 from __future__ import annotations
@@ -21,17 +23,18 @@ from litestar.template.config import TemplateConfig
 from minutehand import protocol
 from minutehand.api import dead, health, jobs, metrics, problems, series, teams, webhooks, windows
 from minutehand.api import workers as worker_routes
-from minutehand.api.admission import Admission
-from minutehand.api.auth import TokenCache, authenticator, checked_before_body
+from minutehand.api.auth import authenticator, checked_before_body
 from minutehand.api.bodies import JobIdSchema, StrictBody
 from minutehand.api.coalesce import SubmitCoalescer
-from minutehand.api.context import Context
 from minutehand.dispatch.dispatcher import Dispatcher
 from minutehand.lifecycle import Service
 from minutehand.protocol import JobId
 from minutehand.settings import Settings
 from minutehand.store import migrate
 from minutehand.store.store import Store
+from minutehand.web.admission import Admission
+from minutehand.web.auth import TokenCache
+from minutehand.web.context import Context
 
 VERSION = "1"
 

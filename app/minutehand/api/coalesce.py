@@ -16,9 +16,10 @@ value PostgreSQL cannot hold) is likewise retried item by item. Items with the s
 idempotency key in one batch are matched by the procedure itself (the
 second names the first's job).
 
-Each team's share of a batch is admitted first (admission.py): the jobs
-its rate limit and pending ceiling let in now go on, in the order they
-arrived; each of the others gets its own refusal (429) and is written nowhere.
+Each team's share of a batch is admitted first
+(app/minutehand/web/admission.py): the jobs its rate limit and pending
+ceiling let in now go on, in the order they arrived; each of the others
+gets its own refusal (429) and is written nowhere.
 """
 from __future__ import annotations
 
@@ -28,10 +29,10 @@ from typing import Any
 
 import psycopg
 
-from minutehand.api.admission import Admission
 from minutehand.futures import BatchThreads, settle
-from minutehand.store.records import JobSpec, Submitted
 from minutehand.store.store import Store
+from minutehand.store.submit import JobSpec, Submitted
+from minutehand.web.admission import Admission
 
 
 @dataclass

@@ -8,14 +8,10 @@ name; and the team's feed of terminal failures.
 
 What may be requeued is decided by the procedures (sql/functions/dead.sql);
 another team's job is "no such job" (404), as an unknown one. The feed's
-cursor is opaque to clients: it encodes the position (transaction id,
-event id) the next page starts after.
+cursor is opaque to clients (app/minutehand/rules.py makes and reads it).
 """
 from __future__ import annotations
 
-import base64
-import binascii
-import re
 from typing import Annotated
 
 from litestar import get, post
@@ -24,38 +20,22 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, JSONBody, QueryParameter
 
 from minutehand.api import problems
-from minutehand.api.auth import Principal
-from minutehand.api.context import Context
 from minutehand.api.jobs import JobIdParam, TeamParam
-from minutehand.api.problems import COMMON, INVALID, NOT_DEAD, NOT_FOUND, TOO_LARGE, ApiProblem
+from minutehand.api.problems import COMMON
 from minutehand.api.schemas import (DeadDiscardedOut, DeadDiscardIn, DeadRequeuedOut, DeadRequeueIn, EventOut,
                                     EventPageOut, SettledOut)
 from minutehand.protocol import JobId
-from minutehand.store.records import JobEvent, Outcome
+from minutehand.rules import EVENTS_START, NOT_AN_EVENTS_CURSOR, decode_events_cursor, encode_events_cursor
+from minutehand.store.dead import JobEvent
+from minutehand.store.records import Outcome
+from minutehand.web.auth import Principal
+from minutehand.web.context import Context
+from minutehand.web.problems import INVALID, NOT_DEAD, NOT_FOUND, TOO_LARGE, ApiProblem
 
 SECURITY = [{"bearer": []}]
 TAGS = ["dead jobs"]
 EVENTS_PAGE_MAX = 1000
 SETTLE_BODY_BYTES = 4096
-_POSITION = re.compile(r"^([0-9]{1,20})\.([0-9]{1,19})$")
-# Where a feed read with no cursor starts: before every event kept.
-START = ("0", 0)
-
-
-def encode_cursor(xid: str, event_id: int) -> str:
-    return base64.urlsafe_b64encode(f"{xid}.{event_id}".encode()).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> tuple[str, int]:
-    """The position a cursor this API returned encodes; 422 for any other text."""
-    try:
-        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        text = ""
-    m = _POSITION.fullmatch(text)
-    if m is None or int(m.group(1)) >= 2**64 or int(m.group(2)) >= 2**63:
-        raise ApiProblem(INVALID, "after is not a cursor this API returned (pass next_cursor as it came)")
-    return m.group(1), int(m.group(2))
 
 
 def event_out(e: JobEvent) -> EventOut:
@@ -137,11 +117,13 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
         limit: Annotated[int, QueryParameter(ge=1, le=EVENTS_PAGE_MAX)] = 100,
     ) -> EventPageOut:
         team = principal.path_team(name)
-        position = decode_cursor(after) if after is not None else START
+        position = decode_events_cursor(after) if after is not None else EVENTS_START
+        if position is None:
+            raise ApiProblem(INVALID, NOT_AN_EVENTS_CURSOR)
         if principal.is_admin and not await ctx.db(store.team_exists, team):
             raise ApiProblem(NOT_FOUND, f"no such team {team!r}")
         events = await ctx.db(store.events, team, after=position, limit=limit)
         last = (events[-1].xid, events[-1].id) if events else position
-        return EventPageOut([event_out(e) for e in events], encode_cursor(*last))
+        return EventPageOut([event_out(e) for e in events], encode_events_cursor(*last))
 
     return [requeue_job, discard_job, requeue_dead, discard_dead, team_events]

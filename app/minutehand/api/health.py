@@ -7,9 +7,9 @@ from litestar import get
 from litestar.handlers import HTTPRouteHandler
 
 from minutehand.api import problems
-from minutehand.api.context import Context
-from minutehand.api.problems import INTERNAL, UNAVAILABLE, ApiProblem
 from minutehand.api.schemas import HealthOut, ReadyOut
+from minutehand.web.context import Context
+from minutehand.web.problems import INTERNAL, UNAVAILABLE, ApiProblem
 
 
 def routes(ctx: Context) -> list[HTTPRouteHandler]:

@@ -30,18 +30,19 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import HeaderParameter, JSONBody, PathParameter, QueryParameter
 
 from minutehand.api import problems
-from minutehand.api.auth import Principal
 from minutehand.api.bodies import RawBody
-from minutehand.api.context import Context
-from minutehand.api.problems import (ADMISSION, COMMON, CONFLICT, INVALID, MALFORMED, NOT_CANCELLABLE, NOT_FOUND,
-                                    TOO_LARGE, ApiProblem)
+from minutehand.api.problems import ADMISSION, COMMON
 from minutehand.api.schemas import (KEY_RULE, BatchIn, BatchItemOut, BatchJobIn, BatchOut, CancelledOut, JobCreated, JobIn,
                              JobOut, JobPageOut, JobSummaryOut, Repeat, State, decoder, key_problem, text_problem)
 from minutehand.protocol import JobId
 from minutehand.protocol.jsontext import MAX_JSON_DEPTH, json_text_problem
 from minutehand.store import repeat as repeats
 from minutehand.store import records
-from minutehand.store.records import JobSpec, JobStatus
+from minutehand.store.jobs import JobStatus
+from minutehand.store.submit import JobSpec
+from minutehand.web.auth import Principal
+from minutehand.web.context import Context
+from minutehand.web.problems import CONFLICT, INVALID, MALFORMED, NOT_CANCELLABLE, NOT_FOUND, TOO_LARGE, ApiProblem
 
 SECURITY = [{"bearer": []}]
 BATCH_DECODER = decoder(BatchIn)

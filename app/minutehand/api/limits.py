@@ -42,8 +42,9 @@ import httptools
 import msgspec
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from minutehand.api.problems import HEADERS_TOO_LARGE, MALFORMED, PROBLEM_MEDIA_TYPE, TIMEOUT, Kind
+from minutehand.api.problems import PROBLEM_MEDIA_TYPE
 from minutehand.settings import Settings
+from minutehand.web.problems import HEADERS_TOO_LARGE, MALFORMED, TIMEOUT, Kind
 
 log = logging.getLogger("uvicorn.error")
 

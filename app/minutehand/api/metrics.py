@@ -41,9 +41,9 @@ from litestar.plugins.prometheus import PrometheusConfig
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from minutehand.api.context import Context
-from minutehand.store.records import STATS_BOUNDS_S, MetricsRead, Tally
+from minutehand.store.stats import STATS_BOUNDS_S, MetricsRead, Tally
 from minutehand.store.store import Store
+from minutehand.web.context import Context
 
 log = logging.getLogger(__name__)
 

@@ -6,14 +6,14 @@ refusals (StoreError, whose status each carries), Litestar's own HTTP errors
 (unknown route, wrong method, body over the size limit, bad parameters), a
 database that cannot be reached (503 with Retry-After), data PostgreSQL
 refuses to store (422), and anything unexpected (500, logged, no internals
-shown). Handlers raise ApiProblem for refusals of their own.
+shown). Handlers raise ApiProblem for refusals of their own (it and the
+kinds are in app/minutehand/web/problems.py, which the admin UI shares).
 """
 from __future__ import annotations
 
 import logging
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -21,50 +21,19 @@ import psycopg
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, SerializationException, ValidationException
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.plugins.problem_details import ProblemDetailsConfig, ProblemDetailsException, ProblemDetailsPlugin
+from litestar.plugins.problem_details import ProblemDetailsConfig, ProblemDetailsPlugin
 
 from minutehand.api.schemas import Problem
 from minutehand.protocol.jsontext import MAX_JSON_DEPTH
 from minutehand.store import errors
+from minutehand.web.problems import (CONFLICT, FORBIDDEN, INTERNAL, INVALID, KINDS, MALFORMED, METHOD, NOT_FOUND,
+                                     PENDING_CEILING, RATE_LIMITED, TOO_LARGE, UNAUTHORIZED, UNAVAILABLE, ApiProblem,
+                                     Kind)
 
 log = logging.getLogger(__name__)
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 
-
-@dataclass(frozen=True)
-class Kind:
-    slug: str
-    status: int
-    title: str
-
-    @property
-    def type(self) -> str:
-        # A relative URI reference, resolved against the API's own base URL.
-        return f"/problems/{self.slug}"
-
-
-MALFORMED = Kind("malformed-request", 400, "Malformed request")
-UNAUTHORIZED = Kind("unauthorized", 401, "Missing or bad token")
-FORBIDDEN = Kind("forbidden", 403, "Admin token required")
-NOT_FOUND = Kind("not-found", 404, "Not found")
-METHOD = Kind("method-not-allowed", 405, "Method not allowed")
-TIMEOUT = Kind("request-timeout", 408, "Request not received in time")
-CONFLICT = Kind("conflict", 409, "Conflict")
-NOT_CANCELLABLE = Kind("not-cancellable", 409, "Job cannot be cancelled")
-NOT_DEAD = Kind("not-dead", 409, "Job is not dead")
-STALE_CLAIM = Kind("stale-claim", 409, "Lease token is not the job's current claim")
-TOO_LARGE = Kind("too-large", 413, "Request too large")
-INVALID = Kind("invalid-input", 422, "Invalid input")
-RATE_LIMITED = Kind("rate-limited", 429, "Over the team's submission rate")
-PENDING_CEILING = Kind("pending-ceiling", 429, "Over the team's ceiling of pending jobs")
-HEADERS_TOO_LARGE = Kind("headers-too-large", 431, "Request headers too large")
-UNAVAILABLE = Kind("unavailable", 503, "Database unavailable")
-INTERNAL = Kind("internal-error", 500, "Internal error")
-
-KINDS = {k.slug: k for k in (MALFORMED, UNAUTHORIZED, FORBIDDEN, NOT_FOUND, METHOD, TIMEOUT, CONFLICT,
-                             NOT_CANCELLABLE, NOT_DEAD, STALE_CLAIM, TOO_LARGE, INVALID, RATE_LIMITED,
-                             PENDING_CEILING, HEADERS_TOO_LARGE, UNAVAILABLE, INTERNAL)}
 
 # The store's refusals by class. Invalid input is 422 here (the request was
 # well-formed JSON of the right types, but its values are refused), as are
@@ -74,15 +43,6 @@ _BY_STORE_ERROR: list[tuple[type[errors.StoreError], Kind]] = [
     (errors.PayloadTooLarge, TOO_LARGE), (errors.StaleLease, FORBIDDEN), (errors.Contention, UNAVAILABLE),
     (errors.RateLimited, RATE_LIMITED), (errors.PendingCeiling, PENDING_CEILING),
 ]
-
-
-class ApiProblem(ProblemDetailsException):
-    """A refusal with its kind and a detail; extra members go into the body."""
-
-    def __init__(self, kind: Kind, detail: str, *, headers: dict[str, str] | None = None, **extra: Any):
-        super().__init__(detail=detail, status_code=kind.status, type_=kind.type, title=kind.title,
-                         headers=headers, extra={k: v for k, v in extra.items() if v is not None} or None)
-        self.kind = kind
 
 
 def _store_error(exc: errors.StoreError, retry_after_s: int) -> ApiProblem:
@@ -256,5 +216,5 @@ def responses(*kinds: Kind) -> dict[int, ResponseSpec]:
 
 # Every authenticated endpoint may answer these.
 COMMON = (MALFORMED, UNAUTHORIZED, UNAVAILABLE, INTERNAL)
-# Every submission may answer these (app/minutehand/api/admission.py).
+# Every submission may answer these (app/minutehand/web/admission.py).
 ADMISSION = (RATE_LIMITED, PENDING_CEILING)

@@ -27,6 +27,7 @@ from msgspec import Meta, Struct
 from minutehand import protocol
 from minutehand.protocol import JobId
 from minutehand.protocol.jsontext import MAX_JSON_DEPTH
+from minutehand.rules import TEAM_NAME_PATTERN
 
 # RFC 3339 with an offset: a naive time is refused, not guessed.
 AwareTime = Annotated[dt.datetime, Meta(tz=True, description="RFC 3339 date-time with a UTC offset")]
@@ -171,7 +172,6 @@ class BatchIn(Struct, forbid_unknown_fields=True):
     jobs: list[BatchJobIn]
 
 
-TEAM_NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
 QUOTA_DOC = ("most jobs of the team running at once while other teams have due work waiting (it may borrow "
              "idle capacity beyond it)")
 WEIGHT_DOC = "the team's share of the fleet when teams compete (weighted rotation)"

@@ -4,7 +4,8 @@ resume, cancel or change one.
 
 What a series may be is decided by the procedures (sql/functions/series.sql);
 a cron expression is parsed here with APScheduler (app/minutehand/store/repeat.py),
-which also computes the next fire times, outside any transaction. A series
+which also computes the next fire times (app/minutehand/rules.py, as the
+admin UI shows them too), outside any transaction. A series
 of another team is "no such series" (404), as an unknown one.
 """
 from __future__ import annotations
@@ -19,29 +20,24 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.params import JSONBody, PathParameter, QueryParameter
 
 from minutehand.api import problems
-from minutehand.api.auth import Principal
-from minutehand.api.context import Context
 from minutehand.api.jobs import TeamParam, options, series_id_out
-from minutehand.api.problems import COMMON, CONFLICT, INVALID, NOT_FOUND, ApiProblem
+from minutehand.api.problems import COMMON
 from minutehand.api.schemas import (SeriesChangeIn, SeriesControlOut, SeriesOut, SeriesPageOut, SeriesRepeat,
                                     SeriesRunOut, SeriesSummaryOut, WaitingRunOut, text_problem)
 from minutehand.protocol import JobId
+from minutehand.rules import NEXT_FIRE_TIMES, next_fire_times
 from minutehand.store import repeat as repeats
-from minutehand.store.records import Repeat, SeriesControl, SeriesDetail
+from minutehand.store.records import Repeat
+from minutehand.store.series import SeriesControl, SeriesDetail
 from minutehand.store.store import Store
+from minutehand.web.auth import Principal
+from minutehand.web.context import Context
+from minutehand.web.problems import CONFLICT, INVALID, NOT_FOUND, ApiProblem
 
 SECURITY = [{"bearer": []}]
 TAGS = ["series"]
-NEXT_FIRE_TIMES = 5
 CHANGE_BODY_BYTES = 4096
 SeriesIdParam = Annotated[int, PathParameter(ge=-(2**63), le=2**63 - 1, description="the series id")]
-
-
-def next_fire_times(s: SeriesDetail) -> list:
-    """The next fire times after the database's now (none for a cancelled series)."""
-    if s.state == "cancelled":
-        return []
-    return repeats.fire_times(s.repeat, s.now, NEXT_FIRE_TIMES, s.now, anchor=s.first_due_at)
 
 
 def series_out(s: SeriesDetail, fire_times: list) -> SeriesOut:

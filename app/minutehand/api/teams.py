@@ -12,15 +12,17 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, JSONBody, QueryParameter
 
 from minutehand.api import problems
-from minutehand.api.auth import Principal
-from minutehand.api.context import Context
-from minutehand.api.problems import COMMON, CONFLICT, FORBIDDEN, INVALID, NOT_FOUND, ApiProblem
-from minutehand.api.schemas import (TEAM_NAME_PATTERN, BucketOut, CountsOut, DistributionOut, FleetStatsOut,
-                                    FleetTeamOut, Integer, NameStatsOut, OtherStatsOut, StatsOut, TeamIn, TeamOut,
-                                    TeamPageOut, TeamSettingsIn, TeamTokenOut, text_problem)
-from minutehand.settings import RETENTION_MAX_S, RETENTION_MIN_S
-from minutehand.store.records import STATS_BOUNDS_S, Tally, TeamSettings, quantile_bound
-from minutehand.store.store import KEEP, Store
+from minutehand.api.problems import COMMON
+from minutehand.api.schemas import (BucketOut, CountsOut, DistributionOut, FleetStatsOut, FleetTeamOut, Integer,
+                                    NameStatsOut, OtherStatsOut, StatsOut, TeamIn, TeamOut, TeamPageOut,
+                                    TeamSettingsIn, TeamTokenOut, text_problem)
+from minutehand.rules import TEAM_NAME_PATTERN, retention_problem
+from minutehand.store.stats import STATS_BOUNDS_S, Tally, quantile_bound
+from minutehand.store.store import Store
+from minutehand.store.teams import KEEP, TeamSettings
+from minutehand.web.auth import Principal
+from minutehand.web.context import Context
+from minutehand.web.problems import CONFLICT, FORBIDDEN, INVALID, NOT_FOUND, ApiProblem
 
 SECURITY = [{"bearer": []}]
 TEAMS_PAGE_MAX = 1000
@@ -63,16 +65,6 @@ def _given(value: Any) -> Any:
     return int(value) if isinstance(value, Integer) else value
 
 
-def retention_problem(retention_s: object) -> str | None:
-    """Why a team's retention_s is refused (None: fine). null sets the server's."""
-    if retention_s is None or retention_s is msgspec.UNSET:
-        return None
-    if not RETENTION_MIN_S <= int(retention_s) <= RETENTION_MAX_S:
-        return (f"retention_s: {int(retention_s)} is out of range: give seconds from {RETENTION_MIN_S} to "
-                f"{RETENTION_MAX_S} (10 years), or null for the server's job_retention_s")
-    return None
-
-
 def routes(ctx: Context) -> list[HTTPRouteHandler]:
     store = ctx.store
 
@@ -87,7 +79,8 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
         team = data
         if reason := text_problem("name", team.name):
             raise ApiProblem(INVALID, reason)
-        if reason := retention_problem(team.retention_s):
+        retention_s = None if team.retention_s in (None, msgspec.UNSET) else int(team.retention_s)
+        if reason := retention_problem(retention_s):
             raise ApiProblem(INVALID, reason)
         settings = ctx.settings
         quota = settings.default_team_quota if team.quota is msgspec.UNSET else int(team.quota)
@@ -101,7 +94,6 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
         else:
             burst = None
         max_pending = None if team.max_pending is msgspec.UNSET else _given(team.max_pending)
-        retention_s = None if team.retention_s in (None, msgspec.UNSET) else int(team.retention_s)
         token = await ctx.db(store.create_team, team.name, quota=quota, weight=weight, submit_rate=rate,
                              submit_burst=burst, max_pending=max_pending, retention_s=retention_s)
         return TeamTokenOut(team.name, token)
@@ -147,7 +139,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
         principal.require_admin()
         if all(getattr(data, f) is msgspec.UNSET for f in data.__struct_fields__):
             raise ApiProblem(INVALID, "request body: give at least one of " + ", ".join(data.__struct_fields__))
-        if reason := retention_problem(data.retention_s):
+        if data.retention_s is not msgspec.UNSET and (reason := retention_problem(data.retention_s)):
             raise ApiProblem(INVALID, reason)
         team = await ctx.db(store.update_team, name,
                             quota=None if data.quota is msgspec.UNSET else int(data.quota),

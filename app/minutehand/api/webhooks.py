@@ -11,7 +11,6 @@ The secret is shown once, in the answer to PUT; it is never read back.
 from __future__ import annotations
 
 import secrets
-import urllib.parse
 from typing import Annotated
 
 import msgspec
@@ -21,36 +20,17 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, JSONBody, QueryParameter
 
 from minutehand.api import problems
-from minutehand.api.auth import Principal
-from minutehand.api.context import Context
-from minutehand.api.problems import COMMON, FORBIDDEN, INVALID, NOT_FOUND, TOO_LARGE, ApiProblem
+from minutehand.api.problems import COMMON
 from minutehand.api.schemas import DeliveriesOut, DeliveryOut, WebhookIn, WebhookOut, WebhookSetOut
+from minutehand.rules import secret_problem, url_problem
+from minutehand.web.auth import Principal
+from minutehand.web.context import Context
+from minutehand.web.problems import FORBIDDEN, INVALID, NOT_FOUND, TOO_LARGE, ApiProblem
 
 SECURITY = [{"bearer": []}]
 TAGS = ["dead jobs"]
 DELIVERIES_MAX = 500
 WEBHOOK_BODY_BYTES = 8192
-SECRET_LENGTHS = (16, 200)
-
-
-def url_problem(url: str) -> str | None:
-    """Why a webhook URL cannot be used (None: it can)."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError as exc:
-        return f"url is not a URL: {exc}"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return "url must be an absolute http:// or https:// URL with a host"
-    if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7f for c in url):
-        return "url must not hold whitespace or control characters"
-    return None
-
-
-def secret_problem(secret: str) -> str | None:
-    low, high = SECRET_LENGTHS
-    if not low <= len(secret) <= high or any(not 0x20 < ord(c) < 0x7f for c in secret):
-        return f"secret must be {low} to {high} printable ASCII characters, without spaces"
-    return None
 
 
 def routes(ctx: Context) -> list[HTTPRouteHandler]:

@@ -21,12 +21,13 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, JSONBody, QueryParameter
 
 from minutehand.api import problems
-from minutehand.api.auth import Principal
-from minutehand.api.context import Context
-from minutehand.api.problems import COMMON, FORBIDDEN, INVALID, NOT_FOUND, ApiProblem
+from minutehand.api.problems import COMMON
 from minutehand.api.schemas import WindowIn, WindowOut, WindowPageOut
 from minutehand.protocol import JOB_NAME_PATTERN
-from minutehand.store.records import FlexDefault
+from minutehand.store.spread import FlexDefault
+from minutehand.web.auth import Principal
+from minutehand.web.context import Context
+from minutehand.web.problems import FORBIDDEN, INVALID, NOT_FOUND, ApiProblem
 
 SECURITY = [{"bearer": []}]
 PAGE_MAX = 1000

@@ -20,16 +20,18 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody, PathParameter
 
 from minutehand.api import problems
-from minutehand.api.auth import TokenCache, bearer_hash, checked_before_body, unauthorized
+from minutehand.api.auth import bearer_hash, checked_before_body, unauthorized
 from minutehand.api.bodies import StrictBody
-from minutehand.api.context import Context
-from minutehand.api.problems import COMMON, INVALID, NOT_FOUND, STALE_CLAIM, ApiProblem
-from minutehand.api.problems import TOO_LARGE, Kind
+from minutehand.api.problems import COMMON
 from minutehand.dispatch.dispatcher import Dispatcher
 from minutehand.protocol import (CompleteIn, FailIn, HeldIn, JobId, LeaseIn, LeaseOut, OutcomeOut, OutcomesIn,
                                  OutcomesOut)
 from minutehand.protocol.jsontext import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_text_problem
-from minutehand.store.records import Complete, Fail, Heartbeat, Outcome, Release, Report, Start
+from minutehand.store.outcomes import Complete, Fail, Heartbeat, Release, Report, Start
+from minutehand.store.records import Outcome
+from minutehand.web.auth import TokenCache
+from minutehand.web.context import Context
+from minutehand.web.problems import INVALID, NOT_FOUND, STALE_CLAIM, TOO_LARGE, ApiProblem, Kind
 
 SECURITY = [{"worker": []}]
 JobIdParam = Annotated[int, PathParameter(ge=-(2**63), le=2**63 - 1, description="the job id")]

@@ -69,7 +69,7 @@ def cmd_team_create(settings: Settings, args: argparse.Namespace) -> None:
 
 def cmd_team_set(settings: Settings, args: argparse.Namespace) -> None:
     from minutehand.store.errors import StoreError
-    from minutehand.store.store import KEEP
+    from minutehand.store.teams import KEEP
     limits = {k: getattr(args, k) for k in ("submit_rate", "submit_burst", "max_pending")}
     if args.quota is None and args.weight is None and all(v is None for v in limits.values()):
         raise SystemExit("team set: give --quota, --weight, --submit-rate, --submit-burst or --max-pending-jobs")
@@ -200,24 +200,22 @@ def cmd_dead_settle(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def cmd_dead_events(settings: Settings, args: argparse.Namespace) -> None:
-    from minutehand.api.dead import START, decode_cursor, encode_cursor
-    from minutehand.api.problems import ApiProblem
-    try:
-        position = decode_cursor(args.after) if args.after else START
-    except ApiProblem as exc:
-        raise SystemExit(f"--after: {exc.detail}") from None
+    from minutehand.rules import EVENTS_START, NOT_AN_EVENTS_CURSOR, decode_events_cursor, encode_events_cursor
+    position = decode_events_cursor(args.after) if args.after else EVENTS_START
+    if position is None:
+        raise SystemExit(f"--after: {NOT_AN_EVENTS_CURSOR}")
     with _store(settings) as store:
         events = store.events(args.team, after=position, limit=args.limit)
     for e in events:
         print(f"{e.at.isoformat()}  {e.kind}  job {e.job_id}  {e.name}  attempt {e.attempts}/{e.max_attempts}  "
               f"{e.error or ''}")
     last = (events[-1].xid, events[-1].id) if events else position
-    print(f"(next: minutehand dead events --team {args.team} --after {encode_cursor(*last)})")
+    print(f"(next: minutehand dead events --team {args.team} --after {encode_events_cursor(*last)})")
 
 
 def cmd_team_webhook(settings: Settings, args: argparse.Namespace) -> None:
     import secrets
-    from minutehand.api.webhooks import secret_problem, url_problem
+    from minutehand.rules import secret_problem, url_problem
     from minutehand.store.errors import StoreError
     with _store(settings) as store:
         if args.remove:

@@ -48,8 +48,10 @@ from minutehand.dev.demo_worker import NAMES as DEMO_NAMES
 from minutehand.dev.localpg import LocalCluster
 from minutehand.settings import Settings
 from minutehand.store import migrate
-from minutehand.store.records import JobSpec, Repeat, quantile_bound
+from minutehand.store.records import Repeat
+from minutehand.store.stats import quantile_bound
 from minutehand.store.store import Store
+from minutehand.store.submit import JobSpec
 
 DB_NAME = "minutehand"
 TEAM = "demo"

@@ -83,7 +83,8 @@ from minutehand.futures import settle
 from minutehand.protocol import JobId, LeasedJob, Replay
 from minutehand.settings import Settings
 from minutehand.store import errors
-from minutehand.store.records import ClaimRequest, Fail, PlannedClaim, Release, TeamTerms
+from minutehand.store.claim import ClaimRequest, PlannedClaim, TeamTerms
+from minutehand.store.outcomes import Fail, Release
 from minutehand.store.store import Store
 
 log = logging.getLogger(__name__)

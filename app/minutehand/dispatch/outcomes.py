@@ -19,7 +19,8 @@ import psycopg
 from minutehand import metrics
 from minutehand.futures import BatchThreads, settle
 from minutehand.store import errors
-from minutehand.store.records import Complete, Fail, Heartbeat, Outcome, Release, Report, Start
+from minutehand.store.outcomes import Complete, Fail, Heartbeat, Release, Report, Start
+from minutehand.store.records import Outcome
 from minutehand.store.store import Store
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from minutehand.store.records import PendingDelivery
+from minutehand.store.dead import PendingDelivery
 from minutehand.store.store import Store
 
 log = logging.getLogger(__name__)

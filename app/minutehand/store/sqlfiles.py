@@ -5,7 +5,7 @@ truth for the schema, the procedures and the named statements.
     sql/functions/*.sql  every function, once; applied by every migrate that ends at head
     sql/refresh.sql      data copied from the server at each such migrate
     sql/grants.sql       roles and rights, after the functions
-    sql/queries.sql      the named statements the store sends
+    sql/queries/*.sql    the named statements the store sends, a file for each part of it
 
 Table changes to existing databases are the frozen revisions in migrations/versions/.
 """
@@ -42,6 +42,11 @@ _COMMENTS = re.compile(r"(?:\s+|--[^\n]*(?:\n|$))*")
 
 def read(name: str) -> str:
     return (SQL_DIR / name).read_text()
+
+
+def query_files() -> list[str]:
+    """sql/queries/*.sql, sorted."""
+    return sorted(f"queries/{path.name}" for path in (SQL_DIR / "queries").glob("*.sql"))
 
 
 def statements(text: str) -> list[str]:

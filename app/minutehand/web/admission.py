@@ -1,9 +1,9 @@
 """Admission control: whether a team may submit jobs now, decided before
-anything is written. Two limits, set per team by the admin (teams.py): a
-submission rate (a token bucket: submit_rate jobs a second, submit_burst at
-once) and a ceiling of jobs submitted and not finished (max_pending, or the
-server's max_pending_per_team). A batch counts its jobs; a series its first
-run.
+anything is written. Two limits, set per team by the admin (through the
+API or the admin UI): a submission rate (a token bucket: submit_rate jobs
+a second, submit_burst at once) and a ceiling of jobs submitted and not
+finished (max_pending, or the server's max_pending_per_team). A batch
+counts its jobs; a series its first run.
 
 The decision is the database's (mh_admit, sql/functions/admission.sql): the
 bucket is one row per team, so every server process draws on the same
@@ -19,8 +19,8 @@ from collections.abc import Callable
 
 from minutehand.settings import Settings
 from minutehand.store import errors
-from minutehand.store.records import Admitted
 from minutehand.store.store import Store
+from minutehand.store.teams import Admitted
 
 
 class Admission:

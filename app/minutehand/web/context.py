@@ -1,6 +1,7 @@
-"""What every route needs: settings, the store, the token cache, and a way to
-call the (synchronous) store from async handlers without blocking the event
-loop, recovering the pool when the database went away."""
+"""What every route of the API and every page of the admin UI needs:
+settings, the store, the token cache, admission, and a way to call the
+(synchronous) store from async handlers without blocking the event loop,
+recovering the pool when the database went away."""
 from __future__ import annotations
 
 import functools
@@ -8,19 +9,24 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import anyio.to_thread
 
-from minutehand.api.admission import Admission
-from minutehand.api.auth import TokenCache
-from minutehand.api.coalesce import SubmitCoalescer
 from minutehand.settings import Settings
-from minutehand.store.records import JobSpec, Submitted
 from minutehand.store.store import Store
+from minutehand.store.submit import JobSpec, Submitted
+from minutehand.web.admission import Admission
+from minutehand.web.auth import TokenCache
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+class Submitter(Protocol):
+    """What sends single submissions, admitted there (the API's SubmitCoalescer)."""
+
+    async def submit(self, team: str, spec: JobSpec) -> Submitted: ...
 
 
 @dataclass
@@ -30,7 +36,7 @@ class Context:
     tokens: TokenCache
     head: str                                   # the migrations' head revision
     admission: Admission                        # teams' submission rates and pending ceilings
-    submitter: SubmitCoalescer | None = None     # single submissions, coalesced (and admitted there)
+    submitter: Submitter | None = None          # single submissions, coalesced (and admitted there)
     _checking: threading.Lock = field(default_factory=threading.Lock)
 
     async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
