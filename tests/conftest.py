@@ -11,6 +11,15 @@ never import fixtures):
 - tests/fixtures/browser.py: the admin UI in headless Chromium (`admin_site`,
   `browser`, `admin_tab`, `team_tab`, `anon_tab`; screenshots under test-output/).
 
+Tiers (pyproject's markers): a test is in the tier its module or itself is
+marked with (processes, bench), else in `browser` if it asks for the
+browser, in `db` if it asks for a database and in `unit` if not. `ops/test -m unit` runs the fast tier alone.
+
+Under pytest-xdist (ops/test runs the suite in parallel processes), each
+process starts its own server and template; the tests of a module that
+share a database or a server (reused_db, module-scoped fixtures) stay in one
+process, the others are handed out one by one.
+
 Helpers are imported as `from tests.support import ...`, `from tests.processes
 import ...`, `from tests.worker_apps import ...`, `from tests.fleet import ...`.
 """
@@ -18,6 +27,10 @@ import os
 import time
 
 import pytest
+
+TIERS = ("unit", "db", "processes", "browser", "bench")
+# Module-scoped fixtures that build something costly: their module's tests run in one process.
+SHARED_PER_MODULE = {"module_dsn", "admin_site"}
 
 pytest_plugins = ["tests.fixtures.databases", "tests.fixtures.stores", "tests.fixtures.processes",
                   "tests.fixtures.browser"]
@@ -30,3 +43,13 @@ def pytest_runtest_setup(item):
     deadline = os.environ.get("MINUTEHAND_TEST_DEADLINE")
     if deadline and time.time() > float(deadline):
         pytest.skip("not run: the run's time budget (MINUTEHAND_TEST_DEADLINE) was spent before this test")
+
+
+@pytest.hookimpl(tryfirst=True)          # before -m deselects and xdist groups by the marks
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if not any(item.get_closest_marker(t) for t in TIERS):
+            names = item.fixturenames
+            item.add_marker("browser" if "browser" in names else "db" if "pg_server" in names else "unit")
+        if SHARED_PER_MODULE & set(item.fixturenames) or item.get_closest_marker("reused_db"):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))

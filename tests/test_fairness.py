@@ -19,7 +19,9 @@ import pytest
 
 from minutehand.dispatch import dispatcher, fairness
 from minutehand.dispatch.fairness import Budget, DueIndex
-from minutehand.store.records import Complete, JobSpec, Repeat
+from minutehand.store.outcomes import Complete
+from minutehand.store.records import Repeat
+from minutehand.store.submit import JobSpec
 from tests.support import T0, lease_all, lease_until, make_store, pin, skip_on_citus, started_dispatcher
 
 UTC = dt.timezone.utc
@@ -225,11 +227,17 @@ def test_behind_a_backlog_wake_ups_do_not_count_every_shard_again_at_each_submit
         assert most <= elapsed / dispatcher.BUSY_REREAD_S + 3 < batches + wakes[0], (most, elapsed, batches, wakes)
         assert len(reads) > 200                            # each still read again, held back only
         new = submit(s, "new", 1, due_at=due)
-        submitted = time.monotonic()
+        submitted, leased = time.monotonic(), 0
         got = []
         while not any(j.job_id == new[0] for j in got):
-            assert time.monotonic() - submitted < dispatcher.BUSY_REREAD_S + 3.0, "the new team waited"
+            # A ceiling for a busy machine; what must hold is the count below.
+            assert time.monotonic() - submitted < 60, f"the new team waited: {leased} of big's jobs went out"
             got = asyncio.run(lease_until(d, 1, capacity=2))
+            leased += len(got)
+        waited = time.monotonic() - submitted
+        print(f"the new team's job went out {waited:.2f} s after its submit, after {leased - 1} of big's")
+        # It did not wait for the backlog: most of big's due jobs are still there.
+        assert leased < dispatcher.BACKLOG_ROWS, leased
     finally:
         d.stop()
         s.close()
