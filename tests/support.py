@@ -17,8 +17,7 @@ from minutehand.dispatch.dispatcher import Dispatcher
 from minutehand.lifecycle import Services
 from minutehand.serve import dispatcher_parts
 from minutehand.settings import Settings
-from minutehand.store import errors
-from minutehand.store.claim import ClaimRequest
+from minutehand.store.claim import ClaimRefused, ClaimRequest
 from minutehand.store.store import Store
 from minutehand.store.submit import JobSpec
 
@@ -96,15 +95,15 @@ def claim(store: Store, leases: dict[int, int], limit: int, owner: str = "d1", l
     results, refused = store.claim([ClaimRequest(shard, epoch, limit, worker, names, teams)
                                     for shard, epoch in leases.items()], owner, lease_s)
     jobs = []
-    for rows in results:
-        if isinstance(rows, errors.StaleLease):
-            continue
-        if isinstance(rows, Exception):
-            raise rows
-        for r in rows:
-            jobs.append(Claimed(**{**{k: v for k, v in r.items() if k != "refused"},
-                                   "payload": json.loads(r["payload"]),
-                                   "replay": None if r["replay"] is None else json.loads(r["replay"])}))
+    for answer in results:
+        if isinstance(answer, ClaimRefused):
+            if answer.stale:
+                continue
+            raise answer.error
+        for j in answer:
+            jobs.append(Claimed(j.job_id, j.team, j.name, json.loads(j.payload), j.attempt, j.max_attempts,
+                                j.idempotency_key, j.lease_token, j.claim_expires_at, j.due_at, j.run_at,
+                                None if j.replay is None else json.loads(j.replay)))
     return Claims(jobs, refused)
 
 

@@ -31,7 +31,7 @@ import pytest
 
 from minutehand.dev.localpg import LocalCluster
 from minutehand.store import migrate
-from minutehand.store.claim import ClaimRequest, PlannedClaim
+from minutehand.store.claim import ClaimedJob, ClaimRequest, PlannedClaim
 from minutehand.store.outcomes import Complete
 from minutehand.store.schema import SEARCH_PATH
 from minutehand.store.store import Store
@@ -192,7 +192,7 @@ def unhurried_cluster() -> Iterator[LocalCluster]:
 
 
 def _claim_one(s: Store, url: str, job_id: int, shard: int, epoch: int, worker: str, form: str,
-               synchronous: bool) -> dict:
+               synchronous: bool) -> ClaimedJob:
     """Claim the job as a worker's claim (claim_due) or as the dispatcher's
     planned one (on plain PostgreSQL claim_planned_shards) does."""
     if form == "per-shard":
@@ -229,11 +229,11 @@ def test_a_crash_right_after_a_claim_commits_loses_no_job(unhurried_cluster: Loc
             shard = conn.execute("SELECT mh_shard_of(%s)", (job_id,)).fetchone()[0]
         epoch = s.take_leases([shard], "d1", 3600)[shard]
         first = _claim_one(s, url, job_id, shard, epoch, "w1", form, synchronous)
-        assert first["job_id"] == job_id
+        assert first.job_id == job_id
     unhurried_cluster.restart("immediate")
     with Store(url) as s:
         st = s.status(job_id)
-        [report] = s.complete([Complete(job_id, first["lease_token"], b'"first run"')])
+        [report] = s.complete([Complete(job_id, first.lease_token, b'"first run"')])
         if synchronous:
             assert (st.state, st.attempts) == ("claimed", 1)
             assert report.ok
@@ -241,7 +241,7 @@ def test_a_crash_right_after_a_claim_commits_loses_no_job(unhurried_cluster: Loc
             assert (st.state, st.attempts) == ("scheduled", 0)
             assert not report.ok and report.state == "scheduled"
             second = _claim_one(s, url, job_id, shard, epoch, "w2", form, False)
-            assert (second["job_id"], second["attempt"]) == (job_id, 1)
-            assert s.complete([Complete(job_id, second["lease_token"], b'"second run"')])[0].ok
+            assert (second.job_id, second.attempt) == (job_id, 1)
+            assert s.complete([Complete(job_id, second.lease_token, b'"second run"')])[0].ok
         st = s.status(job_id)
         assert (st.state, st.attempts, st.result) == ("succeeded", 1, "first run" if synchronous else "second run")

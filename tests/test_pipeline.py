@@ -6,8 +6,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from minutehand.store.claim import ClaimRequest
-from minutehand.store.errors import StaleLease
+from minutehand.store.claim import ClaimRefused, ClaimRequest
 from minutehand.store.store import Store
 from minutehand.store.submit import JobSpec
 from tests.support import lease_all, make_store
@@ -68,9 +67,9 @@ def test_a_stale_shard_is_refused_alone_and_the_others_claim(db_dsn):
     results, refused = store.claim(requests, "d1", 30)
     assert set(refused) == set(stale)
     assert all("does not hold a current lease" in why for why in refused.values())
-    for r, rows in zip(requests, results):
+    for r, answer in zip(requests, results):
         if r.shard in stale:
-            assert isinstance(rows, StaleLease)
+            assert isinstance(answer, ClaimRefused) and answer.stale and answer.shard == r.shard
         else:
-            assert rows and all(row["job_id"] & 1023 == r.shard and row["team"] == "t" for row in rows)
+            assert answer and all(job.job_id & 1023 == job.shard == r.shard and job.team == "t" for job in answer)
     store.close()

@@ -127,11 +127,11 @@ def claim_and_complete(store: Store, leases: dict[int, int]) -> int:
             return total
         results, _ = store.claim([ClaimRequest(s, leases[s], min(n, 10_000), None) for s, n in due.items()],
                                  "bench", 3600)
-        rows = [r for res in results if not isinstance(res, Exception) for r in res]
-        total += len(rows)
+        jobs = [j for answer in results if isinstance(answer, list) for j in answer]
+        total += len(jobs)
         with store.connection() as conn:
             conn.execute("SELECT count(*) FROM complete_many(%s, %s)",
-                         ([r["job_id"] for r in rows], [r["lease_token"] for r in rows]))
+                         ([j.job_id for j in jobs], [j.lease_token for j in jobs]))
 
 
 def dispatched_per_minute(store: Store) -> Counter:

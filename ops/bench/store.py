@@ -123,7 +123,7 @@ def _lifecycle(start, url: str, shards: list[int], owner: str, counter) -> None:
             for shard, epoch in leases.items():
                 jobs = store.claim([ClaimRequest(shard, epoch, 100, owner)], owner, 60)[0][0]
                 if jobs:
-                    store.complete([Complete(j["job_id"], j["lease_token"], None) for j in jobs])
+                    store.complete([Complete(j.job_id, j.lease_token, None) for j in jobs])
                     n += len(jobs)
                     idle = False
         with counter.get_lock():

@@ -82,8 +82,7 @@ from minutehand.dispatch.shards import ShardKeeper
 from minutehand.futures import settle
 from minutehand.protocol import JobId, LeasedJob, Replay
 from minutehand.settings import Settings
-from minutehand.store import errors
-from minutehand.store.claim import ClaimRequest, PlannedClaim, TeamTerms
+from minutehand.store.claim import ClaimedJob, ClaimRefused, ClaimRequest, PlannedClaim, TeamTerms
 from minutehand.store.outcomes import Fail, Release
 from minutehand.store.store import Store
 
@@ -134,21 +133,21 @@ def _key(values: list[str] | None) -> tuple[str, ...] | None:
     return tuple(sorted(set(values))) if values is not None else None
 
 
-def _class(row: dict) -> Class:
-    return (row["bucket"], row["strict"], row["priority"])
+def _class(job: ClaimedJob) -> Class:
+    return (job.bucket, job.strict, job.priority)
 
 
-def _in_turn(rows: list[dict]) -> list[dict]:
-    """A waiter's rows in the order they go out: the planned ones in
+def _in_turn(jobs: list[ClaimedJob]) -> list[ClaimedJob]:
+    """A waiter's jobs in the order they go out: the planned ones in
     rotation (fairness.rotate), then those claimed shard by shard."""
-    planned = [r for r in rows if "bucket" in r]
-    return fairness.rotate(planned, _class, lambda r: r["team"]) + [r for r in rows if "bucket" not in r]
+    planned = [j for j in jobs if j.bucket is not None]
+    return fairness.rotate(planned, _class, lambda j: j.team) + [j for j in jobs if j.bucket is None]
 
 
 @dataclass
 class _Round:
     """What one dispatch round has asked for and got."""
-    got: dict[int, list[dict]]                       # per waiter: rows claimed for it
+    got: dict[int, list[ClaimedJob]]                 # per waiter: jobs claimed for it
     requests: list[ClaimRequest | PlannedClaim] = field(default_factory=list)    # not yet sent
     goes_to: list[Waiter] = field(default_factory=list)
     planned: list[dict[tuple[Class, int], int]] = field(default_factory=list)   # rows expected per cell
@@ -546,7 +545,7 @@ class Dispatcher:
             answers = [(w, self._deliverable(_in_turn(round_.got[id(w)]))) for w in waiters]
         except BaseException:
             # Claimed, committed, and not handed out: back at once, attempts not counted.
-            self.writer.later([Release(r["job_id"], r["lease_token"]) for rows in round_.got.values() for r in rows])
+            self.writer.later([Release(j.job_id, j.lease_token) for jobs in round_.got.values() for j in jobs])
             raise
         mark = (now, time.time() + FILTERED_RECHECK_S)
         with self._cond:
@@ -603,7 +602,7 @@ class Dispatcher:
                                         [wanted[k] for k in keys], list(names) if names is not None else None),
                            w, dict(wanted))
 
-    def _claim(self, round_: _Round, generation: int) -> list[tuple[ClaimRequest, Waiter, list[dict]]]:
+    def _claim(self, round_: _Round, generation: int) -> list[tuple[ClaimRequest, Waiter, list[ClaimedJob]]]:
         """The round's pending requests in one round trip; what came back is
         the waiters', the edges are counted down by it. Returns the
         shard-by-shard (claim_due) requests with their rows."""
@@ -613,21 +612,20 @@ class Dispatcher:
             return []
         results, refused = self.store.claim(requests, self.name, self.claim_s,
                                             self.settings.claim_synchronous_commit)
-        metrics.CLAIM_BATCH.observe(sum(len(rows) for rows in results if not isinstance(rows, Exception)))
+        metrics.CLAIM_BATCH.observe(sum(len(jobs) for jobs in results if isinstance(jobs, list)))
         if refused:
             self._drop(refused)
         walked = []
         with self._cond:
             for r, w, cells, rows in zip(requests, goes_to, planned, results):
-                if isinstance(rows, errors.StaleLease):
-                    continue
-                if isinstance(rows, Exception):   # this worker's request alone
-                    log.warning("claim for worker %s failed: %s", w.worker, rows)
-                    round_.failed.setdefault(id(w), rows)
+                if isinstance(rows, ClaimRefused):
+                    if not rows.stale:            # this worker's request alone
+                        log.warning("claim for worker %s failed: %s", w.worker, rows.reason)
+                        round_.failed.setdefault(id(w), rows.error)
                     continue
                 round_.got[id(w)].extend(rows)
                 for row in rows:
-                    self._mine[self._team_ids.get(row["team"], -1)] += 1
+                    self._mine[self._team_ids.get(row.team, -1)] += 1
                 if isinstance(r, ClaimRequest):   # the edge no longer says what is left there
                     round_.recount.add(r.shard)
                     if len(rows) < r.limit:
@@ -636,8 +634,7 @@ class Dispatcher:
                     continue
                 came: dict[tuple[Class, int], int] = defaultdict(int)
                 for row in rows:
-                    row["bucket"] = r.bucket.timestamp()
-                    came[_class(row), row["team_id"]] += 1
+                    came[_class(row), row.team_id] += 1
                 for key, n in cells.items():
                     # Short without a names filter: none left there.
                     if self._index.take(r.shard, key, came[key], gone=came[key] < n and r.names is None):
@@ -648,7 +645,7 @@ class Dispatcher:
                             round_.short[w.filter].add(r.shard)
         return walked
 
-    def _named_plan(self, w: Waiter, got: list[dict], shards: list[int] | set[int], tried: set[int],
+    def _named_plan(self, w: Waiter, got: list[ClaimedJob], shards: list[int] | set[int], tried: set[int],
                     budgets: dict[int, Budget], queues: dict[tuple[Filter, int], deque]) -> dict[int, list]:
         """For a names-filtered waiter still short after the planned claims:
         {team: [jobs it may still take, the shards (of these, less those
@@ -674,16 +671,16 @@ class Dispatcher:
                 budgets[team] = budgets[team].less(n)
         return plan
 
-    def _deliverable(self, rows: list[dict]) -> list[LeasedJob]:
-        """The claimed rows as jobs for a worker. A row that cannot be sent
+    def _deliverable(self, claimed: list[ClaimedJob]) -> list[LeasedJob]:
+        """The claimed jobs as a worker is sent them. A job that cannot be sent
         (a time no client can read) fails alone: dead at once, with the reason."""
         jobs, undeliverable = [], []
-        for row in rows:
+        for job in claimed:
             try:
-                jobs.append(_leased(row, self.claim_s))
+                jobs.append(_leased(job, self.claim_s))
             except (TypeError, ValueError) as exc:
-                log.error("job %s cannot be delivered, set aside as dead: %s", row["job_id"], exc)
-                undeliverable.append(Fail(row["job_id"], row["lease_token"],
+                log.error("job %s cannot be delivered, set aside as dead: %s", job.job_id, exc)
+                undeliverable.append(Fail(job.job_id, job.lease_token,
                                           f"the job cannot be delivered to a worker: {exc}", retryable=False))
         self.writer.later(undeliverable)
         return jobs
@@ -738,14 +735,14 @@ def _parse_wake_up(payload: str, shards: set[int]) -> dict[int, dict[tuple[Class
     return cells
 
 
-def _leased(row: dict, claim_s: float) -> LeasedJob:
-    for column in ("due_at", "run_at"):
-        if row[column] is None:                 # claim_due: a time no client can read
+def _leased(job: ClaimedJob, claim_s: float) -> LeasedJob:
+    for column, value in (("due_at", job.due_at), ("run_at", job.run_at)):
+        if value is None:                       # claim_due: a time no client can read
             raise ValueError(f"its {column} is outside the years 1 to 9999 that a client can read")
-    replay = Replay(msgspec.Raw(row["replay"].encode())) if row["replay"] is not None else None
-    return LeasedJob(job_id=JobId(row["job_id"]), team=row["team"], name=row["name"],
-                     payload=msgspec.Raw(row["payload"].encode()),
-                     attempt=row["attempt"], max_attempts=row["max_attempts"],
-                     idempotency_key=row["idempotency_key"], lease_token=row["lease_token"],
-                     claim_expires_at=row["claim_expires_at"], claim_s=claim_s, due_at=row["due_at"],
-                     run_at=row["run_at"], replay=replay)
+    replay = Replay(msgspec.Raw(job.replay.encode())) if job.replay is not None else None
+    return LeasedJob(job_id=JobId(job.job_id), team=job.team, name=job.name,
+                     payload=msgspec.Raw(job.payload.encode()),
+                     attempt=job.attempt, max_attempts=job.max_attempts,
+                     idempotency_key=job.idempotency_key, lease_token=job.lease_token,
+                     claim_expires_at=job.claim_expires_at, claim_s=claim_s, due_at=job.due_at,
+                     run_at=job.run_at, replay=replay)

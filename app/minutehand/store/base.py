@@ -18,7 +18,7 @@ from typing import Any, Self, TypeVar
 
 import psycopg
 from psycopg.adapt import AdaptersMap
-from psycopg.rows import dict_row
+from psycopg.rows import RowFactory, dict_row
 from psycopg.types.array import ListBinaryDumper
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
@@ -52,6 +52,12 @@ def _jsonb(value: Any) -> Jsonb:
     if isinstance(value, bytes):
         return Jsonb(value, dumps=_as_is)
     return Jsonb(value)
+
+
+def _cursor(conn: psycopg.Connection, rows: Sequence[RowFactory | None] | None, i: int) -> psycopg.Cursor:
+    """A cursor for the i-th statement: its own row factory in `rows`, or the connection's (dicts)."""
+    factory = rows[i] if rows else None
+    return conn.cursor(row_factory=factory) if factory else conn.cursor()
 
 
 def _as_is(value: bytes) -> bytes:
@@ -151,18 +157,19 @@ class StoreBase:
         raise AssertionError("unreachable")
 
     @staticmethod
-    def in_one_transaction(conn: psycopg.Connection, sql: Sequence[str], params: Sequence[dict[str, Any]]
-                           ) -> list[list[dict[str, Any]]] | None:
+    def in_one_transaction(conn: psycopg.Connection, sql: Sequence[str], params: Sequence[dict[str, Any]],
+                           rows: Sequence[RowFactory | None] | None = None) -> list[list[Any]] | None:
         """The statements, each with its own params, in ONE transaction sent in
-        one round trip: one commit for all of them. Their rows, or None if the
+        one round trip: one commit for all of them. Their rows (dicts, or as
+        each one's row factory in `rows` makes them), or None if the
         server or the driver refused any of them (then nothing was written;
         the caller may run them each alone to learn which). A lost
         connection raises."""
         cursors = []
         try:
             with conn.pipeline(), conn.transaction():
-                for statement, p in zip(sql, params):
-                    cursors.append(conn.cursor())
+                for i, (statement, p) in enumerate(zip(sql, params)):
+                    cursors.append(_cursor(conn, rows, i))
                     cursors[-1].execute(statement, p)
         except psycopg.Error:
             if conn.broken:
@@ -171,8 +178,8 @@ class StoreBase:
         return [cur.fetchall() for cur in cursors]
 
     @staticmethod
-    def each_alone(conn: psycopg.Connection, sql: str | Sequence[str], params: Sequence[dict[str, Any]]
-                   ) -> list[list[dict[str, Any]] | Exception]:
+    def each_alone(conn: psycopg.Connection, sql: str | Sequence[str], params: Sequence[dict[str, Any]],
+                   rows: Sequence[RowFactory | None] | None = None) -> list[list[Any] | Exception]:
         """The statement (or each item's own) once per item, all sent in ONE
         round trip, each its own transaction: a Sync follows each, so no transaction holds rows of
         more than one shard (on Citus, a single-shard transaction each).
@@ -180,7 +187,7 @@ class StoreBase:
         (a round trip per statement), so the Sync is queued with its
         _enqueue_sync (pinned down by tests/test_pipeline.py).
 
-        The rows of each item, or the error that item alone met: a value the
+        The rows of each item (as in_one_transaction's), or the error that item alone met: a value the
         driver cannot send, or a statement the server refused (each is its
         own transaction, so the others committed, and their rows are read
         all the same — a claim's rows must never be dropped). psycopg reports
@@ -191,7 +198,7 @@ class StoreBase:
         try:
             with conn.pipeline() as pipe:
                 for i, p in enumerate(params):
-                    cur = conn.cursor()
+                    cur = _cursor(conn, rows, i)
                     try:
                         cur.execute(sql if isinstance(sql, str) else sql[i], p)
                     except psycopg.Error as exc:
@@ -207,7 +214,7 @@ class StoreBase:
             if conn.broken:
                 raise
             first = first or exc
-        results: list[list[dict[str, Any]] | Exception] = []
+        results: list[list[Any] | Exception] = []
         for cur in cursors:
             if isinstance(cur, Exception):
                 results.append(cur)

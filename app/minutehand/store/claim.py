@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
+
+from psycopg.rows import RowFactory, RowMaker
 
 from minutehand.store import errors
 from minutehand.store.base import StoreBase
@@ -48,6 +52,69 @@ class PlannedClaim:
     names: list[str] | None = None
 
 
+@dataclass(slots=True)
+class ClaimedJob:
+    """A job a claim leased to a worker: what the worker is sent (payload
+    and a replayed result as JSON text, handed on as they are; due_at and
+    run_at None where no client could read them), its shard, and, from a
+    planned claim, the cell it came from (bucket as Unix time, strict,
+    priority, team id) that rotation orders by."""
+    job_id: int
+    team: str
+    name: str
+    payload: str
+    attempt: int
+    max_attempts: int
+    idempotency_key: str | None
+    lease_token: uuid.UUID
+    claim_expires_at: dt.datetime
+    due_at: dt.datetime | None
+    run_at: dt.datetime | None
+    replay: str | None
+    shard: int
+    team_id: int | None = None
+    strict: bool | None = None
+    priority: int | None = None
+    bucket: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRefused:
+    """What a claim request got instead of jobs: its shard's lease was stale
+    (`stale`: the shard is another dispatcher's now), or its statement
+    failed alone (`error`: the store's error, which its worker is told)."""
+    shard: int
+    reason: str
+    stale: bool = False
+    error: errors.StoreError | None = None
+
+
+# A claim request's answer.
+Claimed = list[ClaimedJob] | ClaimRefused
+_CLAIMED_FIELDS = [f.name for f in dataclasses.fields(ClaimedJob)]
+_SHARD = _CLAIMED_FIELDS.index("shard")
+
+
+def _claimed_rows(shard: int | None) -> RowFactory:
+    """Rows of a claim statement as ClaimedJobs, and the one row a stale
+    lease gives as a ClaimRefused; shard: the statement's own (None: each
+    row names its shard, as claim_planned_shards' do)."""
+    def factory(cursor) -> RowMaker:
+        names = [c.name for c in cursor.description]
+        refused, n = names.index("refused"), len(names)
+        # Each field's column; past the row's end, a column it lacks (None) and the statement's shard.
+        fields = itemgetter(*[names.index(f) if f in names else n + 1 if f == "shard" else n
+                              for f in _CLAIMED_FIELDS])
+
+        def make(values) -> ClaimedJob | ClaimRefused:
+            row = fields((*values, None, shard))
+            if values[refused] is not None:
+                return ClaimRefused(row[_SHARD], values[refused], stale=True)
+            return ClaimedJob(*row)
+        return make
+    return factory
+
+
 @dataclass(frozen=True, slots=True)
 class EdgeCell:
     """Rows due now in one shard's bucket, of one class and team (due_edge)."""
@@ -77,6 +144,10 @@ class _ClaimUnit:
     requests: list[int]
     shard: int                  # its first
     many: bool = False
+
+    @property
+    def rows(self) -> RowFactory:
+        return _claimed_rows(None if self.many else self.shard)
 
 
 def _claim_commits(units: list[_ClaimUnit], citus_shards: dict[int, int]) -> Iterator[list[_ClaimUnit]]:
@@ -156,12 +227,12 @@ class ClaimStore(StoreBase):
                     for r in conn.execute(q("teams_running"), {"shards": list(shards)}).fetchall()}
 
     def claim(self, requests: Sequence[ClaimRequest | PlannedClaim], owner: str, lease_s: float,
-              synchronous_commit: bool = True) -> tuple[list[list[dict[str, Any]] | Exception], dict[int, str]]:
-        """Claims for workers, one result per request. Per request, the rows
-        claimed (claim_due, or claim_planned for a PlannedClaim: payload and
-        replay as JSON text; due_at and run_at None where no client could
-        read them), or the error that request alone met (a stale lease:
-        StaleLease); and {shard: why} for the shards whose lease was stale.
+              synchronous_commit: bool = True) -> tuple[list[Claimed], dict[int, str]]:
+        """Claims for workers, one answer per request: the jobs it claimed
+        (claim_due, or claim_planned for a PlannedClaim, whose jobs carry
+        their bucket), or a ClaimRefused (its shard's lease was stale, or its
+        statement alone failed); and {shard: why} for the shards whose lease
+        was stale.
 
         On plain PostgreSQL a worker's planned claims from one bucket go as
         one statement over all their shards (claim_planned_shards), its own
@@ -175,31 +246,38 @@ class ClaimStore(StoreBase):
         a transaction fails, its statements run each alone, so the others
         still claim. No commit waits for its WAL flush unless
         synchronous_commit (see Settings.claim_synchronous_commit)."""
-        results: list[list[dict[str, Any]] | Exception] = [[] for _ in requests]
-        sync = [] if synchronous_commit else [(q("commit_without_flush"), {})]
+        results: list[Claimed] = [[] for _ in requests]
+        sync = [] if synchronous_commit else [q("commit_without_flush")]     # first in each transaction
         groups = self._citus_groups()
         with self.connection() as conn:
             units = self._claim_units(requests, owner, lease_s, together=not groups)
             for chunk in _claim_commits(units, groups):
-                sql, args = [u.sql for u in chunk], [u.params for u in chunk]
-                together = self.in_one_transaction(conn, [s for s, _ in sync] + sql, [p for _, p in sync] + args)
+                sql, args, rows = [u.sql for u in chunk], [u.params for u in chunk], [u.rows for u in chunk]
+                together = self.in_one_transaction(conn, sync + sql, [{}] * len(sync) + args,
+                                                   [None] * len(sync) + rows)
                 # One of them failed: each alone, so it fails alone.
-                got = together[len(sync):] if together is not None else self.each_alone(conn, sql, args)
-                for unit, rows in zip(chunk, got):
-                    if isinstance(rows, Exception) or not unit.many:
+                got = together[len(sync):] if together is not None else self.each_alone(conn, sql, args, rows)
+                for unit, answer in zip(chunk, got):
+                    if isinstance(answer, Exception):
                         for i in unit.requests:
-                            results[i] = rows
-                        continue
-                    by_shard: dict[int, list[dict[str, Any]]] = {}      # (one pass: hundreds of shards)
-                    for row in rows:
-                        by_shard.setdefault(row["shard"], []).append(row)
-                    for i in unit.requests:
-                        results[i] = by_shard.get(requests[i].shard, [])
+                            results[i] = ClaimRefused(requests[i].shard, str(answer), error=answer)
+                    elif not unit.many:
+                        results[unit.requests[0]] = answer
+                    else:
+                        by_shard: dict[int, list] = {}      # (one pass: hundreds of shards)
+                        for row in answer:
+                            by_shard.setdefault(row.shard, []).append(row)
+                        for i in unit.requests:
+                            results[i] = by_shard.get(requests[i].shard, [])
         refused: dict[int, str] = {}
-        for i, (r, rows) in enumerate(zip(requests, results)):
-            if not isinstance(rows, Exception) and rows and rows[0]["refused"] is not None:
-                refused[r.shard] = rows[0]["refused"]
-                results[i] = errors.StaleLease(rows[0]["refused"])
+        for i, (r, answer) in enumerate(zip(requests, results)):
+            if isinstance(answer, list) and answer and isinstance(answer[0], ClaimRefused):
+                results[i] = answer[0]
+                refused[r.shard] = answer[0].reason
+            elif isinstance(r, PlannedClaim):
+                bucket = r.bucket.timestamp()
+                for job in answer:
+                    job.bucket = bucket
         return results, refused
 
     @staticmethod
