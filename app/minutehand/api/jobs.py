@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-from typing import Annotated, get_args
+from typing import Annotated, TypeVar, get_args
 
 import anyio.to_thread
 import msgspec
@@ -227,17 +227,20 @@ def series_id_out(series_id: int | None) -> str | None:
     return str(series_id) if series_id is not None else None
 
 
+A = TypeVar("A", bound=msgspec.Struct)
+
+
+def from_record(answer: type[A], record: object, **shaped: object) -> A:
+    """An answer built from the store's record: each of its fields the
+    record has, by name, but those this API shapes itself (`shaped`)."""
+    return answer(**{f: getattr(record, f) for f in answer.__struct_fields__
+                     if f not in shaped and hasattr(record, f)}, **shaped)
+
+
 def job_out(s: JobStatus) -> JobOut:
-    return JobOut(job_id=JobId(s.job_id), team=s.team, name=s.name, state=s.state, priority=s.priority,
-                  due_at=s.due_at, agreed_at=s.agreed_at, run_at=s.run_at, strict=s.strict, flex_s=s.flex_s,
-                  attempts=s.attempts, max_attempts=s.max_attempts, claimed_by=s.claimed_by,
-                  claim_expires_at=s.claim_expires_at,
-                  lateness_s=s.lateness.total_seconds() if s.lateness is not None else None,
-                  lateness_final=s.lateness_final,
-                  last_error=s.last_error, result=s.result, idempotency_key=s.idempotency_key,
-                  created_at=s.created_at, started_at=s.started_at, finished_at=s.finished_at,
-                  series_id=series_id_out(s.series_id),
-                  repeat=Repeat(s.every_s, s.cron, s.timezone, s.misfire) if s.series_id is not None else None)
+    return from_record(JobOut, s, job_id=JobId(s.job_id), series_id=series_id_out(s.series_id), repeat=(
+        Repeat(s.every_s, s.cron, s.timezone, s.misfire) if s.series_id is not None else None),
+        lateness_s=s.lateness.total_seconds() if s.lateness is not None else None)
 
 
 def routes(ctx: Context) -> list[HTTPRouteHandler]:
@@ -370,8 +373,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
             raise ApiProblem(INVALID, "cursor is not one this API returned")
         page = await ctx.db(store.list_jobs, principal.own_team(team), state=job_state, name=name,
                             due_before=due_before, due_after=due_after, before_id=before, limit=limit)
-        return JobPageOut([JobSummaryOut(JobId(j.job_id), j.team, j.name, j.state, j.priority, j.due_at, j.run_at,
-                                         j.attempts, j.max_attempts, j.created_at) for j in page.jobs],
+        return JobPageOut([from_record(JobSummaryOut, j, job_id=JobId(j.job_id)) for j in page.jobs],
                           str(page.next_cursor) if page.next_cursor is not None else None)
 
     # OPTIONS first: registered before the other handlers of its path, it is
