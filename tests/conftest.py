@@ -17,7 +17,7 @@ browser, in `db` if it asks for a database and in `unit` if not. `ops/test -m un
 
 Under pytest-xdist (ops/test runs the suite in parallel processes), each
 process starts its own server and template; the tests of a module that
-share a database or a server (reused_db, module-scoped fixtures) stay in one
+share something made once per module (a database, a server) stay in one
 process, the others are handed out one by one.
 
 Helpers are imported as `from tests.support import ...`, `from tests.processes
@@ -29,8 +29,6 @@ import time
 import pytest
 
 TIERS = ("unit", "db", "processes", "browser", "bench")
-# Module-scoped fixtures that build something costly: their module's tests run in one process.
-SHARED_PER_MODULE = {"module_dsn", "admin_site"}
 
 pytest_plugins = ["tests.fixtures.databases", "tests.fixtures.stores", "tests.fixtures.processes",
                   "tests.fixtures.browser"]
@@ -51,5 +49,15 @@ def pytest_collection_modifyitems(config, items):
         if not any(item.get_closest_marker(t) for t in TIERS):
             names = item.fixturenames
             item.add_marker("browser" if "browser" in names else "db" if "pg_server" in names else "unit")
-        if SHARED_PER_MODULE & set(item.fixturenames) or item.get_closest_marker("reused_db"):
+        if _shares_with_its_module(item):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+def _shares_with_its_module(item) -> bool:
+    """Whether the test uses a fixture made once per module (a database, a
+    server, a million rows): handed out one by one, each process would make
+    it again, and again each time it came back to the module."""
+    if item.get_closest_marker("reused_db"):         # db_dsn asks for the module's database itself
+        return True
+    defs = item._fixtureinfo.name2fixturedefs
+    return any(d.scope in ("module", "package") for name in item.fixturenames for d in defs.get(name, ()))
