@@ -271,7 +271,9 @@ class ClaimStore(StoreBase):
                             results[i] = by_shard.get(requests[i].shard, [])
         refused: dict[int, str] = {}
         for i, (r, answer) in enumerate(zip(requests, results)):
-            if isinstance(answer, list) and answer and isinstance(answer[0], ClaimRefused):
+            if isinstance(answer, ClaimRefused):
+                continue
+            if answer and isinstance(answer[0], ClaimRefused):
                 results[i] = answer[0]
                 refused[r.shard] = answer[0].reason
             elif isinstance(r, PlannedClaim):
