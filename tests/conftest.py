@@ -25,6 +25,7 @@ import ...`, `from tests.worker_apps import ...`, `from tests.fleet import ...`.
 """
 import os
 import time
+from collections import Counter
 
 import pytest
 
@@ -45,6 +46,17 @@ def pytest_runtest_setup(item):
 
 @pytest.hookimpl(tryfirst=True)          # before -m deselects and xdist groups by the marks
 def pytest_collection_modifyitems(config, items):
+    # Schemathesis gives the tests of every API operation one node id (their
+    # names differ: "test_x[GET /v1/jobs]"); xdist hands tests out by node id
+    # and would run one of them. Each gets its name as its id.
+    ids = Counter(item.nodeid for item in items)
+    for item in items:
+        if ids[item.nodeid] > 1:
+            unique = f"{item.nodeid.rpartition('::')[0]}::{item.name}"
+            if hasattr(item, "_id"):          # pytest 9 keeps it parsed
+                item._id = type(item._id).parse(unique)
+            else:
+                item._nodeid = unique
     for item in items:
         if not any(item.get_closest_marker(t) for t in TIERS):
             names = item.fixturenames
