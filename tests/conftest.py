@@ -13,7 +13,8 @@ never import fixtures):
 
 Tiers (pyproject's markers): a test is in the tier its module or itself is
 marked with (processes, bench), else in `browser` if it asks for the
-browser, in `db` if it asks for a database and in `unit` if not. `ops/test -m unit` runs the fast tier alone.
+browser, in `db` if it asks for a database and in `unit` if not.
+`ops/test -m unit` runs the fast tier alone.
 
 Under pytest-xdist (ops/test runs the suite in parallel processes), each
 process starts its own server and template; the tests of a module that
