@@ -108,6 +108,20 @@ def test_submit_with_only_a_name_is_due_now(client, conn):
     assert dt.datetime.fromisoformat(r.json()["run_at"]) >= before - dt.timedelta(seconds=1)
 
 
+def test_http_submissions_without_a_window_get_the_default_of_their_name(client, conn, api_store):
+    """Single POSTs (coalesced into one batch call) and batches with no strict item alike."""
+    api_store.set_flex_default(None, "nightly", 3600)
+    due = (dt.datetime.now(UTC) + dt.timedelta(hours=2)).isoformat()
+    single = client.post("/v1/jobs", headers=T, json={"name": "nightly", "due_at": due})
+    batch = client.post("/v1/jobs/batch", headers=T, json={"jobs": [{"name": "nightly", "due_at": due}] * 3})
+    strict = client.post("/v1/jobs", headers=T, json={"name": "nightly", "due_at": due, "strict": True})
+    assert (single.status_code, batch.status_code, strict.status_code) == (201, 200, 201), (single.text, batch.text)
+    ids = [int(single.json()["job_id"]), *(int(i["job_id"]) for i in batch.json()["items"])]
+    flex = dict(conn.execute("SELECT id, flex_s FROM jobs WHERE id = ANY(%s)", (ids,)).fetchall())
+    assert [flex[i] for i in ids] == [3600] * 4
+    assert conn.execute("SELECT flex_s FROM jobs WHERE id = %s", (int(strict.json()["job_id"]),)).fetchone()[0] == 0
+
+
 BIG = "x" * 270_000          # payload over 256 KiB as JSON, body under the 320 KiB request limit
 
 

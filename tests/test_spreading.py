@@ -228,6 +228,23 @@ def test_a_job_without_flex_gets_the_default_of_its_name(pinned_conn, pinned_sto
     assert job(pinned_conn, pinned_store.submit("t", JobSpec(name="report", due_at=DUE)).job_id)["flex_s"] == 600
 
 
+def test_a_batch_with_no_strict_item_gets_the_default_windows_of_its_names(pinned_conn, pinned_store):
+    """With no item strict (the store then sends no strictness at all, as a
+    coalesced single POST does) and through SQL's submit_jobs without
+    p_stricts: every item without a window gets its name's."""
+    pinned_store.set_flex_default(None, "nightly", 3600)
+    items = pinned_store.submit_many("t", [JobSpec(name="nightly", due_at=DUE), JobSpec(name="nightly"),
+                                           JobSpec(name="other", due_at=DUE)])
+    assert [job(pinned_conn, i.job_id)["flex_s"] for i in items] == [3600, 3600, 0]
+    ids = [r[0] for r in pinned_conn.execute(
+        "SELECT job_id FROM submit_jobs('u', ARRAY['nightly', 'nightly'], ARRAY[%s, %s]::timestamptz[]) "
+        "ORDER BY idx", (DUE, DUE)).fetchall()]
+    assert [job(pinned_conn, i)["flex_s"] for i in ids] == [3600, 3600]
+    strict = pinned_conn.execute("SELECT job_id FROM submit_jobs('u', ARRAY['nightly'], p_stricts => ARRAY[true])"
+                                 ).fetchone()[0]
+    assert job(pinned_conn, strict)["flex_s"] == 0
+
+
 def test_idempotency_keys_compare_the_flex_window_as_sent(pinned_store):
     pinned_store.set_flex_default("t", "keyed", 900)
     first = pinned_store.submit("t", JobSpec(name="keyed", due_at=DUE, idempotency_key="a"))

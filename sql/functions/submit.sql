@@ -292,7 +292,9 @@ END $$;
 -- The items of a batch, with the team's default flex windows by name
 -- (mh_batch_rules), defaults filled in (a flex window
 -- omitted: mh_flex_of; sent_flex_s keeps what was sent, for idempotency
--- keys) and each checked: problem is NULL for a valid item.
+-- keys) and each checked: problem is NULL for a valid item. Strict, like
+-- every other field, defaults to what submit_job's does (false): a NULL
+-- p_stricts, or a NULL in it, leaves the name's default window in force.
 CREATE OR REPLACE FUNCTION mh_batch_items(
     p_rule_names text[], p_rule_flex int[], p_names text[], p_due_ats timestamptz[], p_payloads jsonb[], p_priorities int[],
     p_max_attempts int[], p_flex_s int[], p_stricts boolean[], p_keys text[], p_backoff_base_s real[],
@@ -305,7 +307,7 @@ LANGUAGE sql STABLE AS $$
                                         i.strict, i.base, i.cap, i.key, p_now))
       FROM (SELECT (u.ord - 1)::int AS idx, u.name, u.due_at, coalesce(u.payload, '{}') AS payload,
                    coalesce(u.priority, 0) AS priority, coalesce(u.max_attempts, 3) AS max_attempts,
-                   CASE WHEN u.flex_s IS NOT NULL THEN u.flex_s WHEN u.strict IS NOT false THEN 0
+                   CASE WHEN u.flex_s IS NOT NULL THEN u.flex_s WHEN u.strict THEN 0
                         ELSE coalesce(d.flex_s, 0) END AS flex_s,
                    coalesce(u.strict, false) AS strict, u.key,
                    coalesce(u.base, 1) AS base, coalesce(u.cap, 3600) AS cap, u.flex_s AS sent_flex_s
