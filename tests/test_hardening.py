@@ -197,7 +197,10 @@ def test_idle_waiters_for_other_names_do_not_hold_up_a_due_job(db_dsn):
         d.stop()
         s.close()
     assert [int(j.job_id) for j in got] == [job.job_id]
-    assert took < 1.5, took
+    # Behind the idle waiters it would take their 6 s; a one-box Citus
+    # cluster under a whole suite's load took 1.75 s to answer at once.
+    with psycopg.connect(db_dsn) as conn:
+        assert took < 1.5 * (3 if on_citus(conn) else 1), took
 
 
 def test_a_takeover_is_a_warning_not_a_failed_round(db_dsn, db, caplog):
