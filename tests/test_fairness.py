@@ -522,8 +522,13 @@ def test_counted_wake_ups_reach_a_waiting_worker_with_no_read_of_their_shards(db
         d.stop()
         s.close()
     assert len(got) == len(set(got)) and set(got) == want
-    # None, or (on a slow box the minute turned all the same) the one read of every shard then.
-    assert reads == [] or (turned and reads == [list(range(256))]), reads
+    # No read of the shards the jobs went to, but for (on a slow box the minute
+    # turned all the same) the one read of every shard then, and a few of one
+    # shard each: a claim that comes back short has its shard read again (on
+    # Citus one sometimes does, seen once in ~1,000 jobs).
+    wide = [r for r in reads if len(r) > 1]
+    assert wide == [] or (turned and wide == [list(range(256))]), reads
+    assert len(reads) - len(wide) <= 5, reads
 
 
 def test_the_edges_of_many_shards_read_together_are_each_shards_own(db_dsn, db):
