@@ -2,7 +2,9 @@
 127.0.0.1: a team's events (its dead jobs) are POSTed to its webhook,
 signed (HMAC-SHA256 of the body, header Minutehand-Signature), retried with
 exponential backoff after a 500 and after a timeout until a 2xx, each
-attempt recorded; the admin API that sets them, with its refusals; and a
+attempt recorded; a slow receiver (trickling its answer, never answering,
+or answering a huge body) delays only its own team's events; the admin API
+that sets them, with its refusals; and a
 `minutehand dispatcher` process SIGKILLed while its deliverer waits for the
 receiver's answer: after a restart the event is delivered (at least once,
 nothing lost)."""
@@ -13,6 +15,7 @@ import hashlib
 import hmac
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from litestar.testing import TestClient
 
+from minutehand.maintenance.schedule import MaintenanceSchedule
 from minutehand.maintenance.webhooks import SIGNATURE_HEADER, WebhookDeliverer, sign
 from minutehand.serve import build
 from minutehand.settings import Settings
@@ -41,15 +45,25 @@ A = {"Authorization": f"Bearer {ADMIN}"}
 
 
 # ---------------------------------------------------------------- a receiver on 127.0.0.1
+HUGE = 200 * 2 ** 20                   # bytes of the "huge" answer's body
+TRICKLE = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+
+
 class Receiver:
     """An HTTP server in threads of this process. Each POST takes the next
     answer of `script` (then `then`): an int is a status code; "stall" holds
-    the request until `release` is set (or stall_s passes) and answers 200."""
+    the request until `release` is set (or stall_s passes) and answers 200;
+    "trickle" sends a 200 answer one byte every 2 s; "huge" answers 200 with
+    a body of HUGE bytes. `cut` is set when the deliverer closed the
+    connection before a trickled or huge answer was all sent, `sent` counts
+    the huge body's bytes sent."""
 
     def __init__(self, script: list, then: int | str = 200, stall_s: float = 60.0):
         self.script, self.then, self.stall_s = list(script), then, stall_s
         self.requests: list[tuple[dict[str, str], bytes]] = []
         self.release = threading.Event()
+        self.cut = threading.Event()
+        self.sent = 0
         self.lock = threading.Lock()
         receiver = self
 
@@ -59,6 +73,13 @@ class Receiver:
                 with receiver.lock:
                     receiver.requests.append(({k.lower(): v for k, v in self.headers.items()}, body))
                     answer = receiver.script.pop(0) if receiver.script else receiver.then
+                if answer in ("trickle", "huge"):
+                    self.close_connection = True
+                    try:
+                        self.send_slowly() if answer == "trickle" else self.send_huge()
+                    except OSError:
+                        receiver.cut.set()
+                    return
                 if answer == "stall":
                     receiver.release.wait(receiver.stall_s)
                     answer = 200
@@ -69,6 +90,21 @@ class Receiver:
                     self.wfile.write(b"{}")
                 except OSError:                     # the deliverer went away meanwhile
                     pass
+
+            def send_slowly(self):
+                for i in range(len(TRICKLE)):
+                    if receiver.release.wait(2.0):
+                        return
+                    self.wfile.write(TRICKLE[i:i + 1])
+
+            def send_huge(self):
+                self.send_response(200)
+                self.send_header("Content-Length", str(HUGE))
+                self.end_headers()
+                piece = b"x" * 65536
+                while receiver.sent < HUGE:
+                    self.wfile.write(piece)
+                    receiver.sent += len(piece)
 
             def log_message(self, *args):
                 pass
@@ -240,6 +276,86 @@ def test_a_refused_connection_is_an_attempt_with_its_error(pinned):
         assert d.deliver() == 0
     [attempt] = pinned.webhook_deliveries("t")
     assert attempt.status_code is None and "ConnectError" in attempt.error
+
+
+# ---------------------------------------------------------------- one team's slow receiver
+DEADLINE_S = 15.0
+
+
+@contextmanager
+def delivering(store: Store, d: WebhookDeliverer, every_s: float = 0.5) -> Iterator[None]:
+    """The `webhooks` duty as the dispatcher's maintenance runs it, every
+    every_s, in a thread."""
+    schedule = MaintenanceSchedule(store, "deliverer", lambda: [], webhooks=d, webhook_every_s=every_s)
+    stop = threading.Event()
+
+    def run():
+        while not stop.is_set():
+            try:
+                schedule.deliver_webhooks()
+            except Exception as exc:                # the next pass tries again, as the schedule's do
+                print("deliver_webhooks failed:", exc)
+            stop.wait(every_s)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(120)
+
+
+@pytest.mark.parametrize("answer", ["trickle", "stall", "huge"])
+def test_a_slow_receiver_delays_only_its_own_team(pinned, answer):
+    """Team t's receiver trickles its answer a byte every 2 s, or never
+    answers, or answers 200 with a 200 MB body; team u's answers at once.
+    While t's POST is in flight, u's new events reach u within seconds. t's
+    POST ends at the deadline (webhook_timeout_s, for the whole request): a
+    failed attempt, its batch sent again after the backoff; a huge answer is
+    read only up to its first bytes (the status is what counts) and the
+    connection closed."""
+    with receiving([answer], stall_s=120) as slow, receiving([]) as healthy, \
+            deliverer(pinned, timeout_s=DEADLINE_S) as d:
+        pinned.set_webhook("t", slow.url, SECRET)
+        pinned.set_webhook("u", healthy.url, "another-secret-16")
+        stuck = dead_job(pinned, team="t")
+        first = dead_job(pinned, team="u")
+        with delivering(pinned, d):
+            wait_until(lambda: slow.count() == 1 and healthy.count() == 1, 30, "both teams' first POSTs")
+            posted = time.monotonic()
+            second = dead_job(pinned, team="u")
+            made = time.monotonic()
+            wait_until(lambda: healthy.count() == 2, 30, "team u's second POST")
+            late_s = time.monotonic() - made
+            if answer != "huge":                        # t's POST is still in flight: nothing recorded yet
+                assert pinned.webhook_deliveries("t") == [] and time.monotonic() - posted < DEADLINE_S
+            assert late_s < DEADLINE_S / 3, late_s      # a pass every 0.5 s: within a second when not loaded
+            assert [[e["job_id"] for e in b["events"]] for b in healthy.bodies()] == [[str(first)], [str(second)]]
+
+            wait_until(lambda: pinned.webhook_deliveries("t"), DEADLINE_S + 30, "team t's attempt to end")
+            [attempt] = pinned.webhook_deliveries("t")
+            if answer == "huge":
+                assert attempt.status_code == 200 and attempt.error is None
+                assert attempt.duration_ms < DEADLINE_S * 1000
+                wait_until(slow.cut.is_set, 30, "the deliverer to close the huge answer's connection")
+                assert slow.sent < HUGE / 4, slow.sent  # what the sockets' buffers held, not the body
+                assert pinned.webhook("t").failures == 0
+                return
+            assert attempt.status_code is None and attempt.error == f"no answer within {DEADLINE_S:g} s"
+            assert DEADLINE_S * 1000 - 50 <= attempt.duration_ms < (DEADLINE_S + 10) * 1000, attempt.duration_ms
+            hook = pinned.webhook("t")
+            assert hook.failures == 1                   # not delivered: the same batch is due again
+            if answer == "trickle":
+                wait_until(slow.cut.is_set, 30, "the deliverer to close the trickling connection")
+
+            pinned.clock = hook.next_attempt_at         # the backoff has passed: sent again, answered 200
+            wait_until(lambda: [a.status_code for a in pinned.webhook_deliveries("t")] == [200, None], 30,
+                       "team t's second attempt")
+            bodies = slow.bodies()
+            assert len(bodies) == 2 and bodies[0] == bodies[1]
+            assert [e["job_id"] for e in bodies[1]["events"]] == [str(stuck)]
+            assert pinned.webhook("t").failures == 0
 
 
 # ---------------------------------------------------------------- the admin API

@@ -105,11 +105,12 @@ class Settings:
     # How long a server process remembers that a team has no admission limit
     # (a limit set through another process applies within this time).
     admission_cache_s: float = 5.0
-    # Webhooks (README "Dead jobs"): how long a receiver has to answer, the
-    # backoff after failed attempts (a random wait in [d/2, d], d = min(cap,
-    # base * 2^(failures - 1))), the most events per POST, how often the
-    # dispatcher holding the `webhooks` duty looks for new events, and how
-    # many webhooks it POSTs to at once.
+    # Webhooks (README "Dead jobs"): a POST's deadline (the whole request:
+    # connecting, sending, the receiver's answer), the backoff after failed
+    # attempts (a random wait in [d/2, d], d = min(cap, base * 2^(failures -
+    # 1))), the most events per POST, how often the dispatcher holding the
+    # `webhooks` duty looks for new events, and how many webhooks it POSTs to
+    # at once (one POST per team at most).
     webhook_timeout_s: float = 10.0
     webhook_backoff_base_s: float = 1.0
     webhook_backoff_cap_s: float = 600.0

@@ -52,9 +52,9 @@ SELECT d.at, d.url, d.events, d.first_event, d.last_event, d.attempt, d.status_c
 
 -- name: webhooks_due
 -- Webhooks not backing off, with their team, position and next events (at
--- most `batch` each, as JSON), those with events to deliver only; the
--- least recently attempted first, so that no team waits behind others'
--- backlogs.
+-- most `batch` each, as JSON), those with events to deliver only, but not
+-- the teams in `busy` (a delivery of theirs is still in flight); the least
+-- recently attempted first, so that no team waits behind others' backlogs.
 SELECT w.team_id, t.name AS team, w.url, w.secret, w.delivered_xid::text AS from_xid, w.delivered_id AS from_id,
        w.failures, e.events
   FROM webhooks w JOIN teams t ON t.id = w.team_id
@@ -64,6 +64,7 @@ SELECT w.team_id, t.name AS team, w.url, w.secret, w.delivered_xid::text AS from
                                          'error', x.error, 'at', x.at) ORDER BY x.xid, x.id) AS events
          FROM mh_events_after(w.team_id, w.delivered_xid, w.delivered_id, %(batch)s::int) x) e
  WHERE (w.next_attempt_at IS NULL OR w.next_attempt_at <= mh_now()) AND e.events IS NOT NULL
+   AND w.team_id <> ALL (%(busy)s::int[])
  ORDER BY w.updated_at, w.team_id
  LIMIT %(limit)s::int
 

@@ -154,15 +154,18 @@ class MaintenanceSchedule:
                 log.info("events: %d events and delivery attempts past their retention dropped", purged)
 
     def deliver_webhooks(self) -> None:
-        # The lease outlives a pass whose receivers all time out; should it
-        # lapse mid-pass anyway, another holder may send a batch twice (a
+        # The lease outlives the POSTs in flight (each ends by its deadline);
+        # should it lapse anyway, another holder may send a batch twice (a
         # receiver deduplicates by event_id), never skip one.
         ttl = max(3 * self.webhook_every_s, 2 * self.webhooks.timeout_s + 5)
         if not self.store.take_duty("webhooks", self.owner, ttl):
             return
-        # Backlogs (many events, or many teams) go in passes that follow each other at once.
+        # Backlogs (many events, or many teams) go in passes that follow each
+        # other at once, for up to a period: a slow receiver's POST goes on
+        # past it, and only its own team waits for it.
+        until = time.monotonic() + self.webhook_every_s
         for _ in range(10):
-            if not self.webhooks.deliver():
+            if not self.webhooks.deliver(wait_s=max(0.0, until - time.monotonic())):
                 break
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,9 +132,11 @@ class DeadJobStore(StoreBase):
     def webhook_deliveries(self, team: str, *, limit: int = 50) -> list[WebhookDelivery]:
         return [WebhookDelivery(**r) for r in self._all("webhook_deliveries", {"team": team, "limit": limit})]
 
-    def webhooks_due(self, *, batch: int, limit: int) -> list[PendingDelivery]:
-        """Webhooks with events to deliver and not backing off, each with its next batch of events."""
-        return [PendingDelivery(**r) for r in self._all("webhooks_due", {"batch": batch, "limit": limit})]
+    def webhooks_due(self, *, batch: int, limit: int, busy: Sequence[int] = ()) -> list[PendingDelivery]:
+        """Webhooks with events to deliver and not backing off, each with its
+        next batch of events; none of the teams (ids) in busy."""
+        return [PendingDelivery(**r) for r in self._all("webhooks_due", {"batch": batch, "limit": limit,
+                                                                         "busy": list(busy)})]
 
     def record_delivery(self, pending: PendingDelivery, *, status: int | None, error: str | None,
                         duration_ms: int, ok: bool, retry_s: float) -> bool:
