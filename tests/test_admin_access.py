@@ -2,16 +2,23 @@
 admin token or a team's, the session cookie's attributes, the redirect of
 every page to the sign-in page, CSRF on every form (refused with 403 and
 nothing written), sign-out, a rotated token ending a team's session, and
-the audit page (newest first, keyset pages, a team sees its own).
+the audit page (newest first, keyset pages, a team sees its own); the
+security headers on every response (error pages and static files too), no
+CSRF token on the page of a refused request, no script in a template, and
+failed sign-ins audited and throttled per client address.
 
 The tests of this module share one clone of the migrated template, emptied
 before each test (teams 't' and 'u')."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from litestar.testing import TestClient
+
+import minutehand.admin
+from minutehand.admin.throttle import SignInThrottle
 
 from minutehand.serve import build
 from minutehand.settings import Settings
@@ -239,3 +246,110 @@ def test_a_procedures_refusal_inside_an_audited_action_is_the_stores_error(conn,
         ui_store.audited(note, lambda: ui_store.submit("t", JobSpec(name="x", max_attempts=0)))
     assert conn.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
     assert [r[4] for r in audit_rows(conn)] == [False]
+
+
+# ---------------------------------------------------------------- hardening
+def assert_secured(r, what: str) -> None:
+    """The security headers of every /admin response."""
+    assert (r.headers.get("x-frame-options"), r.headers.get("x-content-type-options"),
+            r.headers.get("referrer-policy")) == ("DENY", "nosniff", "same-origin"), (what, r.status_code, r.headers)
+    policy = dict(d.strip().split(" ", 1) for d in r.headers.get("content-security-policy", "").split(";"))
+    assert policy.get("script-src") == "'self'" and policy.get("frame-ancestors") == "'none'", (what, policy)
+    assert policy.get("default-src") == "'self'" and policy.get("object-src") == "'none'", (what, policy)
+
+
+def test_every_admin_response_carries_the_security_headers_error_pages_and_static_files_too(client, ui_store):
+    job_id = ui_store.submit("t", JobSpec(name="waits")).job_id
+    seen = {
+        "sign-in page": client.get("/admin/signin"),
+        "redirect to sign in": client.get("/admin/jobs", follow_redirects=False),
+        "htmx": client.get("/admin/static/htmx.min.js"),
+        "stylesheet": client.get("/admin/static/admin.css"),
+        "script": client.get("/admin/static/admin.js"),
+        "no such static file": client.get("/admin/static/nothing.js"),
+        "no such page": client.get("/admin/nothing/here"),
+        "no such method": client.delete("/admin/"),
+        "unknown token": sign_in(client, "not-a-token"),
+        "expired sign-in form": client.post("/admin/signin", data={"token": ADMIN, "csrf": "forged"}),
+    }
+    sign_in(client, ADMIN)
+    csrf = csrf_of(client.get("/admin/audit").text)
+    seen |= {
+        "page": client.get("/admin/"),
+        "fragment": client.get("/admin/overview/live"),
+        "400": client.get("/admin/audit?before=x"),
+        "404": client.get("/admin/teams/nobody"),
+        "409": client.post(f"/admin/jobs/{job_id}/requeue", data={"csrf": csrf}),
+        "403 without CSRF": client.post("/admin/signout", data={"csrf": "forged"}),
+    }
+    assert [(what, r.status_code) for what, r in seen.items()] == [
+        ("sign-in page", 200), ("redirect to sign in", 303), ("htmx", 200), ("stylesheet", 200), ("script", 200),
+        ("no such static file", 404), ("no such page", 404), ("no such method", 405), ("unknown token", 401), ("expired sign-in form", 403), ("page", 200),
+        ("fragment", 200), ("400", 400), ("404", 404), ("409", 409), ("403 without CSRF", 403)]
+    for what, r in seen.items():
+        assert_secured(r, what)
+    assert "content-security-policy" not in client.get("/healthz").headers      # the API's are not pages
+
+
+def test_a_refused_request_gets_no_csrf_token_and_no_sign_out_form(client):
+    sign_in(client, ADMIN)
+    refused = client.post("/admin/signout", data={"csrf": "forged"})
+    assert refused.status_code == 403 and "CSRF" in refused.text
+    assert 'name="csrf"' not in refused.text and "Sign out" not in refused.text
+    stranger = TestClient(client.app)
+    with stranger:
+        missing = stranger.get("/admin/static/nothing.js")
+        assert missing.status_code == 404 and 'name="csrf"' not in missing.text
+    # a page (an error page too) of a request the guard let through is the signed-in browser's own
+    own = client.get("/admin/teams/nobody")
+    assert own.status_code == 404 and "Sign out" in own.text and 'name="csrf"' in own.text
+
+
+def test_no_template_holds_a_script_or_an_inline_handler():
+    """script-src 'self' runs none of them: behaviour lives in static/admin.js
+    (data-confirm), and htmx may not evaluate code (hx-on, hx-vars, js:)."""
+    folder = Path(minutehand.admin.__file__).parent / "templates"
+    for template in folder.glob("*.html"):
+        text = template.read_text()
+        assert not re.search(r"\son[a-z]+\s*=", text, re.I), f"{template.name}: an inline event handler"
+        assert not re.search(r"<script(?![^>]*\bsrc=)", text, re.I), f"{template.name}: an inline script"
+        assert not re.search(r"javascript:|hx-on|hx-vars|js:", text, re.I), f"{template.name}: code in an attribute"
+    base = (folder / "base.html").read_text()
+    assert "/static/admin.js" in base and '"allowEval": false' in base
+
+
+def test_failed_sign_ins_are_audited_and_then_throttled_per_client(conn, ui_store):
+    with TestClient(ui_app(ui_store, ADMIN)) as c:        # a server of its own: a throttle of its own
+        for i in range(10):
+            assert sign_in(c, f"guess-{i}").status_code == 401
+        throttled = sign_in(c, "guess-10")
+        assert throttled.status_code == 429 and "too many failed sign-ins" in throttled.text
+        assert 1 <= int(throttled.headers["retry-after"]) <= 6
+        assert_secured(throttled, "429")
+        # the right token too: while throttled, no token is looked at
+        assert sign_in(c, ADMIN).status_code == 429
+    assert conn.execute("SELECT count(*) FROM admin_sessions").fetchone()[0] == 0
+    rows = conn.execute("SELECT actor, team_id, action, target, ok, detail->>'refused' FROM admin_audit "
+                        "ORDER BY id").fetchall()
+    assert rows == [("stranger", None, "sign-in", "testclient", False, "unknown token")] * 10
+    # the admin reads them on the audit page
+    with TestClient(ui_app(ui_store, ADMIN)) as c:
+        assert sign_in(c, ADMIN).status_code == 303
+        assert c.get("/admin/audit").text.count("stranger") == 10
+
+
+def test_the_throttle_refills_and_keeps_clients_apart():
+    now = [0.0]
+    throttle = SignInThrottle(failures=3, per_s=30, max_clients=2, clock=lambda: now[0])
+    for _ in range(3):
+        assert throttle.wait_s("a") == 0
+        throttle.failed("a")
+    assert throttle.wait_s("a") == pytest.approx(10)        # one try back every 10 s
+    assert throttle.wait_s("b") == 0                        # another address
+    now[0] = 10
+    assert throttle.wait_s("a") == 0                        # one try: a failure would empty it again
+    throttle.failed("b")
+    throttle.failed("c")                                    # over max_clients: the oldest bucket (a's) goes
+    for _ in range(3):
+        assert throttle.wait_s("a") == 0
+        throttle.failed("a")

@@ -2,8 +2,10 @@
 against `minutehand serve` over a seeded database: sign-in, the overview
 (and its live refresh), dispatchers and shards, teams (an edit saved, one
 refused), the audit page, a stranger sent to sign in, a form posted without
-its CSRF token refused, a team's view; every page free of console errors
-and screenshotted at 1366x768 and 390x844 (test-output/screenshots/)."""
+its CSRF token refused, a team's view, a token rotated only after the
+confirmation the site's own script asks, an inline handler refused by the
+Content-Security-Policy; every page free of console errors and
+screenshotted at 1366x768 and 390x844 (test-output/screenshots/)."""
 from __future__ import annotations
 
 import psycopg
@@ -136,3 +138,36 @@ def test_an_ended_session_takes_the_live_overview_back_to_sign_in(admin_tab, db)
     admin_tab.page.wait_for_url("**/admin/signin?next=*", timeout=25_000)   # at the next refresh
     assert admin_tab.page.url.endswith("/admin/signin?next=%2Fadmin%2F")      # back to the page, not the fragment
     assert admin_tab.page.locator("#token").is_visible()
+
+
+def test_a_token_is_rotated_only_after_the_confirmation_and_no_inline_script_runs(admin_tab, admin_site, db):
+    from tests.support import make_store
+
+    store = make_store(admin_site.dsn, clock=None)
+    try:
+        store.create_team("gamma")
+    finally:
+        store.close()
+
+    def token_hash() -> str:
+        return db.execute("SELECT token_hash FROM minutehand.teams WHERE name = 'gamma'").fetchone()[0]
+
+    before = token_hash()
+    response = admin_tab.goto("/admin/teams/gamma")
+    assert "script-src 'self'" in response.headers["content-security-policy"]
+    asked: list[str] = []
+    admin_tab.page.once("dialog", lambda d: (asked.append(d.message), d.dismiss()))
+    admin_tab.page.get_by_role("button", name="Rotate the token").click()
+    admin_tab.page.wait_for_timeout(500)
+    assert asked == ["Rotate the token of team gamma? The old token stops working at once."]
+    assert token_hash() == before and admin_tab.page.locator("#new-token").count() == 0
+    admin_tab.page.once("dialog", lambda d: d.accept())
+    with admin_tab.page.expect_navigation():
+        admin_tab.page.get_by_role("button", name="Rotate the token").click()
+    assert admin_tab.page.locator("#new-token").is_visible() and token_hash() != before
+    # an inline handler (as injected markup would carry) does not run
+    admin_tab.page.evaluate("""document.querySelector('main').insertAdjacentHTML('beforeend',
+        '<button id="injected" onclick="document.title = \\'ran\\'">x</button>')""")
+    admin_tab.page.click("#injected")
+    assert admin_tab.page.title() != "ran"
+    admin_tab.expected_errors("Content Security Policy")      # the handler refused, and said so

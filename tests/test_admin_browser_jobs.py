@@ -2,7 +2,8 @@
 (tests/fixtures/browser.py) against `minutehand serve` over a seeded
 database: search finds a job by id; a pending job cancelled through its
 confirmation is cancelled in the database; a dead job requeued from the
-dead-jobs page is scheduled again; a paused series gets no new run while the
+dead-jobs page is scheduled again, one discarded only after its confirmation
+(asked by the site's own script); a paused series gets no new run while the
 dispatcher's chain runs (and, resumed, asks for one again); a team cannot see another team's job or series,
 even by URL; every page free of console errors and screenshotted at
 1366x768 and 390x844 (test-output/screenshots/)."""
@@ -168,3 +169,19 @@ def test_a_team_cannot_see_another_teams_job_even_by_url(team_tab, admin_site):
     team_tab.goto("/admin/series")
     assert team_tab.page.locator("#series tbody tr").count() == 1
     team_tab.screenshot("series-team")
+
+
+def test_discarding_dead_jobs_asks_first_and_cancelled_changes_nothing(admin_tab, admin_site, db):
+    job_id = admin_site.seeded.dead["beta"][0]
+    admin_tab.goto("/admin/dead?team=beta")
+    admin_tab.page.check(f"#pick-{job_id}")
+    asked: list[str] = []
+    admin_tab.page.once("dialog", lambda d: (asked.append(d.message), d.dismiss()))
+    admin_tab.page.click("#discard-selected")
+    admin_tab.page.wait_for_timeout(500)
+    assert asked == ["Discard the selected dead jobs for good?"] and state_of(db, job_id) == "dead"
+    admin_tab.page.once("dialog", lambda d: d.accept())
+    with admin_tab.page.expect_navigation():
+        admin_tab.page.click("#discard-selected")
+    assert "Discarded 1 job" in admin_tab.page.inner_text("#done")
+    assert state_of(db, job_id) == "discarded"

@@ -155,6 +155,12 @@ BIG = "x" * 270_000          # payload over 256 KiB as JSON, body under the 320 
      "IANA time zone"),
     ({"name": "a", "repeat": {"cron": "0 3 * * *", "every_s": 5}}, 422, "invalid-input", "exactly one"),
     ({"name": "a", "repeat": {"every_s": 5, "timezone": "UTC"}}, 422, "invalid-input", "goes with cron"),
+    # numbers no JSON reader holds (beyond a double): jsonb would keep them, no worker could read them
+    (b'{"name": "a", "payload": {"x": 1e400}}', 422, "invalid-input", "payload holds the number 1e400"),
+    (b'{"name": "a", "payload": [1, -1E+999]}', 422, "invalid-input", "payload holds the number 1E+999"),
+    (b'{"name": "a", "payload": ' + b"9" * 400 + b"}", 422, "invalid-input", "beyond what JSON readers can hold"),
+    (b'{"name": "a", "payload": {"x": 1e400}, "repeat": {"every_s": 60}}', 422, "invalid-input",
+     "payload holds the number 1e400"),
 ])
 def test_submit_refusals_write_nothing(client, conn, body, status, slug, detail):
     before = counts(conn)
@@ -228,6 +234,20 @@ def test_batch_writes_valid_items_and_reports_invalid_ones(client, conn):
     assert conn.execute("SELECT count(*) FROM jobs").fetchone()[0] == 4
     assert conn.execute("SELECT count(*) FROM series").fetchone()[0] == 1
     assert conn.execute("SELECT count(*) FROM jobs WHERE name IN ('bad name', 'r0')").fetchone()[0] == 0
+
+
+def test_numbers_a_double_holds_are_accepted_and_one_beyond_is_refused_alone_in_a_batch(client, conn):
+    fine = b'{"name": "a", "payload": {"big": 1.7e308, "tiny": 1e-400, "text": "1e400", "n": 12345678901234567890}}'
+    r = client.post("/v1/jobs", headers={**T, "Content-Type": "application/json"}, content=fine)
+    assert r.status_code == 201, r.text
+    before = counts(conn)
+    batch = b'{"jobs": [{"name": "ok"}, {"name": "big", "payload": [2e308]}]}'
+    r = client.post("/v1/jobs/batch", headers={**T, "Content-Type": "application/json"}, content=batch)
+    assert r.status_code == 200, r.text
+    items = r.json()["items"]
+    assert items[0]["error"] is None and "payload holds the number 2e308" in items[1]["error"]
+    assert counts(conn)["jobs"] == before["jobs"] + 1
+    assert conn.execute("SELECT count(*) FROM jobs WHERE name = 'big'").fetchone()[0] == 0
 
 
 def test_batch_over_the_limit_is_413_and_writes_nothing(client, conn):

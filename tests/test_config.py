@@ -2,14 +2,18 @@
 every setting of both settings classes, read from the dataclasses (so a new
 setting fails here until the example shows it) and nothing else, with its
 default; a file's unknown keys, tables and ill-typed values stop the command
-with the key's name; and the order: file < environment < flags."""
+with the key's name; a value out of its setting's range (every number has
+one, the log level its names) stops it with the setting's name and range,
+never a traceback; and the order: file < environment < flags."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import subprocess
 import sys
 import tomllib
+import typing
 from pathlib import Path
 
 import pytest
@@ -141,3 +145,69 @@ def test_a_command_flag_is_not_read_as_the_start_of_a_setting():
     """`migrate --citus` is migrate's own flag, not --citus-shard-count abbreviated."""
     assert Settings.load(["--citus"], env={}).citus_shard_count == Settings().citus_shard_count
     assert Settings.load(["--citus", "--citus-shard-count", "4"], env={}).citus_shard_count == 4
+
+
+# ---------------------------------------------------------------- ranges
+def test_every_number_setting_has_a_range_and_the_log_level_its_names():
+    for cls in CLASSES:
+        for name, hint in typing.get_type_hints(cls, include_extras=True).items():
+            rules = [r for r in getattr(hint, "__metadata__", ()) if isinstance(r, (envconfig.Between, envconfig.OneOf))]
+            kind = getattr(hint, "__origin__", hint)
+            if kind in (int, float) or name == "log_level":
+                assert len(rules) == 1, f"{cls.__name__}.{name} has no range: add Annotated[..., Between(low, high)]"
+
+
+def run_cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("MINUTEHAND_")}
+    return subprocess.run([sys.executable, "-m", "minutehand.cli.main", *argv], capture_output=True, text=True,
+                          timeout=60, env={**environ, "MINUTEHAND_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/x",
+                                           **(env or {})})
+
+
+# Each started a server that never dispatched (while /healthz said 200), or stopped in a traceback.
+OUT_OF_RANGE = [
+    ("claim_lease_s = nan", "setting claim_lease_s: nan is not a number from 1 to 86400"),
+    ("shard_lease_s = 0", "setting shard_lease_s: 0.0 is not a number from 1 to 3600"),
+    ("shard_lease_s = inf", "setting shard_lease_s: inf is not a number from 1 to 3600"),
+    ("dispatch_batch = 0", "setting dispatch_batch: 0 is not a whole number from 1 to 10000"),
+    ("http_port = 70000", "setting http_port: 70000 is not a whole number from 1 to 65535"),
+    ("pool_size = 0", "setting pool_size: 0 is not a whole number from 1 to 1000"),
+    ("log_level = 'NOPE'", "setting log_level: 'NOPE' is not one of DEBUG, INFO, WARNING, ERROR, CRITICAL"),
+    ("webhook_concurrency = 0", "setting webhook_concurrency: 0 is not a whole number from 1 to 256"),
+    ("api_db_wait_s = -inf", "setting api_db_wait_s: -inf is not a number from 0.1 to 600"),
+    ("x = " + "[" * 2000 + "]" * 2000, "arrays or tables nested too deeply to read"),
+]
+
+
+@pytest.mark.parametrize("line, message", OUT_OF_RANGE, ids=[line[:24] for line, _ in OUT_OF_RANGE])
+def test_a_setting_out_of_range_in_the_file_stops_serve_with_its_name_and_range(tmp_path: Path, line: str,
+                                                                                  message: str):
+    got = run_cli("serve", "--config", str(write(tmp_path, f"[server]\n{line}\n")))
+    assert got.returncode == 1 and message in got.stderr, got
+    assert "Traceback" not in got.stderr
+
+
+@pytest.mark.parametrize("command, name, value, message", [
+    ("serve", "SHARD_LEASE_S", "inf", "setting shard_lease_s: inf is not a number from 1 to 3600"),
+    ("dispatcher", "CLAIM_LEASE_S", "nan", "setting claim_lease_s: nan is not a number from 1 to 86400"),
+    ("serve", "LOG_LEVEL", "NOPE", "setting log_level: 'NOPE' is not one of DEBUG"),
+    ("migrate", "POOL_SIZE", "0", "setting pool_size: 0 is not a whole number from 1 to 1000"),
+    ("worker", "LOG_LEVEL", "chatty", "setting log_level: 'chatty' is not one of DEBUG"),
+    ("worker", "WORKER_CONCURRENCY", "0", "setting worker_concurrency: 0 is not a whole number from 1 to 10000"),
+])
+def test_a_setting_out_of_range_in_the_environment_stops_the_command(command: str, name: str, value: str,
+                                                                     message: str):
+    argv = [command, "tests.worker_apps:app"] if command == "worker" else [command]
+    got = run_cli(*argv, env={f"MINUTEHAND_{name}": value})
+    assert got.returncode == 1 and message in got.stderr, got
+    assert "Traceback" not in got.stderr
+
+
+def test_settings_made_in_code_are_range_checked_too():
+    with pytest.raises(ValueError, match="setting claim_lease_s: nan is not a number from 1 to 86400"):
+        Settings(claim_lease_s=float("nan"))
+    with pytest.raises(ValueError, match="setting http_port: 8080.5 is not a whole number"):
+        Settings(http_port=8080.5)
+    with pytest.raises(ValueError, match="setting worker_grace_s: -1 is not a number from 0 to 86400"):
+        WorkerSettings(worker_grace_s=-1)
+    assert Settings(log_level="debug", claim_lease_s=1, shard_lease_s=3600).log_level == "debug"

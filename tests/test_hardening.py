@@ -13,6 +13,8 @@ and a running dispatcher (the HTTP limits: tests/test_api_hardening.py).
 - rows are locked in one global order, and an aborted transaction is tried
   again, then reported as what it is;
 - a takeover's stale lease is a warning, not a failed round;
+- /readyz is 503 while the process's dispatcher cannot hand out jobs (it
+  holds no shard, or a thread of it is not running), not only /healthz's 200;
 - the SQL interface: arrays of one length, cancel for a named team, the
   clock pinned only by minutehand_clock, a grant script for the roles;
 - job names are global, so a leased job names its team and a worker may
@@ -222,6 +224,43 @@ def test_a_takeover_is_a_warning_not_a_failed_round(db_dsn, db, caplog):
     # shards anew within the wait, and what it then claims is handed out.
     claimed = {r[0] for r in db.execute("SELECT id FROM jobs WHERE state <> 'scheduled'")}
     assert claimed == {int(j.job_id) for j in handed}
+
+
+def test_ready_only_while_the_dispatcher_holds_shards_and_its_threads_run(db_dsn, db):
+    """Another owner holds every shard: the dispatcher starts, can own none,
+    and /readyz says so (503) while /healthz says 200; the shards freed, it
+    takes them and is ready; its shard keeper stopped, it is not ready again."""
+    from litestar.testing import TestClient
+
+    from minutehand.serve import build
+    from minutehand.store import migrate
+    s = make_store(db_dsn, clock=None)
+    squatter = lease_all(s, owner="squatter", ttl_s=3600)
+    process = build(Settings(dispatcher_name="d-ready", shard_lease_s=5, api_submit_workers=0), s, s,
+                    head=migrate.head())
+    try:
+        with TestClient(process.app) as client:
+            # its keeper has joined (a membership row) and taken what it could: nothing
+            deadline = time.monotonic() + 10
+            while not db.execute("SELECT 1 FROM dispatchers WHERE name = 'd-ready'").fetchone():
+                assert time.monotonic() < deadline, "the dispatcher never joined"
+                time.sleep(0.05)
+            r = client.get("/readyz")
+            assert r.status_code == 503 and r.headers["retry-after"], r.text
+            assert "dispatcher d-ready cannot hand out jobs: it holds no shard lease" in r.json()["detail"]
+            assert client.get("/healthz").status_code == 200
+            s.release_leases(squatter, "squatter")
+            deadline = time.monotonic() + 10
+            while (r := client.get("/readyz")).status_code != 200:
+                assert time.monotonic() < deadline, r.text
+                time.sleep(0.1)
+            process.dispatcher.keeper.stop()
+            r = client.get("/readyz")
+            assert r.status_code == 503 and "its shard-keeper thread is not running" in r.json()["detail"], r.text
+            process.dispatcher.stop()
+            assert "it is stopping" in client.get("/readyz").json()["detail"]
+    finally:
+        s.close()
 
 
 # ---------------------------------------------------------------- teams of a job name

@@ -323,11 +323,12 @@ def test_a_worker_metrics_port_out_of_range_is_refused():
     from minutehand.worker import Worker
     from minutehand.worker.settings import WorkerSettings
 
-    worker = Worker()
+    with pytest.raises(SystemExit, match="setting worker_metrics_port: 70000 is not a whole number from 0 to 65535"):
+        WorkerSettings.load(["--worker-metrics-port", "70000"], env={})
+    worker = Worker(metrics_port=70000)          # given to the library itself
     worker.job("x")(lambda job: None)
-    settings = WorkerSettings.load(["--worker-metrics-port", "70000"], env={})
     with pytest.raises(ValueError, match="metrics port 70000"):
-        asyncio.run(worker.run_async(settings))
+        asyncio.run(worker.run_async(WorkerSettings()))
 
 
 def test_a_failed_read_of_the_database_says_so_and_leaves_the_job_families_out(db_dsn):

@@ -217,6 +217,17 @@ def assert_problem(r, status: int, slug: str, detail: str = "") -> dict:
     ({"cron": "61 * * * *"}, "not a 5-field crontab"),
     ({"cron": "0 3 * * *", "timezone": "Mars/Olympus"}, "IANA time zone"),
     ({"cron": "0 3 * * *", "timezone": "CEST"}, "IANA time zone"),
+    # zones a host has that are not IANA names: another zone on each host, or none on another
+    ({"cron": "0 3 * * *", "timezone": "localtime"}, "not an IANA time zone name"),
+    ({"cron": "0 3 * * *", "timezone": "Factory"}, "not an IANA time zone name"),
+    ({"cron": "0 3 * * *", "timezone": "posix/Europe/Berlin"}, "not an IANA time zone name"),
+    ({"cron": "0 3 * * *", "timezone": "right/UTC"}, "not an IANA time zone name"),
+    ({"cron": "0 3 * * *", "timezone": ""}, "not an IANA time zone name"),
+    # whitespace around a cron expression, or other than one space between its fields
+    ({"cron": "0 3 * * *\n"}, "has whitespace around it"),
+    ({"cron": " 0 3 * * *"}, "has whitespace around it"),
+    ({"cron": "0 3\t* * *", "timezone": "UTC"}, "apart by single spaces"),
+    ({"cron": "0  3 * * *"}, "apart by single spaces"),
     ({"cron": "0 0 31 2 *"}, "does not fire within 366 days"),   # never: searched to the horizon only
     ({"cron": "0 0 29 2 *"}, "does not fire within 366 days"),   # the next 29 February is in 2032
     ({"every_s": 60, "misfire": "later"}, "Invalid enum value 'later' - at `$.repeat.misfire`"),

@@ -16,11 +16,18 @@ its table of the file in CONFIG_SECTION: one file serves every role,
 each key a setting's name, as in its variable and its flag. A key, table
 or value the class does not know stops the command with the key's name:
 a misspelt setting would otherwise be a default silently in force.
+
+A setting's allowed values are part of its type, `Annotated[int,
+Between(1, 65535)]` or `Annotated[str, LOG_LEVEL]`, checked by check()
+(each class's __post_init__): a value out of range stops the command with
+the setting's name and its range, before anything starts with it (a lease
+of nan seconds would start a dispatcher that never dispatches).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import tomllib
 import typing
@@ -36,9 +43,51 @@ SECTIONS = ("server", "worker")
 CONFIG_ENV = "MINUTEHAND_CONFIG"
 
 
+@dataclasses.dataclass(frozen=True)
+class Between:
+    """A number setting's range, both ends included; a float must be finite too."""
+    low: float
+    high: float
+    note: str = ""                         # what the number counts, when its name does not say
+
+    def problem(self, value: typing.Any, kind: type) -> str | None:
+        whole = kind is int
+        fits = (type(value) is int) if whole else (type(value) in (int, float) and math.isfinite(value))
+        if fits and self.low <= value <= self.high:
+            return None
+        note = f" ({self.note})" if self.note else ""
+        return f"{value!r} is not {'a whole number' if whole else 'a number'} from {self.low} to {self.high}{note}"
+
+
+@dataclasses.dataclass(frozen=True)
+class OneOf:
+    """A text setting's allowed values, in any case."""
+    values: tuple[str, ...]
+
+    def problem(self, value: typing.Any, kind: type) -> str | None:
+        if isinstance(value, str) and value.upper() in self.values:
+            return None
+        return f"{value!r} is not one of {', '.join(self.values)}"
+
+
+# What a log_level may name: the levels of logging that uvicorn knows too.
+LOG_LEVEL = OneOf(("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
+
+
+def check(settings: typing.Any) -> None:
+    """ValueError naming the first setting whose value its type's Between or
+    OneOf refuses, and what it may be."""
+    for name, hint in typing.get_type_hints(type(settings), include_extras=True).items():
+        for rule in getattr(hint, "__metadata__", ()):
+            if isinstance(rule, (Between, OneOf)) and (reason := rule.problem(getattr(settings, name),
+                                                                              hint.__origin__)):
+                raise ValueError(f"setting {name}: {reason}")
+
+
 def load(cls: type[T], argv: list[str] | None = None, env: typing.Mapping[str, str] | None = None) -> T:
     """cls built from the file (if one is named), then the environment
-    (os.environ unless env), then argv's flags: each overrides the one before."""
+    (os.environ unless env), then argv's flags: each overrides the one before.
+    A value its setting does not allow (check()) stops the command."""
     env = os.environ if env is None else env
     # No abbreviations: a command's own flag (`migrate --citus`) is not a
     # setting, and must not be read as the start of one (--citus-shard-count).
@@ -50,7 +99,10 @@ def load(cls: type[T], argv: list[str] | None = None, env: typing.Mapping[str, s
         if raw is not None:
             values[name] = convert(cls, name, raw)
     values.update({k: convert(cls, k, v) for k, v in flags.items() if v is not None})
-    return cls(**values)
+    try:
+        return cls(**values)
+    except ValueError as exc:                  # __post_init__: said like the refusals above
+        raise SystemExit(str(exc)) from None
 
 
 def parser(cls: type, parser_: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -76,6 +128,9 @@ def read_file(cls: type, path: Path) -> dict[str, typing.Any]:
         raise SystemExit(f"config {path}: cannot be read ({exc.strerror})") from None
     except tomllib.TOMLDecodeError as exc:
         raise SystemExit(f"config {path}: not valid TOML ({exc})") from None
+    except RecursionError:                     # tomllib reads nested arrays and tables by recursion
+        raise SystemExit(f"config {path}: arrays or tables nested too deeply to read (a setting is a "
+                         "number, a text or true/false)") from None
     for key, value in doc.items():
         if key not in SECTIONS or not isinstance(value, dict):
             raise SystemExit(f"config {path}: unknown key {key!r} at the top level; settings go in the "

@@ -1,7 +1,8 @@
 """The rules the HTTP API, the admin UI and the CLI all apply, kept in one
 place so that each says the same: what a team name looks like, the range
 of a team's retention, what a webhook's URL and secret must be, the cursor
-of a team's events feed, and the next fire times a series shows.
+of a team's events feed, what a series' repeat spec may be, and the next
+fire times a series shows.
 
 A check answers a plain value: the reason a person can act on, or None when
 there is nothing to refuse. Each caller turns a reason into its own refusal
@@ -12,11 +13,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import re
 import urllib.parse
+import zoneinfo
 
 from minutehand.settings import RETENTION_MAX_S, RETENTION_MIN_S
 from minutehand.store import repeat as repeats
+from minutehand.store.records import Repeat
 from minutehand.store.series import SeriesDetail
 
 # ---------------------------------------------------------------- teams
@@ -84,6 +88,36 @@ def decode_events_cursor(cursor: str) -> tuple[str, int] | None:
 
 # ---------------------------------------------------------------- series
 NEXT_FIRE_TIMES = 5
+# Zone files a host may have that are no IANA zone name: its own local time
+# (another zone on each host), tzdata's "Factory" placeholder and the POSIX
+# rules file. The posix/ and right/ copies (right/ counts leap seconds) are
+# not listed by available_timezones() in the first place.
+_HOST_ZONES = frozenset({"localtime", "Factory", "posixrules"})
+
+
+@functools.cache
+def series_zones() -> frozenset[str]:
+    """The zone names a series may be given: the IANA names of the tz
+    database, which mean one zone wherever they are found (read once: it
+    walks the zone files)."""
+    return frozenset(z for z in zoneinfo.available_timezones()
+                     if z not in _HOST_ZONES and not z.startswith(("posix/", "right/")))
+
+
+def repeat_problem(repeat: Repeat | None) -> str | None:
+    """Why a repeat spec is refused (None: it is fine, or absent): a cron
+    expression must be its 5 fields apart by single spaces (it is stored,
+    shown and compared as sent, while APScheduler reads past any
+    whitespace), a zone an IANA name; then repeats.problem (APScheduler)."""
+    if repeat is None:
+        return None
+    if repeat.cron is not None and repeat.cron != " ".join(repeat.cron.split()):
+        return (f"repeat.cron {repeat.cron!r} has whitespace around it or between its fields other than one "
+                "space: send the 5 fields apart by single spaces, like '0 3 * * *'")
+    if repeat.timezone is not None and repeat.timezone not in series_zones():
+        return (f"repeat.timezone {repeat.timezone[:100]!r} is not an IANA time zone name (like Europe/Berlin; "
+                "not localtime, Factory or a posix/ or right/ copy, which differ from host to host)")
+    return repeats.problem(repeat)
 
 
 def next_fire_times(s: SeriesDetail) -> list:

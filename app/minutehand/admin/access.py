@@ -11,9 +11,15 @@ the admin_token setting changes.
 `guard` runs before every /admin handler (the router's before_request):
 no session -> the sign-in page (303; htmx requests get HX-Redirect);
 a POST whose form lacks the session's CSRF token -> 403, before the handler
-runs, so nothing is changed. Handlers marked opt={"public": True} (sign-in,
-static files) are let through; the sign-in form has a CSRF token of its own
-(a cookie and a form field that must match).
+runs, so nothing is changed, and its page is rendered as a stranger's (no
+navigation, no sign-out form and so no CSRF token: only a request that
+passed the guard is signed in for its page). Handlers marked
+opt={"public": True} (sign-in, static files) are let through; the sign-in
+form has a CSRF token of its own (a cookie and a form field that must match).
+
+Failed sign-ins (an unknown or no token) are audited, and throttled per
+client address (throttle.py: 429 with Retry-After once a client has failed
+too often, its token not even looked at).
 
 Pages use: `Who` and `Ctx` (their dependencies: the Signed browser, the
 Context it shares with the API), `render` (a template with the common context), `action` (an
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import math
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +43,7 @@ from litestar.exceptions import HTTPException
 from litestar.params import SkipValidation
 from litestar.response import Redirect, Template
 
+from minutehand.admin.throttle import SignInThrottle
 from minutehand.store.admin import AuditNote
 from minutehand.store.teams import hash_token
 from minutehand.web.auth import Principal
@@ -85,6 +93,7 @@ class Signed:
 # both; taken as they are, not validated field by field).
 Who = NamedDependency[SkipValidation[Signed]]
 Ctx = NamedDependency[SkipValidation[Context]]
+Throttle = NamedDependency[SkipValidation[SignInThrottle]]
 
 
 class Refused(HTTPException):
@@ -170,7 +179,6 @@ async def guard(request: Request) -> Response | None:
     who = await _session(request, ctx)
     if who is None:
         return _redirect_to_signin(request)
-    setattr(request.state, _WHO, who)
     if request.method not in SAFE_METHODS:
         form = await request.form()
         given = form.get(CSRF_FIELD)
@@ -178,6 +186,7 @@ async def guard(request: Request) -> Response | None:
             log.info("admin: %s %s refused: no valid CSRF token", request.method, request.url.path)
             return _refused_page(request, "this form had no valid CSRF token (it may be from an older "
                                           "sign-in): nothing was changed; reload the page and try again")
+    setattr(request.state, _WHO, who)
     return None
 
 
@@ -207,8 +216,17 @@ async def signin_page(request: Request) -> Template:
     return _signin_page(request, next_path=request.query_params.get("next"))
 
 
+async def _failed_signin(ctx: Context, throttle: SignInThrottle, client: str, token_ref: str, reason: str) -> None:
+    """A sign-in refused for its token: it counts against the client, and is
+    audited (concerning no team: the admin's audit page shows it)."""
+    throttle.failed(client)
+    log.info("admin: sign-in from %s refused: %s", client, reason)
+    await ctx.db(ctx.store.audit, AuditNote("stranger", token_ref, None, "sign-in", client, {"refused": reason}),
+                 ok=False)
+
+
 @post("/signin", opt={"public": True}, name="admin.signin.post", status_code=303)
-async def signin(request: Request) -> Response:
+async def signin(request: Request, throttle: Throttle) -> Response:
     ctx = context_of(request)
     form = await request.form()
     given, expected = form.get(CSRF_FIELD), request.cookies.get(SIGNIN_COOKIE)
@@ -216,9 +234,17 @@ async def signin(request: Request) -> Response:
     if not isinstance(given, str) or not expected or not hmac.compare_digest(given.encode(), expected.encode()):
         return _signin_page(request, status_code=403, next_path=next_path,
                             error="the sign-in form had expired (or came from elsewhere): sign in again")
+    client = request.client.host if request.client else "unknown"
+    if wait_s := throttle.wait_s(client):
+        retry = math.ceil(wait_s)
+        page = _signin_page(request, status_code=429, next_path=next_path,
+                            error=f"too many failed sign-ins from this address: try again in {retry} s")
+        page.headers["Retry-After"] = str(retry)
+        return page
     token = form.get("token")
     token = token.strip() if isinstance(token, str) else ""
     if not token:
+        await _failed_signin(ctx, throttle, client, "-", "no token")
         return _signin_page(request, status_code=401, next_path=next_path, error="give the admin token or a team's token")
     token_hash = hash_token(token)
     admin = ctx.settings.admin_token
@@ -227,6 +253,7 @@ async def signin(request: Request) -> Response:
     else:
         team = await ctx.lookup_token(token_hash)
         if team is None:
+            await _failed_signin(ctx, throttle, client, token_hash[:12], "unknown token")
             return _signin_page(request, status_code=401, next_path=next_path,
                                 error="unknown token: give the admin token (MINUTEHAND_ADMIN_TOKEN) or a team's "
                                       "token as printed when the team was created or last rotated")

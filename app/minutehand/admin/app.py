@@ -1,6 +1,7 @@
-"""The admin UI's wiring: admin_ui(ctx) -> the /admin router and the
-template config, which create_app (app/minutehand/api/app.py) mounts when it is given
-them (app/minutehand/serve.py passes admin_ui). The api and admin packages import
+"""The admin UI's wiring: admin_ui(ctx) -> the /admin router, the
+template config and the security headers' hook, which create_app
+(app/minutehand/api/app.py) mounts when it is given them
+(app/minutehand/serve.py passes admin_ui). The api and admin packages import
 neither the other: what both use is in app/minutehand/web/ (Principal, Context)
 and app/minutehand/rules.py.
 
@@ -35,7 +36,14 @@ overview.py, dispatchers.py, teams.py, audit.py):
   StoreError through (NotFound -> 404, InvalidInput -> 400, Conflict -> 409):
   the router renders error.html with the status. access.admin_only(who)
   refuses a team's session (403).
-- Static files: /admin/static/ (htmx.min.js, admin.css).
+- Static files: /admin/static/ (htmx.min.js, admin.css, admin.js).
+- No script in a template: the Content-Security-Policy runs scripts from
+  /admin/static only (no inline <script>, no on...= handler, no eval, so
+  none of htmx's hx-on, hx-vars or js: either). A form (or its button)
+  that asks before it is sent says so with data-confirm="question?"
+  (static/admin.js).
+- Every response under /admin, an error page or a static file too, carries
+  HEADERS (security_headers, the app's before_send hook).
 """
 from __future__ import annotations
 
@@ -46,28 +54,43 @@ from typing import Any
 
 import psycopg
 from litestar import Request, Router
-from litestar.datastructures import ResponseHeader
 from litestar.di import Provide
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.exceptions import HTTPException
 from litestar.response import Template
 from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
+from litestar.types import BeforeMessageSendHookHandler, Message, Scope
 
 from minutehand.admin import access, audit, dead, dispatchers, jobs, overview, series, teams
+from minutehand.admin.throttle import SignInThrottle
 from minutehand.store import errors
 from minutehand.web.context import Context
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
 PAGE_MODULES = (access, overview, jobs, dead, series, dispatchers, teams, audit)
-# Every /admin response: never framed by another site (clickjacking), forms
-# post only here, nothing sniffed, no address leaked to other sites.
-HEADERS = [ResponseHeader(name="Content-Security-Policy",
-                          value="frame-ancestors 'none'; form-action 'self'; base-uri 'none'; object-src 'none'"),
-           ResponseHeader(name="X-Frame-Options", value="DENY"),
-           ResponseHeader(name="X-Content-Type-Options", value="nosniff"),
-           ResponseHeader(name="Referrer-Policy", value="same-origin")]
+# Every /admin response: never framed by another site (clickjacking), scripts
+# only from /admin/static (an injected inline script or handler does not run),
+# forms post only here, nothing sniffed, no address leaked to other sites.
+# (Styles may be inline: the charts colour their legend in style attributes.)
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+       "frame-ancestors 'none'; form-action 'self'; base-uri 'none'; object-src 'none'")
+HEADERS = [(b"content-security-policy", CSP.encode()), (b"x-frame-options", b"DENY"),
+           (b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"same-origin")]
+_HEADER_NAMES = {name for name, _ in HEADERS}
+
+
+async def security_headers(message: Message, scope: Scope) -> None:
+    """The app's before_send hook (admin_ui hands it to create_app): HEADERS
+    on every response under /admin, whatever made it: a page, an error page,
+    the guard's redirect, a static file, the app's own 404 or 405 for an
+    address no page has. (A router's response_headers reach none but its
+    handlers' own responses.)"""
+    if message["type"] == "http.response.start" and (scope["path"] == access.PREFIX
+                                                      or scope["path"].startswith(access.PREFIX + "/")):
+        kept = [(k, v) for k, v in message.get("headers", ()) if k.lower() not in _HEADER_NAMES]
+        message["headers"] = [*kept, *HEADERS]
 
 
 def _utc(value: dt.datetime | None) -> str:
@@ -124,17 +147,20 @@ def admin_router(ctx: Context) -> Router:
     handlers: list = [h for module in PAGE_MODULES for h in module.HANDLERS]
     static = create_static_files_router(path="/static", directories=[HERE / "static"], opt={"public": True},
                                         name="admin.static")
+    throttle = SignInThrottle()              # this process's failed sign-ins, per client address
     return Router(
         "/admin", route_handlers=[*handlers, static], include_in_schema=False,
-        before_request=access.guard, response_headers=HEADERS,
+        before_request=access.guard,
         dependencies={"who": Provide(access.signed, sync_to_thread=False),
-                      "ctx": Provide(lambda: ctx, sync_to_thread=False)},
+                      "ctx": Provide(lambda: ctx, sync_to_thread=False),
+                      "throttle": Provide(lambda: throttle, sync_to_thread=False)},
         exception_handlers={errors.StoreError: _store_refusal, HTTPException: _http_error,
                             psycopg.OperationalError: _database_away, Exception: _unexpected},
-        signature_namespace={"Signed": access.Signed, "Context": Context},
+        signature_namespace={"Signed": access.Signed, "Context": Context, "SignInThrottle": SignInThrottle},
     )
 
 
-def admin_ui(ctx: Context) -> tuple[Router, TemplateConfig]:
-    """What create_app mounts: the router and the template config."""
-    return admin_router(ctx), template_config()
+def admin_ui(ctx: Context) -> tuple[Router, TemplateConfig, BeforeMessageSendHookHandler]:
+    """What create_app mounts: the router, the template config and the hook
+    that gives every /admin response its HEADERS."""
+    return admin_router(ctx), template_config(), security_headers

@@ -19,6 +19,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.openapi.spec import Components, Link, SecurityScheme
 from litestar.template.config import TemplateConfig
+from litestar.types import BeforeMessageSendHookHandler
 
 from minutehand import protocol
 from minutehand.api import dead, health, jobs, metrics, problems, series, teams, webhooks, windows
@@ -42,14 +43,15 @@ VERSION = "1"
 def create_app(settings: Settings, store: Store, *, head: str | None = None, submit_api: bool = True,
                dispatcher: Dispatcher | None = None, submitter: SubmitCoalescer | None = None,
                lifecycle: Service | None = None,
-               ui: Callable[[Context], tuple[Router, TemplateConfig]] | None = None) -> Litestar:
+               ui: Callable[[Context], tuple[Router, TemplateConfig, BeforeMessageSendHookHandler]] | None = None
+               ) -> Litestar:
     """submit_api: the teams' routes (jobs, teams), single submissions sent
     through `submitter` if given; dispatcher: serve the worker protocol
     (app/minutehand/api/workers.py) from it. lifecycle: the process's background
     components (app/minutehand/serve.py builds them), started when the app starts and
     stopped when it stops; the app starts nothing of its own. ui: the admin
-    UI (minutehand.admin.app.admin_ui: its router and templates), mounted
-    with the teams' routes."""
+    UI (minutehand.admin.app.admin_ui: its router, templates and the hook
+    that sets its responses' headers), mounted with the teams' routes."""
     admission = submitter.admission if submitter is not None else Admission(store, settings)
     ctx = Context(settings=settings, store=store, tokens=TokenCache(settings.api_token_cache_s),
                   head=head or migrate.head(), admission=admission, submitter=submitter if submit_api else None)
@@ -61,16 +63,17 @@ def create_app(settings: Settings, store: Store, *, head: str | None = None, sub
 
     check_first, principal = checked_before_body(
         "principal", authenticator(settings.admin_token, ctx.tokens, ctx.lookup_token))
-    handlers: list = [*health.routes(ctx), *metrics.routes(ctx), problem_type]
+    handlers: list = [*health.routes(ctx, dispatcher), *metrics.routes(ctx), problem_type]
     if submit_api:
         handlers += [*jobs.routes(ctx), *teams.routes(ctx), *series.routes(ctx), *windows.routes(ctx),
                      *dead.routes(ctx), *webhooks.routes(ctx)]
     if dispatcher is not None:
         handlers.append(worker_routes.router(ctx, dispatcher))
-    templates = None
+    templates, before_send = None, []
     if ui is not None and submit_api:
-        admin_router, templates = ui(ctx)
+        admin_router, templates, headers = ui(ctx)
         handlers.append(admin_router)
+        before_send.append(headers)
 
     app = Litestar(
         route_handlers=handlers,
@@ -95,7 +98,7 @@ def create_app(settings: Settings, store: Store, *, head: str | None = None, sub
         request_max_body_size=settings.api_max_body_bytes,
         middleware=[metrics.requests_middleware()],
         on_startup=on_startup, on_shutdown=on_shutdown,
-        template_config=templates,
+        template_config=templates, before_send=before_send,
         debug=False,
     )
     app.state.ctx = ctx

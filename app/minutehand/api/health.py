@@ -1,5 +1,8 @@
 """Liveness and readiness: /healthz answers while the process runs; /readyz
-only when the database answers and its schema is at the migrations' head."""
+only when the database answers, its schema is at the migrations' head and,
+in a process with a dispatcher, that dispatcher can hand out jobs (its
+threads run and it holds shard leases): a load balancer or an orchestrator
+then sends no worker to a dispatcher that would never answer with a job."""
 from __future__ import annotations
 
 import psycopg
@@ -8,17 +11,20 @@ from litestar.handlers import HTTPRouteHandler
 
 from minutehand.api import problems
 from minutehand.api.schemas import HealthOut, ReadyOut
+from minutehand.dispatch.dispatcher import Dispatcher
 from minutehand.web.context import Context
 from minutehand.web.problems import INTERNAL, UNAVAILABLE, ApiProblem
 
 
-def routes(ctx: Context) -> list[HTTPRouteHandler]:
+def routes(ctx: Context, dispatcher: Dispatcher | None = None) -> list[HTTPRouteHandler]:
 
     @get("/healthz", operation_id="healthz", tags=["health"], summary="The process is alive")
     async def healthz() -> HealthOut:
         return HealthOut("ok")
 
-    @get("/readyz", operation_id="readyz", tags=["health"], summary="The database is reachable and migrated to the head revision",
+    @get("/readyz", operation_id="readyz", tags=["health"],
+         summary="The database is reachable and migrated to the head revision, and the dispatcher (if any) "
+                 "runs and holds shards",
          responses=problems.responses(UNAVAILABLE, INTERNAL))
     async def readyz() -> ReadyOut:
         try:
@@ -33,6 +39,9 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
         if revision != ctx.head:
             raise ApiProblem(UNAVAILABLE, f"schema at revision {revision}, the code expects {ctx.head}: "
                                           "run `minutehand migrate`",
+                             headers={"Retry-After": str(ctx.settings.api_retry_after_s)})
+        if dispatcher is not None and (reason := dispatcher.unready()):
+            raise ApiProblem(UNAVAILABLE, f"dispatcher {dispatcher.name} cannot hand out jobs: {reason}",
                              headers={"Retry-After": str(ctx.settings.api_retry_after_s)})
         return ReadyOut("ready", revision, ctx.head)
 

@@ -2,9 +2,11 @@
 
 Handlers parse types and enforce the limits that only HTTP has (body size,
 batch length); what a job may be is decided by the procedures, once, in SQL.
-What the database cannot store at all (jsontext.json_text_problem, a NUL in a
-string) and idempotency keys are checked here, so that in a batch such an
-item is refused alone instead of failing the whole call.
+What the database cannot store at all or a worker cannot read
+(jsontext.json_text_problem: a NUL in a string, a number beyond a double
+like 1e400), idempotency keys and repeat specs (rules.repeat_problem) are
+checked here, so that in a batch such an item is refused alone instead of
+failing the whole call.
 
 Bodies are typed `data` parameters, decoded by msgspec (bodies.py). A batch
 is the exception: its handler gets the bytes as sent (BatchBody, documented
@@ -35,8 +37,8 @@ from minutehand.api.problems import ADMISSION, COMMON
 from minutehand.api.schemas import (KEY_RULE, BatchIn, BatchItemOut, BatchJobIn, BatchOut, CancelledOut, JobCreated, JobIn,
                              JobOut, JobPageOut, JobSummaryOut, Repeat, State, decoder, key_problem, text_problem)
 from minutehand.protocol import JobId
-from minutehand.protocol.jsontext import MAX_JSON_DEPTH, json_text_problem
-from minutehand.store import repeat as repeats
+from minutehand.protocol.jsontext import MAX_JSON_DEPTH, json_text_problem, may_overflow
+from minutehand.rules import repeat_problem
 from minutehand.store import records
 from minutehand.store.jobs import JobStatus
 from minutehand.store.submit import JobSpec
@@ -69,12 +71,11 @@ def to_repeat(repeat: Repeat | None) -> records.Repeat | None:
 
 
 def check_repeat(repeat: Repeat | None) -> str | None:
-    """Why the repeat fields are invalid (cron through APScheduler, the zone
-    through zoneinfo); None if valid or absent."""
+    """Why the repeat fields are invalid (rules.repeat_problem); None if valid or absent."""
     if repeat is not None and (reason := text_problem("repeat.cron", repeat.cron)
                                or text_problem("repeat.timezone", repeat.timezone)):
         return reason
-    return repeats.problem(to_repeat(repeat))
+    return repeat_problem(to_repeat(repeat))
 
 
 def to_spec(job: JobIn, key: str | None) -> JobSpec | str:
@@ -84,9 +85,9 @@ def to_spec(job: JobIn, key: str | None) -> JobSpec | str:
         payload = {}
     else:
         payload = bytes(job.payload)            # JSON text, passed through
-        # (Most payloads are short, ASCII and free of \u escapes: no call.)
-        if (len(payload) > MAX_JSON_DEPTH or b"\\u" in payload or not payload.isascii()) and \
-                (reason := json_text_problem("payload", payload)):
+        # (Most payloads are short, ASCII and free of \u escapes and exponents: no call.)
+        if (len(payload) > MAX_JSON_DEPTH or b"\\u" in payload or not payload.isascii()
+                or may_overflow(payload)) and (reason := json_text_problem("payload", payload)):
             return reason
     if "\x00" in job.name:
         return text_problem("name", job.name)

@@ -3,9 +3,10 @@ run, next fire times and newest runs), list a team's series, and pause,
 resume, cancel or change one.
 
 What a series may be is decided by the procedures (sql/functions/series.sql);
-a cron expression is parsed here with APScheduler (app/minutehand/store/repeat.py),
-which also computes the next fire times (app/minutehand/rules.py, as the
-admin UI shows them too), outside any transaction. A series
+a new spec is checked here first (app/minutehand/rules.py: its cron
+expression parsed with APScheduler, app/minutehand/store/repeat.py, its zone
+an IANA name), and the next fire times are computed there too (as the admin
+UI shows them), outside any transaction. A series
 of another team is "no such series" (404), as an unknown one.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from litestar.di import NamedDependency
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import JSONBody, PathParameter, QueryParameter
 
+from minutehand import rules
 from minutehand.api import problems
 from minutehand.api.jobs import TeamParam, options, series_id_out
 from minutehand.api.problems import COMMON
@@ -26,7 +28,6 @@ from minutehand.api.schemas import (SeriesChangeIn, SeriesControlOut, SeriesOut,
                                     SeriesRunOut, SeriesSummaryOut, WaitingRunOut, text_problem)
 from minutehand.protocol import JobId
 from minutehand.rules import NEXT_FIRE_TIMES, next_fire_times
-from minutehand.store import repeat as repeats
 from minutehand.store.records import Repeat
 from minutehand.store.series import SeriesControl, SeriesDetail
 from minutehand.store.store import Store
@@ -64,9 +65,9 @@ def to_repeat(spec: SeriesRepeat) -> Repeat:
 
 
 def repeat_problem(spec: SeriesRepeat) -> str | None:
-    """Why the spec is refused (cron through APScheduler, the zone through zoneinfo); None if valid."""
+    """Why the spec is refused (rules.repeat_problem); None if valid."""
     return (text_problem("repeat.cron", spec.cron) or text_problem("repeat.timezone", spec.timezone)
-            or repeats.problem(to_repeat(spec)))
+            or rules.repeat_problem(to_repeat(spec)))
 
 
 def control_out(c: SeriesControl) -> SeriesControlOut:

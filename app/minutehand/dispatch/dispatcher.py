@@ -238,6 +238,19 @@ class Dispatcher:
         self.keeper.stop()
         log.info("dispatcher %s stopped", self.name)
 
+    def unready(self) -> str | None:
+        """Why it cannot hand out jobs now (None: it can): stopping, a thread
+        of it not running (not started yet, or ended), or no shard leased
+        (others hold them all, or the database refuses them). /readyz says it."""
+        if self._stopping.is_set():
+            return "it is stopping"
+        ended = [t.name for t in self._threads if not t.is_alive()] + ([] if self.keeper.running else ["shard-keeper"])
+        if ended:
+            return f"its {', '.join(ended)} thread{'s are' if len(ended) > 1 else ' is'} not running"
+        if not self._leases:
+            return "it holds no shard lease (other dispatchers hold them all, or the database refuses them)"
+        return None
+
     def owned_shards(self) -> list[int]:
         """The shards this dispatcher leases now (its maintenance works on these)."""
         return sorted(self._leases)

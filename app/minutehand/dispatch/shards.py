@@ -58,6 +58,11 @@ class ShardKeeper:
         self.shards = range(len(self.store.shard_owners()))
         self._thread.start()
 
+    @property
+    def running(self) -> bool:
+        """Whether its thread renews the leases (started, not stopped, not ended)."""
+        return self._thread.is_alive()
+
     def stop(self) -> None:
         """Stop renewing, give every shard up and leave, so the others take
         over at once rather than after the leases expire."""

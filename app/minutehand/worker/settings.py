@@ -1,15 +1,16 @@
 """The worker library's settings: the [worker] table of a TOML file (--config
 FILE or MINUTEHAND_CONFIG), MINUTEHAND_WORKER_* environment variables, the
 matching flags of `minutehand worker` (each overrides the one before), read
-the way the server reads its own (minutehand.envconfig), without the
-server's code."""
+and range-checked the way the server reads its own (minutehand.envconfig),
+without the server's code."""
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 from minutehand import envconfig
+from minutehand.envconfig import LOG_LEVEL, Between
 
 
 @dataclass(frozen=True)
@@ -20,13 +21,16 @@ class WorkerSettings:
     # SIGTERM waits for running jobs before giving up.
     worker_urls: str = "http://127.0.0.1:8080"
     worker_token: str = ""
-    worker_concurrency: int = 10
-    worker_grace_s: float = 30.0
+    worker_concurrency: Annotated[int, Between(1, 10_000)] = 10
+    worker_grace_s: Annotated[float, Between(0, 86400)] = 30.0
     # Serve this worker's Prometheus metrics (README "Metrics") on
     # worker_metrics_host:worker_metrics_port; port 0: no metrics server.
-    worker_metrics_port: int = 0
+    worker_metrics_port: Annotated[int, Between(0, 65535)] = 0
     worker_metrics_host: str = "127.0.0.1"
-    log_level: str = "INFO"
+    log_level: Annotated[str, LOG_LEVEL] = "INFO"
+
+    def __post_init__(self) -> None:
+        envconfig.check(self)
 
     @classmethod
     def load(cls, argv: list[str] | None = None, env: dict[str, str] | None = None) -> WorkerSettings:
