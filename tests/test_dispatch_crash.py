@@ -33,7 +33,7 @@ import pytest
 from minutehand.store.submit import JobSpec
 from tests.fleet import SHARDS, TEAM, ClaimsNeverExpire, Fleet, work
 from tests.processes import wait_until
-from tests.support import on_citus
+from tests.support import make_store, on_citus
 
 pytestmark = pytest.mark.processes
 
@@ -145,48 +145,111 @@ def test_dispatcher_killed_its_shards_are_taken_over_within_a_lease(fleet: Fleet
     assert all(w.alive() for w in workers), fleet.logs()
 
 
-# ---------------------------------------------------------------- 3b. a quota, two dispatchers, one killed
-def test_a_quota_holds_across_two_dispatchers_and_one_killed(fleet: Fleet):
-    """A team with quota 12 and another with far more due work than the
-    fleet runs (40 slots): while the other waits, the capped team never runs
-    more than quota + 1 (two dispatchers, each rounding its share up), also
-    while one dispatcher is SIGKILLed and the other takes its shards (and
-    the capped team's running jobs on them) over."""
-    quota = 12
-    fleet.store.create_team("capped", quota=quota)
-    flags = ("--shard-lease-s", "3", "--claim-lease-s", "5")
-    dispatchers = [fleet.server(*flags, role="dispatcher", name=f"q{i}") for i in range(2)]
-    urls = [d.url for d in dispatchers]
-    for i in range(2):
-        fleet.worker(urls, concurrency=20, label=f"worker-{i}")
-    wait_or_fail(fleet, lambda: fleet.split("q0", "q1"), 20, "the dispatchers to split the shards")
-    fleet.submit(work(6000, sleep_s=0.1))
-    for start in range(0, 3000, 1000):
-        assert all(i.error is None for i in fleet.store.submit_many(
-            "capped", [JobSpec(name="work", payload={"sleep_s": 0.1})] * 1000))
+# ---------------------------------------------------------------- 3b. quotas through a backlog of minutes
+QUOTAS = {"big": 20, "s5": 5, "s10": 10}
+CONTENDED_S = 2.5       # lending stops within two membership renewals, and lent jobs end (0.3 s)
 
-    count = """SELECT count(*) FILTER (WHERE t.name = 'capped' AND j.state IN ('claimed', 'running')),
-                      count(*) FILTER (WHERE t.name = %s AND j.state IN ('scheduled', 'retrying'))
-                 FROM jobs j JOIN teams t ON t.id = j.team_id"""
-    # The patience for 6,000 jobs of 0.1 s on 40 slots (15 s of work); a one-box
-    # Citus cluster is 2.5-4x slower, as in the chaos test below.
-    patience_s = 90.0 * (3 if on_citus(fleet.db) else 1)
-    peak, samples, killed_at = 0, 0, None
+
+def test_quotas_hold_through_a_backlog_of_minutes_with_three_dispatchers_one_killed_and_restarted(fleet: Fleet):
+    """Three teams with quotas 20, 5 and 10 and a backlog due over the last
+    six minutes, on 24 slots (fewer than the quotas add up to), three
+    dispatchers: one is SIGKILLed, and later started again. Whenever a team
+    has waited CONTENDED_S with due work and fewer running than its quota,
+    no other team runs more than its quota + 2 (three dispatchers, each
+    rounding its share up); inside a handover window (a kill or a start,
+    until the shards settle and the jobs that moved with them end), more
+    only by the team's jobs running on the shards that moved. Every job
+    succeeds once."""
+    for team, quota in QUOTAS.items():
+        fleet.store.create_team(team, quota=quota)
+    # The backlog, due minute by minute over the last six, before any dispatcher
+    # looks: a shard's first look starts at the sweep line, 30 minutes back.
+    now = dt.datetime.now(dt.timezone.utc)
+    past = make_store(fleet.dsn, clock=now)
+    try:
+        for minutes_ago in range(6, 0, -1):
+            past.clock = now - dt.timedelta(minutes=minutes_ago)
+            for team, n in (("big", 200), ("s5", 40), ("s10", 80)):
+                items = past.submit_many(team, [JobSpec(name="work", payload={"sleep_s": 0.3})] * n)
+                assert not [i.error for i in items if i.error]
+    finally:
+        past.close()
+    total = 6 * (200 + 40 + 80)
+    lease_s = 2.0
+    flags = ("--shard-lease-s", str(lease_s), "--claim-lease-s", "5")
+    servers = [fleet.server(*flags, role="dispatcher", name=f"q{i}") for i in range(3)]
+    urls = [d.url for d in servers]
+    for i in range(3):
+        fleet.worker(urls, concurrency=8, label=f"worker-{i}")
+
+    sample = """SELECT t.name, count(*) FILTER (WHERE j.state IN ('claimed', 'running')),
+                       count(*) FILTER (WHERE j.state IN ('scheduled', 'retrying'))
+                  FROM jobs j JOIN teams t ON t.id = j.team_id WHERE t.name = ANY (%s) GROUP BY t.name"""
+    per_shard = """SELECT j.shard, t.name, count(*) FROM jobs j JOIN teams t ON t.id = j.team_id
+                    WHERE j.state IN ('claimed', 'running') GROUP BY 1, 2"""
+    window_s = lease_s + 2 * lease_s / 5 + 1.0          # the shards move, the moved jobs end
+    windows: list[tuple[float, float, dict[tuple[int, str], int]]] = []   # (from, to, running per shard then)
+    moved: list[set[int]] = []
+    waited_since: dict[str, float] = {}
+    samples, checked, peak = [], 0, dict.fromkeys(QUOTAS, 0)
+    patience_s = 240.0 * (3 if on_citus(fleet.db) else 1)
     started = time.monotonic()
+    killed = restarted = None
+    restart: threading.Thread | None = None
     while True:
-        capped_running, others_waiting = fleet.one(count, TEAM)
-        if not others_waiting:
+        at = time.monotonic() - started
+        counts = {name: (running, waiting) for name, running, waiting in fleet.db.execute(sample, (list(QUOTAS),))}
+        if not any(waiting for _, waiting in counts.values()):
             break
-        peak, samples = max(peak, capped_running), samples + 1
-        if killed_at is None and time.monotonic() - started > 4:
-            dispatchers[0].kill()
-            killed_at = time.monotonic()
-        assert time.monotonic() - started < patience_s, f"the other team's jobs still wait: {fleet.states()}\n{fleet.logs()}"
-        time.sleep(0.05)
-    print(f"\ncapped team: at most {peak} running (quota {quota}) over {samples} samples while the other team "
-          f"waited; q0 killed {killed_at - started:.1f} s in")
-    assert killed_at is not None and samples > 50
-    assert quota - 2 <= peak <= quota + 1, fleet.logs()
+        for team, (running, waiting) in counts.items():
+            if waiting and running < QUOTAS[team]:
+                waited_since.setdefault(team, at)
+            else:
+                waited_since.pop(team, None)
+        samples.append((at, counts, {t for t, since in waited_since.items() if at - since >= CONTENDED_S}))
+        if killed is None and at > 3:
+            owned = {s for (s,) in fleet.db.execute("SELECT shard FROM shards WHERE owner = 'q0'")}
+            running_then = {(s, t): n for s, t, n in fleet.db.execute(per_shard)}
+            servers[0].kill()
+            killed = time.monotonic() - started
+            windows.append((killed, killed + window_s, running_then))
+            moved.append(owned)
+        if restart is None and killed is not None and at > killed + window_s + 1:
+            # Started in a thread, sampled meanwhile: the window lasts until
+            # the shards have settled, and window_s more.
+            running_then = {(s, t): n for s, t, n in fleet.db.execute(per_shard)}
+            before = dict(fleet.db.execute("SELECT shard, owner FROM shards").fetchall())
+            restarted = at
+            windows.append((restarted, patience_s, running_then))
+            restart = threading.Thread(target=lambda: servers.append(
+                fleet.server(*flags, role="dispatcher", name="q0b", port=servers[0].port)))
+            restart.start()
+        if restart is not None and len(moved) == 1 and fleet.split("q0b", "q1", "q2"):
+            after = dict(fleet.db.execute("SELECT shard, owner FROM shards").fetchall())
+            moved.append({s for s, o in after.items() if o != before.get(s)})
+            windows[1] = (restarted, at + window_s, running_then)
+        assert at < patience_s, f"the backlog still waits: {fleet.states()}\n{fleet.logs()}"
+        time.sleep(0.1)
+    wait_or_fail(fleet, lambda: fleet.done_or_stuck(total), patience_s, f"all {total} jobs to succeed")
+    assert restart is not None, "the backlog drained before the restart"
+    restart.join(60)
+    assert len(moved) == 2, "the backlog drained before the restarted dispatcher took its shards"
+    for at, counts, contended in samples:
+        for team, (running, _) in counts.items():
+            if not contended - {team}:
+                continue
+            bound = QUOTAS[team] + 2
+            for (since, until, running_then), shards in zip(windows, moved):
+                if since <= at <= until:
+                    bound += sum(n for (s, t), n in running_then.items() if t == team and s in shards)
+            checked += 1
+            peak[team] = max(peak[team], running)
+            assert running <= bound, (f"{team} ran {running} (bound {bound}) {at:.1f} s in while {contended} "
+                                      f"waited; windows {[(a, b) for a, b, _ in windows]}\n{samples[-50:]}")
+    print(f"\n{checked} contended samples; peaks {peak} (quotas {QUOTAS}); q0 killed {killed:.1f} s in, "
+          f"started again {restarted:.1f} s in")
+    assert checked > 50, samples
+    assert not fleet.overdelivered(), fleet.overdelivered()
 
 
 # ---------------------------------------------------------------- 4. a dispatcher paused, then resumed

@@ -22,7 +22,8 @@ from minutehand.dispatch.fairness import Budget, DueIndex
 from minutehand.store.outcomes import Complete
 from minutehand.store.records import Repeat
 from minutehand.store.submit import JobSpec
-from tests.support import T0, lease_all, lease_until, make_store, pin, skip_on_citus, started_dispatcher
+from tests.processes import wait_until
+from tests.support import T0, lease_all, lease_until, make_store, on_citus, pin, skip_on_citus, started_dispatcher
 
 UTC = dt.timezone.utc
 BIG = 10**9
@@ -97,6 +98,31 @@ def test_quota_first_then_capacity_is_lent():
     assert taken(fairness.plan(10, e, {1: Budget(1, -5), 2: Budget(1, 20)}, {})) == {(P0, 2): 10}
 
 
+def test_a_team_behind_by_minutes_gets_its_share_and_no_more():
+    """Team 1's rows came due minutes before team 2's: the teams share by
+    weight all the same; within each team, its oldest minute first."""
+    old, older = (-120.0, False, 0), (-180.0, False, 0)
+    e = edges((1, older, 1, 5000), (2, old, 1, 5000), (3, P0, 2, 100), (4, STRICT, 2, 10))
+    got = taken(fairness.plan(50, e, {1: Budget(1, BIG), 2: Budget(1, BIG)}, {}))
+    assert got == {(older, 1): 25, (STRICT, 2): 10, (P0, 2): 15}
+    got = taken(fairness.plan(60, e, {1: Budget(2, BIG), 2: Budget(1, BIG)}, {}))
+    assert got == {(older, 1): 40, (STRICT, 2): 10, (P0, 2): 10}
+
+
+def test_no_lending_while_a_team_waits_with_headroom_on_another_dispatcher():
+    e = edges((1, P0, 1, 1000), (2, P0, 2, 1000))
+    budgets = {1: Budget(1, 10), 2: Budget(1, 0)}
+    short: set[int] = set()
+    assert taken(fairness.plan(100, e, budgets, {}, short=short)) == {(P0, 1): 55, (P0, 2): 45}    # lent
+    assert short == set()
+    # team 3 waits elsewhere: within quotas only
+    assert taken(fairness.plan(100, e, budgets, {}, waiting_elsewhere=frozenset({3}))) == {(P0, 1): 10}
+    # team 1 itself waits elsewhere: team 2 is lent nothing; team 1 may borrow
+    assert taken(fairness.plan(100, e, budgets, {}, waiting_elsewhere=frozenset({1}))) == {(P0, 1): 100}
+    # the capacity runs out before team 1's headroom: team 1 is short of it
+    assert taken(fairness.plan(4, e, budgets, {}, short=short)) == {(P0, 1): 4} and short == {1}
+
+
 def test_weights_share_capacity_over_rounds_however_small_each_round():
     credit: dict[int, float] = {}
     total: Counter = Counter()
@@ -114,10 +140,10 @@ def test_rotation_puts_each_team_in_turn():
 
 
 # ---------------------------------------------------------------- through the dispatcher
-def submit(store, team: str, n: int, **spec) -> list[int]:
+def submit(store, team: str, n: int, name: str = "j", **spec) -> list[int]:
     ids = []
     for start in range(0, n, 5000):
-        items = store.submit_many(team, [JobSpec(name="j", **spec)] * min(5000, n - start))
+        items = store.submit_many(team, [JobSpec(name=name, **spec)] * min(5000, n - start))
         assert all(i.error is None for i in items)
         ids += [i.job_id for i in items]
     return ids
@@ -649,3 +675,37 @@ def test_a_planned_claim_over_many_shards_claims_what_each_shard_alone_would(db_
         skipped += sum(1 for j in together_writes[0] if j[5] and "misfire skip" in j[5])
         assert any(r[-1] is not None for r in alone) == (stale in shards)
     assert claimed_any > 1000 and replayed > 0 and chained > 0 and skipped > 0
+
+
+# ---------------------------------------------------------------- a team that is behind
+def test_a_flood_due_minutes_ago_does_not_hold_back_another_teams_jobs_due_now(fleet):
+    """Team a has 10,000 jobs due over the last three minutes; team b
+    submits 100 due now while a worker (room 50, the real worker library)
+    works through a's backlog: rotation shares by team, not by minute, so
+    b's jobs all start within seconds, not after a's backlog."""
+    now = dt.datetime.now(UTC)
+    past = make_store(fleet.dsn, clock=now)
+    try:
+        past.create_team("a")
+        past.create_team("b")
+        for minutes_ago in (3, 2, 1):
+            past.clock = now - dt.timedelta(minutes=minutes_ago)
+            submit(past, "a", 3_334, name="work", payload={"sleep_s": 0.01})
+    finally:
+        past.close()
+    server = fleet.server()
+    fleet.worker([server.url], concurrency=50)
+    wait_until(lambda: fleet.one("SELECT count(*) FROM runs")[0] >= 500, 120, "a's backlog to be under way")
+    submitted_at = fleet.one("SELECT clock_timestamp()")[0]
+    b = submit(fleet.store, "b", 100, name="work", payload={})
+    wait_until(lambda: fleet.one("SELECT count(DISTINCT job_id) FROM runs WHERE job_id = ANY (%s)", b)[0] == 100,
+               120, "b's jobs to start")
+    b_last = fleet.one("SELECT max(at) FROM runs WHERE job_id = ANY (%s)", b)[0]
+    a_left = fleet.one("""SELECT count(*) FROM jobs j JOIN teams t ON t.id = j.team_id
+                           WHERE t.name = 'a' AND j.state IN ('scheduled', 'retrying')""")[0]
+    a_meanwhile = fleet.one("SELECT count(*) FROM runs WHERE at BETWEEN %s AND %s AND NOT job_id = ANY (%s)",
+                            submitted_at, b_last, b)[0]
+    print(f"\nb's 100 jobs all started {(b_last - submitted_at).total_seconds():.2f} s after they were "
+          f"submitted, a's {a_meanwhile} meanwhile; a still had {a_left} waiting then")
+    assert a_left > 1000, "a's backlog drained first: the test shows nothing"
+    assert b_last - submitted_at < dt.timedelta(seconds=5 * (3 if on_citus(fleet.db) else 1))

@@ -64,8 +64,9 @@ SELECT * FROM claim_planned_shards(%(owner)s::text, %(lease_s)s::real, %(worker)
                                    %(limits)s::int[], %(names)s::text[])
 
 -- name: dispatcher_members
--- Renew this dispatcher's membership; the names of the live ones, sorted.
-SELECT name FROM dispatcher_members(%(name)s::text, %(ttl_s)s::real) AS name
+-- Renew this dispatcher's membership and say which teams wait on its
+-- shards; the live ones by name, each with the teams it said wait there.
+SELECT name, waiting FROM dispatcher_members(%(name)s::text, %(ttl_s)s::real, %(waiting)s::int[])
 
 -- name: leave_dispatchers
 -- A dispatcher stopping cleanly leaves at once.

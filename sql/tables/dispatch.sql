@@ -11,10 +11,13 @@ CREATE TABLE worker_tokens (
 
 -- Each dispatcher renews its row as often as its shard leases; the live
 -- rows are the members the shards are divided between. A member that stops
--- renewing drops out when its row expires, together with its leases.
+-- renewing drops out when its row expires, together with its leases. With
+-- each renewal it says which teams wait on its shards with quota headroom:
+-- while any does, the others lend no capacity past a quota.
 CREATE TABLE dispatchers (
     name        text PRIMARY KEY,
-    expires_at  timestamptz NOT NULL
+    expires_at  timestamptz NOT NULL,
+    waiting     int[] NOT NULL DEFAULT '{}'
 );
 
 -- A duty for the whole wheel (cascade, sweep) runs in one dispatcher at a

@@ -39,7 +39,9 @@ the shards each leases, rounded up; each counts the team's jobs running
 from its own shards (their team_running rows, read every RUNNING_READ_S and
 whenever its shards change) plus what it claimed since. So n dispatchers
 together exceed a quota by at most n - 1 (the rounding), except while
-shards change hands (README: "Quotas").
+shards change hands (README: "Quotas"). Capacity past a quota is lent only
+while no team waits with headroom on any dispatcher: each says which wait
+on its shards with its membership renewal (shards.py; WAITING_S).
 
 Workers that take only some job names (the worker library names its
 handlers) are planned the same way, their claims limited to those names;
@@ -93,6 +95,10 @@ MAX_SHARDS_PER_TEAM = 64        # a names-filtered waiter's claims per team in o
 MAX_WAITERS_PER_ROUND = 32
 FILTERED_RECHECK_S = 1.0        # a shard found empty for a filter is tried again for it this long after the round
 RUNNING_READ_S = 0.25           # how often the jobs running per team are read (quota headroom)
+# A team waits here (and the other dispatchers lend nothing past a quota)
+# for WAITING_S after a round's capacity ran out before its headroom, or
+# while no worker asks for WAITING_S / 2 and it has due rows and headroom.
+WAITING_S = 1.0
 TERMS_READ_S = 2.0              # how often teams' quotas and weights are read
 # Behind a backlog (more than BACKLOG_ROWS due rows known and not claimed
 # yet), a wake-up naming a shard with due rows still known reads its edge
@@ -176,7 +182,8 @@ class Dispatcher:
         self.name = settings.dispatcher_name or f"{socket.gethostname()}:{os.getpid()}"
         self.claim_s = settings.claim_lease_s
         self.writer = writer
-        self.keeper = ShardKeeper(store, self.name, settings.shard_lease_s, self._leases_changed)
+        self.keeper = ShardKeeper(store, self.name, settings.shard_lease_s, self._leases_changed,
+                                  self._waiting_here, self._set_waiting_elsewhere)
         self._cond = threading.Condition()
         self._waiters: deque[Waiter] = deque()
         self._leases: dict[int, int] = {}
@@ -206,6 +213,9 @@ class Dispatcher:
         self._mine: dict[int, int] = defaultdict(int)    # team -> claimed by this dispatcher since that read
         self._running_at = -math.inf
         self._credit: dict[int, float] = {}      # the rotation's carried fractions, per team
+        self._waiting_at: dict[int, float] = {}  # team -> when it last waited here with headroom (under _cond)
+        self._idle_since: float | None = None    # since when no worker asks while rows are due
+        self._waiting_elsewhere: frozenset[int] = frozenset()   # teams other dispatchers say wait there
         self._stopping = threading.Event()
         self._polls_closed = False                # stopping: long-polls are answered at once (under _cond)
         self._threads = [threading.Thread(target=self._dispatch, name="dispatch", daemon=True),
@@ -356,6 +366,8 @@ class Dispatcher:
                 self._refresh()
                 if waiters := self._ready_waiters():
                     self._serve(waiters)
+                elif self._idle_since is not None and time.time() - self._idle_since >= WAITING_S / 2:
+                    self._note_idle()
             except psycopg.OperationalError as exc:
                 log.warning("dispatch: database unreachable (%s); retrying", exc)
                 self._requeue_taken()
@@ -446,18 +458,25 @@ class Dispatcher:
                         w.state = "taken"
                     self._taken = ready
                     return ready
+            if not due or self._waiters:
+                self._idle_since = None
+            elif self._idle_since is None:
+                self._idle_since = now
             if self._arrived or any(t <= now for t in self._due.values()) \
                     or any(t <= now for t in self._deferred.values()):
                 return []                         # (arrivals join the index at the next _refresh)
             wake = min([t for t in self._due.values() if t > now] + [self._next_refresh]
                        + list(self._deferred.values()))
+            event = wake
+            if self._idle_since is not None:      # to say which teams wait here
+                wake = min(wake, now + WAITING_S / 2)
             if due and self._waiters:             # filters that found due shards empty look again
                 lapse = [until for f in {w.filter for w in self._waiters}
                          for s, (_, until) in self._empty.get(f, {}).items() if s in due and until > now]
                 if lapse:
                     wake = min(wake, min(lapse))
             self._cond.wait(max(0.0, wake - now))
-            if time.time() >= wake - 0.001:
+            if time.time() >= event - 0.001:
                 self._generation += 1             # a run time came, or the minute turned
             return []
 
@@ -476,6 +495,26 @@ class Dispatcher:
         settle((w.future, w.loop, [], None) for w in expired)
 
     # ------------------------------------------------------------ quotas
+    def _waiting_here(self) -> list[int]:
+        """The teams waiting on this dispatcher's shards with headroom, for
+        the others (the shard keeper's thread)."""
+        now = time.time()
+        with self._cond:
+            for t in [t for t, at in self._waiting_at.items() if now - at > WAITING_S]:
+                del self._waiting_at[t]
+            return sorted(self._waiting_at)
+
+    def _set_waiting_elsewhere(self, teams: frozenset[int]) -> None:
+        self._waiting_elsewhere = teams
+
+    def _note_idle(self) -> None:
+        """No worker has asked for a while and rows are due: the teams with
+        due rows and headroom wait here."""
+        budgets = self._budgets()
+        with self._cond:
+            now = time.time()
+            self._waiting_at.update((t, now) for t in self._index.teams() if t in budgets and budgets[t].headroom > 0)
+
     def _budgets(self) -> dict[int, Budget]:
         """Each team's weight and headroom here: its quota's share by the
         fraction of the shards this dispatcher leases (rounded up), less the
@@ -522,11 +561,12 @@ class Dispatcher:
             budgets = self._budgets()
         round_ = _Round({id(w): [] for w in waiters})
         taken: dict = {}                          # what this round's plans hold, per (shard, (class, team))
+        short: set[int] = set()                   # teams the capacity ran out for within their headroom
         pools: dict[Filter, list[Waiter]] = defaultdict(list)
         for w in waiters:
             pools[w.filter].append(w)
         for filter_, pool in pools.items():
-            self._plan_pool(filter_, pool, open_for[filter_], budgets, leases, taken, round_)
+            self._plan_pool(filter_, pool, open_for[filter_], budgets, leases, taken, round_, short)
         try:
             self._claim(round_, generation)
             # Workers of some names: planned cells that held other names leave them short.
@@ -562,6 +602,7 @@ class Dispatcher:
             raise
         mark = (now, time.time() + FILTERED_RECHECK_S)
         with self._cond:
+            self._waiting_at.update(dict.fromkeys(short, now))
             for s in round_.recount:              # the rest of its edge stands until it is read again
                 if self._marked.get(s, -1) <= generation and s in self._leases:
                     self._due[s] = 0.0
@@ -586,7 +627,7 @@ class Dispatcher:
         settle(settled, on_gone=self._give_back)
 
     def _plan_pool(self, filter_: Filter, pool: list[Waiter], shards: set[int] | None, budgets: dict[int, Budget],
-                   leases: dict[int, int], taken: dict, round_: _Round) -> None:
+                   leases: dict[int, int], taken: dict, round_: _Round, short: set[int]) -> None:
         """The pool's capacity planned over what is due on these shards (None:
         all), less what the round's other pools took (`taken`, added to, as
         the budgets are counted down); each waiter a run of the takes in
@@ -594,7 +635,8 @@ class Dispatcher:
         only between two."""
         names, team_names = filter_
         teams = None if team_names is None else {self._team_ids[n] for n in team_names if n in self._team_ids}
-        takes = fairness.plan(sum(w.capacity for w in pool), self._index, budgets, self._credit, teams, shards, taken)
+        takes = fairness.plan(sum(w.capacity for w in pool), self._index, budgets, self._credit, teams, shards, taken,
+                              self._waiting_elsewhere, short)
         for t in takes:
             budgets[t.team] = budgets[t.team].less(t.n)
         queue = deque(fairness.rotate(takes, lambda t: t.cls, lambda t: t.team))

@@ -1,26 +1,33 @@
 """Who goes first when due work exceeds the free workers: the plan of one
 dispatch round, from what the dispatcher knows is due on its shards.
 
-Order. Due rows fall into classes: the minute bucket they became due in,
-then strict before flexible, then higher priority. A class goes out before
-any row of a later class, across all the dispatcher's shards (within one
-class, one minute's rows, the shard whose oldest row is oldest first; each
-shard gives its oldest rows first).
+Between teams, shares: each round's capacity is shared among the teams
+with due work by weight, however old each team's rows are, so a team that
+is behind (a flood due minutes ago) gets its share and no more while
+another team has due work.
+
+Within a team, order: its due rows fall into classes, the minute bucket
+they became due in, then strict before flexible, then higher priority; a
+class goes out before any row of a later class of the same team, across
+all the dispatcher's shards (within one class, the shard whose oldest row
+is oldest first; each shard gives its oldest rows first).
 
 Quotas, with lending. A team may hold `headroom` more running jobs (its
 quota's share, less what it runs). Capacity is first shared among the
-teams within their headroom, class by class; only what is left after that
-(no team with due work wants more within its quota) is lent, class by class
-again, to teams past their quota. Borrowed capacity comes back as the
-borrower's jobs finish: a team past its quota gets nothing while others
-with headroom wait.
+teams within their headroom; only what is left after that (no team with
+due work wants more within its quota) is lent to teams past their quota,
+and only while no other dispatcher reports a team waiting with headroom
+(`waiting_elsewhere`: such a team's jobs sit on shards this dispatcher
+cannot claim, and the workers it would lend to are the fleet's too).
+Borrowed capacity comes back as the borrower's jobs finish: a team past
+its quota gets nothing while others with headroom wait.
 
-Rotation. Within a class the capacity is shared by weight (deficit round
-robin): each team is entitled to capacity x weight / sum of weights, the
-fraction it could not get this round is credited to the next, and a team
-whose demand is met keeps no credit. So shares follow weights over rounds
-however small each round is, and a small team's jobs never wait behind
-another team's whole batch.
+Rotation. The shares are by weight (deficit round robin): each team is
+entitled to capacity x weight / sum of weights, the fraction it could not
+get this round is credited to the next, and a team whose demand is met
+keeps no credit. So shares follow weights over rounds however small each
+round is, and a small team's jobs never wait behind another team's whole
+batch, of this minute or of any earlier one.
 
 Pure: no database, no clock; tests drive it directly.
 """
@@ -35,7 +42,7 @@ Class = tuple[float, bool, int]
 
 
 def class_order(c: Class) -> tuple[float, bool, int]:
-    """Earlier bucket first, then strict, then higher priority."""
+    """Within a team: earlier bucket first, then strict, then higher priority."""
     return (c[0], not c[1], -c[2])
 
 
@@ -165,11 +172,14 @@ def share(n: int, caps: dict[int, int], weights: dict[int, int], credit: dict[in
 
 def plan(capacity: int, due: DueIndex, budgets: dict[int, Budget], credit: dict[int, float],
          teams: set[int] | None = None, shards: set[int] | None = None,
-         taken: dict[tuple[int, tuple[Class, int]], int] | None = None) -> list[Take]:
+         taken: dict[tuple[int, tuple[Class, int]], int] | None = None,
+         waiting_elsewhere: frozenset[int] = frozenset(), short: set[int] | None = None) -> list[Take]:
     """Up to `capacity` rows to claim, as (shard, class, team, n) takes, from
     what is due; only teams in `teams` and shards in `shards` (None: any),
     less what `taken` already holds per (shard, (class, team)) (and adds to
-    it). Updates `credit` (the rotation's carried fractions)."""
+    it). No lending to a team while another is in `waiting_elsewhere`.
+    Updates `credit` (the rotation's carried fractions) and adds to `short`
+    the teams the capacity ran out for before their headroom did."""
     taken = {} if taken is None else taken
     taken_of: dict[tuple[Class, int], int] = defaultdict(int)
     for (_, key), n in taken.items():
@@ -177,30 +187,34 @@ def plan(capacity: int, due: DueIndex, budgets: dict[int, Budget], credit: dict[
     waiting = {t for _, t in due.cells}
     for t in [t for t in credit if t not in waiting]:
         del credit[t]                           # an idle team banks nothing
-    keys = [k for k in due.cells if k[1] in budgets and (teams is None or k[1] in teams)]
-    by_class: dict[Class, list[int]] = defaultdict(list)
-    for cls, team in keys:
-        by_class[cls].append(team)
+    by_team: dict[int, list[tuple[Class, int]]] = defaultdict(list)
+    for key in sorted((k for k in due.cells if k[1] in budgets and (teams is None or k[1] in teams)),
+                      key=lambda k: class_order(k[0])):
+        by_team[key[1]].append(key)
+    left_in = {key: _available(due, key, shards, taken, taken_of) for keys in by_team.values() for key in keys}
     given: dict[tuple[Class, int], int] = defaultdict(int)
     used: dict[int, int] = defaultdict(int)
     left = capacity
     for lending in (False, True):
-        for cls in sorted(by_class, key=class_order):
-            if left <= 0:
-                break
-            caps = {}
-            for team in by_class[cls]:
-                want = _available(due, (cls, team), shards, taken, taken_of) - given[cls, team]
-                if not lending:
-                    want = min(want, budgets[team].headroom - used[team])
-                if want > 0:
-                    caps[team] = want
-            if not caps:
+        caps = {}
+        for team, keys in by_team.items():
+            want = sum(left_in[k] - given[k] for k in keys)
+            if not lending:
+                want = min(want, budgets[team].headroom - used[team])
+            elif waiting_elsewhere - {team}:
                 continue
+            if want > 0:
+                caps[team] = want
+        if left > 0 and caps:
             for team, n in share(left, caps, {t: budgets[t].weight for t in caps}, credit).items():
-                given[cls, team] += n
                 used[team] += n
                 left -= n
+                for key in by_team[team]:       # the team's own rows in its order
+                    k = min(n, left_in[key] - given[key])
+                    given[key] += k
+                    n -= k
+        if not lending and short is not None:
+            short.update(t for t, want in caps.items() if used[t] < want)
     takes = []
     for key, n in given.items():
         # The shards holding the oldest rows first: else a shard read again
@@ -230,16 +244,14 @@ def _available(due: DueIndex, key: tuple[Class, int], shards: set[int] | None,
                if shards is None or shard in shards)
 
 
-def rotate(rows: list[dict], cls_of, team_of) -> list[dict]:
-    """Claimed rows in the order they go out: class by class, and within a
-    class one team's row after another's in turn."""
-    by_class: dict[Class, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+def rotate(rows: list, cls_of, team_of) -> list:
+    """Claimed rows in the order they go out: one team's row after
+    another's in turn, each team's in its class order."""
+    by_team: dict[int, list] = defaultdict(list)
     for r in rows:
-        by_class[cls_of(r)][team_of(r)].append(r)
+        by_team[team_of(r)].append(r)
+    queues = [sorted(q, key=lambda r: class_order(cls_of(r))) for _, q in sorted(by_team.items())]
     out = []
-    for cls in sorted(by_class, key=class_order):
-        queues = [q for _, q in sorted(by_class[cls].items())]
-        depth = max(len(q) for q in queues)
-        for i in range(depth):
-            out.extend(q[i] for q in queues if i < len(q))
+    for i in range(max((len(q) for q in queues), default=0)):
+        out.extend(q[i] for q in queues if i < len(q))
     return out

@@ -322,9 +322,12 @@ class ClaimStore(StoreBase):
         return units
 
     # ------------------------------------------------------------ dispatchers
-    def dispatcher_members(self, name: str, ttl_s: float) -> list[str]:
-        """Renew this dispatcher's membership; the live members' names, sorted."""
-        return [r["name"] for r in self._all("dispatcher_members", {"name": name, "ttl_s": ttl_s})]
+    def dispatcher_members(self, name: str, ttl_s: float, waiting: Sequence[int] = ()) -> dict[str, list[int]]:
+        """Renew this dispatcher's membership, saying which teams wait on its
+        shards with quota headroom; the live members by name (sorted), each
+        with the teams it said wait there."""
+        return {r["name"]: r["waiting"] for r in self._all("dispatcher_members",
+                                                           {"name": name, "ttl_s": ttl_s, "waiting": list(waiting)})}
 
     def leave_dispatchers(self, name: str) -> None:
         self._one("leave_dispatchers", {"name": name})
