@@ -61,9 +61,9 @@ def test_the_overview_shows_the_counters_of_the_last_hour(conn, app):
     count(conn, "u", 1, 16, started=90, succeeded=0, failed=0, dead=0, late_bucket=9)   # 10 s
     count(conn, "t", 90, -1, started=1000, succeeded=0, failed=0, dead=0, late_bucket=12)   # over an hour back
     conn.execute("INSERT INTO team_running (shard, team_id, running) SELECT 5, id, 250 FROM teams WHERE name = 't'")
-    conn.execute("INSERT INTO load_minutes (minute, stripe, jobs) "
-                 "VALUES (mh_minute(mh_now()) + interval '3 hours', 0, 40), "
-                 "(mh_minute(mh_now()) + interval '3 hours', 1, 2)")
+    conn.execute("INSERT INTO load_minutes (minute, team_id, stripe, jobs) "
+                 "VALUES (mh_minute(mh_now()) + interval '3 hours', 1, 0, 40), "
+                 "(mh_minute(mh_now()) + interval '3 hours', 2, 0, 2)")
     with TestClient(app) as c:
         sign_in(c, ADMIN)
         html = c.get("/admin/").text

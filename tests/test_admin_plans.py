@@ -124,9 +124,10 @@ def big(pg_server, template_db) -> Iterator[str]:
                   FROM generate_series(2, 24 * 30) h, generate_series(1, %(teams)s) t, generate_series(1, 4) n
             """, {"t0": T0, "teams": TEAMS})
             c.execute("""
-                INSERT INTO load_minutes (minute, stripe, jobs)
-                SELECT mh_minute(%(t0)s) + m * interval '1 minute', s, 3
-                  FROM generate_series(-60, 3 * 1440) m, generate_series(0, 15) s""", {"t0": T0})
+                INSERT INTO load_minutes (minute, team_id, stripe, jobs)
+                SELECT mh_minute(%(t0)s) + m * interval '1 minute', t, s, 3
+                  FROM generate_series(-60, 3 * 1440) m, generate_series(1, 4) t, generate_series(0, 3) s""",
+                      {"t0": T0})
             c.execute("INSERT INTO team_running (shard, team_id, running) "
                       "SELECT s, t, 1 FROM generate_series(0, 255) s, generate_series(1, %s) t", (TEAMS,))
             c.execute("INSERT INTO teams (name) VALUES ('rare')")
@@ -168,7 +169,8 @@ def test_the_overview_reads_an_hour_of_counters_never_the_jobs(conn, team):
     read = assert_bounded(plan, 60 * 4 * 4 * (TEAMS if team is None else 1))
     assert "jobs" not in read
     planned = analyzed(conn, "admin_planned_minutes", {})
-    assert assert_bounded(planned, (60 + 1440) * 16)["load_minutes"] <= (60 + 1440) * 16
+    # the minutes from an hour back to a day ahead, each with its rows of 4 teams x 4 stripes
+    assert assert_bounded(planned, (60 + 1440) * 4 * 4)["load_minutes"] <= (60 + 1440) * 4 * 4
     running = analyzed(conn, "metrics_running", {})
     assert "jobs" not in rows_read(running)
 

@@ -2,8 +2,9 @@
 in SQL, where its window is least loaded (sql/functions/spread.sql); the
 planned load per minute (load_minutes), default windows per team and job
 name (flex_defaults) and their HTTP routes, a repeating series' stable
-offset, the purge of old load rows, and the plans of the load's read and
-upsert. The clock is pinned to T0 (reused_db module)."""
+offset, the purge of old load rows, the plans of the load's read and
+upsert, and one team's open transaction holding up no other team's
+submissions. The clock is pinned to T0 (reused_db module)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -20,7 +21,7 @@ from minutehand.store import errors, migrate
 from minutehand.store.records import Repeat
 from minutehand.store.submit import JobSpec
 from minutehand.store.teams import hash_token
-from tests.support import AUTO_EXPLAIN_ON_CITUS, T0, pin, skip_on_citus
+from tests.support import AUTO_EXPLAIN_ON_CITUS, T0, make_store, pin, skip_on_citus
 
 pytestmark = pytest.mark.reused_db   # one database for the module, reset before each test
 
@@ -142,19 +143,22 @@ def test_the_load_is_written_once_per_minute_and_stripe_per_batch(db_dsn):
             == (10, 2000, 0)
         stripe = conn.execute("SELECT pg_backend_pid() % 16").fetchone()[0]
         assert conn.execute("SELECT DISTINCT stripe FROM load_minutes").fetchone()[0] == stripe
+        assert conn.execute("SELECT DISTINCT l.team_id FROM load_minutes l").fetchall() \
+            == conn.execute("SELECT id FROM teams WHERE name = 't'").fetchall()
 
 
 def test_count_load_adds_a_batch_of_run_times(pinned_conn):
-    pinned_conn.execute("SELECT mh_count_load(%s)", ([DUE, DUE + dt.timedelta(seconds=59), DUE + MIN, None],))
-    pinned_conn.execute("SELECT mh_count_load(%s)", ([DUE],))
-    pinned_conn.execute("SELECT mh_count_load(NULL)")
-    assert pinned_conn.execute("SELECT minute, sum(jobs)::int FROM load_minutes GROUP BY 1 ORDER BY 1").fetchall() \
-        == [(DUE, 3), (DUE + MIN, 1)]
+    pinned_conn.execute("SELECT mh_count_load(1, %s)", ([DUE, DUE + dt.timedelta(seconds=59), DUE + MIN, None],))
+    pinned_conn.execute("SELECT mh_count_load(1, %s)", ([DUE],))
+    pinned_conn.execute("SELECT mh_count_load(2, %s)", ([DUE],))
+    pinned_conn.execute("SELECT mh_count_load(1, NULL)")
+    assert pinned_conn.execute("SELECT minute, team_id, sum(jobs)::int FROM load_minutes GROUP BY 1, 2 ORDER BY 1, 2"
+                               ).fetchall() == [(DUE, 1, 3), (DUE, 2, 1), (DUE + MIN, 1, 1)]
 
 
 def test_purge_drops_the_load_of_minutes_more_than_an_hour_back_in_bounded_batches(pinned_conn, pinned_store):
-    pinned_conn.execute("""INSERT INTO load_minutes (minute, stripe, jobs)
-                           SELECT %s::timestamptz - k * interval '1 minute', s, 1
+    pinned_conn.execute("""INSERT INTO load_minutes (minute, team_id, stripe, jobs)
+                           SELECT %s::timestamptz - k * interval '1 minute', 1 + s %% 2, s, 1
                              FROM generate_series(0, 179) k, generate_series(0, 3) s""",
                         (T0.replace(second=0),))
     assert pinned_conn.execute("SELECT purge_load(100)").fetchone()[0] == 100
@@ -411,9 +415,10 @@ def test_plans_the_counts_read_is_a_bounded_index_scan_and_the_upsert_uses_the_k
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         skip_on_citus(conn, AUTO_EXPLAIN_ON_CITUS)
         conn.execute("SET search_path = minutehand")
-        conn.execute("""INSERT INTO load_minutes (minute, stripe, jobs)
-                        SELECT %s::timestamptz + k * interval '1 minute', s, 1
-                          FROM generate_series(0, 10079) k, generate_series(0, 15) s""", (DUE,))
+        conn.execute("""INSERT INTO load_minutes (minute, team_id, stripe, jobs)
+                        SELECT %s::timestamptz + k * interval '1 minute', t, s, 1
+                          FROM generate_series(0, 10079) k, generate_series(1, 4) t, generate_series(0, 15) s""",
+                     (DUE,))
         conn.execute("ANALYZE load_minutes")
         plans: list[dict] = []
 
@@ -442,9 +447,9 @@ def test_plans_the_counts_read_is_a_bounded_index_scan_and_the_upsert_uses_the_k
     reads = [n for q, n in on_load if n["Node Type"] != "ModifyTable"]
     writes = [n for q, n in on_load if n["Node Type"] == "ModifyTable"]
     assert reads and writes, [q for q, _ in on_load]
-    for n in reads:                       # the window's minutes through the key, never the table
+    for n in reads:                       # the window's minutes through the key, never the table:
         assert n["Node Type"] in ("Index Scan", "Index Only Scan", "Bitmap Heap Scan"), n["Node Type"]
-        assert n["Actual Rows"] <= 60 * 16
+        assert n["Actual Rows"] * n["Actual Loops"] <= 60 * 4 * 16     # their rows of every team and stripe
     read_index = [n for p in plans for n in nodes(p["Plan"]) if n.get("Index Name") == "load_minutes_pkey"]
     assert read_index and all("minute" in n.get("Index Cond", "") for n in read_index)
     (upsert,) = writes
@@ -468,15 +473,15 @@ def test_a_batch_of_many_windows_water_fills_each_within_its_own(pinned_conn):
 
 def test_the_maintenance_duty_purges_old_load_under_its_lease(pinned_conn, pinned_store):
     from minutehand.maintenance.schedule import MaintenanceSchedule
-    pinned_conn.execute("""INSERT INTO load_minutes (minute, stripe, jobs)
-                           SELECT %s::timestamptz - k * interval '1 minute', s, 1
+    pinned_conn.execute("""INSERT INTO load_minutes (minute, team_id, stripe, jobs)
+                           SELECT %s::timestamptz - k * interval '1 minute', 1 + s %% 2, s, 1
                              FROM generate_series(0, 999) k, generate_series(0, 15) s""", (T0.replace(second=0),))
     duties = MaintenanceSchedule(pinned_store, "d1", lambda: [])
     duties.purge_load()                      # 16,000 rows, 15,056 old: two bounded calls
     assert pinned_conn.execute("SELECT count(*), min(minute) FROM load_minutes").fetchone() \
         == (60 * 16, T0.replace(second=0) - 59 * MIN)
     # another dispatcher does not run it while d1 holds the lease
-    pinned_conn.execute("INSERT INTO load_minutes VALUES (%s, 0, 1)", (T0 - dt.timedelta(hours=3),))
+    pinned_conn.execute("INSERT INTO load_minutes VALUES (%s, 1, 0, 1)", (T0 - dt.timedelta(hours=3),))
     MaintenanceSchedule(pinned_store, "d2", lambda: []).purge_load()
     assert pinned_conn.execute("SELECT count(*) FROM load_minutes").fetchone()[0] == 60 * 16 + 1
 
@@ -510,3 +515,76 @@ def test_concurrent_batches_place_and_count_without_deadlocks(db_dsn):
                                  "GROUP BY 1").fetchall())
         # sessions place against what the others committed: close to even, not exact
         assert max(flex.values()) <= 1.5 * sum(flex.values()) / 20, sorted(flex.values())
+
+
+# ---------------------------------------------------------------- teams apart
+def test_an_open_transaction_of_one_team_holds_up_no_other_teams_submissions(db_dsn, module_conn):
+    """Team u submits inside its own transaction (the documented use), for
+    the minute DUE, and keeps it open; meanwhile team t's submissions for
+    that minute, over HTTP and in SQL, strict and flexible, single and
+    batched, each go through at once. Every session here has u's stripe of
+    the planned load, so a counter row the teams shared would keep t's
+    submissions waiting until u commits."""
+    import threading
+
+    hold, prompt = 10.0, 3.0
+    module_conn.execute("UPDATE teams SET token_hash = %s WHERE name = 't'", (hash_token("tok-team-t"),))
+    store = make_store(db_dsn, max_size=1)             # the API's one session, whose stripe u's shares
+    opened: list[psycopg.Connection] = []
+    release: threading.Timer | None = None
+
+    def session(stripe: int, autocommit: bool) -> psycopg.Connection:
+        """A new session in that stripe (sessions are opened until one is)."""
+        for _ in range(500):
+            conn = psycopg.connect(db_dsn, autocommit=autocommit)
+            pin(conn, T0)
+            if conn.execute("SELECT mh_load_stripe()").fetchone()[0] == stripe:
+                opened.append(conn)
+                return conn
+            conn.close()
+        raise AssertionError(f"no session in stripe {stripe}")
+
+    try:
+        with store.pool.connection() as c:
+            stripe = c.execute("SELECT mh_load_stripe() AS stripe").fetchone()["stripe"]
+        held = session(stripe, autocommit=False)
+        held.execute("SELECT submit_job('u', 'held', %s, p_strict => true)", (DUE,))
+        held.execute("SELECT submit_job('u', 'held', %s, p_flex_s => 60)", (DUE,))
+        release = threading.Timer(hold, held.commit)
+        release.start()
+        spent: list[tuple[str, float]] = []
+
+        def timed(label: str, call) -> None:
+            started = time.perf_counter()
+            call()
+            spent.append((label, time.perf_counter() - started))
+
+        due = DUE.isoformat()
+        with TestClient(create_app(Settings(admin_token=ADMIN), store, head=migrate.head())) as client:
+            def post(path: str, body: dict) -> None:
+                r = client.post(path, headers=T, json=body)
+                assert r.status_code == (200 if path.endswith("/batch") else 201), r.text
+
+            timed("http strict", lambda: post("/v1/jobs", {"name": "b", "due_at": due, "strict": True}))
+            timed("http flexible", lambda: post("/v1/jobs", {"name": "b", "due_at": due, "flex_s": 60}))
+            timed("http batch", lambda: post("/v1/jobs/batch", {
+                "jobs": [{"name": "b", "due_at": due, "flex_s": 60}] * 20 + [{"name": "b", "due_at": due,
+                                                                             "strict": True}]}))
+        sql = session(stripe, autocommit=True)
+        timed("sql strict", lambda: sql.execute("SELECT submit_job('t', 'b', %s, p_strict => true)", (DUE,)))
+        timed("sql flexible", lambda: sql.execute("SELECT submit_job('t', 'b', %s, p_flex_s => 60)", (DUE,)))
+        timed("sql batch", lambda: sql.execute("SELECT count(*) FROM submit_jobs('t', %s, %s, p_flex_s => %s)",
+                                               (["b"] * 20, [DUE] * 20, [60] * 20)))
+        assert [label for label, s in spent if s >= prompt] == [], spent
+        # u commits: the planned load of the minute is both teams' jobs (u's 2, t's 23 over HTTP, 22 in SQL)
+        release.cancel()
+        held.commit()
+        assert sql.execute("SELECT count(*) FROM jobs WHERE run_at >= %s AND run_at < %s",
+                           (DUE, DUE + MIN)).fetchone()[0] == 2 + 23 + 22
+        assert sql.execute("SELECT sum(jobs) FROM load_minutes WHERE minute = %s", (DUE,)).fetchone()[0] == 2 + 23 + 22
+    finally:
+        if release is not None:
+            release.cancel()
+        for c in opened:
+            c.close()
+        store.close()

@@ -94,6 +94,8 @@ DECLARE
     v_run   timestamptz;
     v_stats stats_delta[] := '{}';
     v_runs  timestamptz[] := '{}';
+    v_teams int[] := '{}';            -- the team of each of v_runs
+    v_team  int;
 BEGIN
     FOR v_item IN
         SELECT k.id, k.after, k.due, k.deadline
@@ -131,11 +133,17 @@ BEGIN
          WHERE s.shard = p_shard AND s.id = v_s.id;
         v_stats := v_stats || mh_submitted(p_shard::smallint, v_s.team_id, v_s.name);
         v_runs := v_runs || v_run;
+        v_teams := v_teams || v_s.team_id;
         series_id := v_s.id; job_id := v_id; run_at := v_run;
         RETURN NEXT;
     END LOOP;
     IF cardinality(v_stats) > 0 THEN
         PERFORM mh_add_stats(v_now, v_stats);
-        PERFORM mh_count_load(v_runs);
+        -- each team's runs on its own rows, the teams in order (as a
+        -- submission of one team takes its rows: no two orders meet)
+        FOR v_team IN SELECT DISTINCT x.team FROM unnest(v_teams) x(team) ORDER BY 1 LOOP
+            PERFORM mh_count_load(v_team, ARRAY(SELECT x.run FROM unnest(v_teams, v_runs) x(team, run)
+                                                 WHERE x.team = v_team));
+        END LOOP;
     END IF;
 END $$;

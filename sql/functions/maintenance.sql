@@ -239,8 +239,8 @@ LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE v_n bigint;
 BEGIN
     DELETE FROM load_minutes l
-     WHERE (l.minute, l.stripe) IN (
-           SELECT o.minute, o.stripe FROM load_minutes o
+     WHERE (l.minute, l.team_id, l.stripe) IN (
+           SELECT o.minute, o.team_id, o.stripe FROM load_minutes o
             WHERE o.minute < mh_now() - interval '1 hour'
             ORDER BY o.minute LIMIT p_limit);
     GET DIAGNOSTICS v_n = ROW_COUNT;

@@ -166,7 +166,7 @@ BEGIN
             CASE WHEN p_misfire = 'skip' THEN p_deadline END);
     PERFORM mh_enqueue(v_shard, job_id, run_at, p_strict, p_priority::smallint, v_team, v_now);
     PERFORM mh_add_stats(v_now, ARRAY[mh_submitted(v_shard, v_team, p_name)]);
-    PERFORM mh_count_load(ARRAY[run_at]);
+    PERFORM mh_count_load(v_team, ARRAY[run_at]);
 END $$;
 
 -- ---------------------------------------------------------------- control

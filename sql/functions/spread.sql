@@ -9,8 +9,8 @@
 -- evenly spread across series and predictable per series; its runs are
 -- counted all the same, and one-off jobs fill around them.
 
--- The stripe of load_minutes this session adds to: concurrent sessions
--- rarely share a row.
+-- The stripe of load_minutes this session adds to: concurrent sessions of
+-- one team rarely share a row.
 CREATE OR REPLACE FUNCTION mh_load_stripe() RETURNS smallint
 LANGUAGE sql VOLATILE PARALLEL SAFE AS $$ SELECT (pg_backend_pid() % 16)::smallint $$;
 
@@ -29,29 +29,31 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 8 $$;
 CREATE OR REPLACE FUNCTION mh_place_choices() RETURNS int
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 4 $$;
 
--- Add a batch of run times to the planned load: one upsert, one row per
--- minute of this session's stripe, taken in key order (so concurrent
--- batches wait for each other instead of deadlocking). Every procedure that
--- creates a job calls it once per transaction (per batch) with the run
--- times it created, in its own transaction: submissions, series runs and
--- the chain. Approximate by design: never decremented. Runs in the current
--- minute (or before: due at once) are not counted: placement reads the
--- current minute only for a window starting in its first 30 s, and most
--- jobs are due now, so their submissions write no counter row.
-CREATE OR REPLACE FUNCTION mh_count_load(p_run_ats timestamptz[]) RETURNS void
+-- Add a batch of run times of team p_team to the planned load: one upsert,
+-- one row per minute of the team's rows in this session's stripe, taken in
+-- key order (so concurrent batches of the team wait for each other instead
+-- of deadlocking; another team's never wait: its rows are its own). Every
+-- procedure that creates a job calls it once per transaction (per batch and
+-- team) with the run times it created, in its own transaction: submissions,
+-- series runs and the chain. Approximate by design: never decremented. Runs
+-- in the current minute (or before: due at once) are not counted:
+-- placement reads the current minute only for a window starting in its
+-- first 30 s, and most jobs are due now, so their submissions write no
+-- counter row.
+CREATE OR REPLACE FUNCTION mh_count_load(p_team int, p_run_ats timestamptz[]) RETURNS void
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE v_from timestamptz := mh_minute(mh_now()) + interval '1 minute';
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM unnest(p_run_ats) t WHERE t >= v_from AND isfinite(t)) THEN
         RETURN;
     END IF;
-    INSERT INTO load_minutes AS l (minute, stripe, jobs)
-    SELECT mh_minute(t), mh_load_stripe(), count(*)
+    INSERT INTO load_minutes AS l (minute, team_id, stripe, jobs)
+    SELECT mh_minute(t), p_team, mh_load_stripe(), count(*)
       FROM unnest(p_run_ats) t
      WHERE t >= v_from AND isfinite(t)
      GROUP BY 1
      ORDER BY 1
-    ON CONFLICT (minute, stripe) DO UPDATE SET jobs = l.jobs + excluded.jobs;
+    ON CONFLICT (minute, team_id, stripe) DO UPDATE SET jobs = l.jobs + excluded.jobs;
 END $$;
 
 -- A cron expression fires on round minutes: its minute field (the first of
@@ -216,7 +218,8 @@ BEGIN
            (SELECT array_agg(r.idx ORDER BY r.grp, r.job, r.pick) FROM ranked r WHERE r.job IS NOT NULL)
       INTO v_gfill, v_gjobs, v_gj, v_minutes, v_cidx, v_gc, v_pjob, v_pidx;
 
-    -- Their planned load, read once, plus this batch's fixed run times.
+    -- Their planned load (every team's rows of each minute: one range of
+    -- the key per minute), read once, plus this batch's fixed run times.
     SELECT array_agg(coalesce(c.jobs, 0) + coalesce(b.jobs, 0) ORDER BY m.idx)
       INTO v_loads
       FROM unnest(v_minutes) WITH ORDINALITY m(minute, idx)

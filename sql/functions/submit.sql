@@ -250,7 +250,7 @@ BEGIN
         run_at := mh_write_job(v_shard, job_id, v_team, p_name, p_due_at, v_payload, p_priority, p_max_attempts,
                                v_flex, p_strict, NULL, p_backoff_base_s, p_backoff_cap_s, v_now);
         PERFORM mh_add_stats(v_now, ARRAY[mh_submitted(v_shard, v_team, p_name)]);
-        PERFORM mh_count_load(ARRAY[run_at]);
+        PERFORM mh_count_load(v_team, ARRAY[run_at]);
         RETURN;
     END IF;
     SELECT * INTO v_keyed FROM mh_submit_keyed(v_team, p_name, p_due_at, v_payload, p_priority, p_max_attempts,
@@ -262,7 +262,7 @@ BEGIN
     job_id := v_keyed.job_id; run_at := v_keyed.run_at; created := v_keyed.created;
     IF created THEN
         PERFORM mh_add_stats(v_now, ARRAY[mh_submitted(mh_shard_of(job_id), v_team, p_name)]);
-        PERFORM mh_count_load(ARRAY[run_at]);
+        PERFORM mh_count_load(v_team, ARRAY[run_at]);
     END IF;
 END $$;
 
@@ -423,5 +423,5 @@ BEGIN
     END IF;
     -- Every job created, in one upsert each: the counters and the planned load.
     PERFORM mh_add_stats(v_now, v_stats);
-    PERFORM mh_count_load(v_load);
+    PERFORM mh_count_load(v_team, v_load);
 END $$;

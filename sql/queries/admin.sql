@@ -191,7 +191,8 @@ SELECT s.minute, sum(s.submitted)::bigint AS submitted, sum(s.started)::bigint A
 -- name: admin_planned_minutes
 -- Jobs planned per run minute (load_minutes: every job placed adds 1 to its
 -- run minute; approximate, never decremented) from an hour back to 24 hours
--- ahead: a range of its primary key, at most 16 stripes per minute.
+-- ahead: a range of its primary key, every team's rows of a minute summed
+-- (a row per team and stripe that planned a job in it).
 SELECT l.minute, sum(l.jobs)::bigint AS jobs
   FROM load_minutes l
  WHERE l.minute >= mh_minute(mh_now()) - interval '60 minutes'
