@@ -1,7 +1,8 @@
 """The submitter HTTP API against a real PostgreSQL, through Litestar's test
 client: each endpoint's happy path, each refusal (status, problem type,
 title, detail, and that nothing was written), idempotency under concurrency,
-isolation between teams, and authentication.
+isolation between teams, authentication, and that the OpenAPI schema it
+serves refuses and accepts what the server does (and OPTIONS lists its methods).
 
 The tests of this module share one clone of the migrated template, emptied
 before each test (marked reused_db, tests/fixtures/databases.py); teams 't' and 'u' get the tokens below."""
@@ -10,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import re
 
+import jsonschema_rs
 import psycopg
 import pytest
 from litestar.testing import AsyncTestClient, TestClient
@@ -557,6 +560,130 @@ def test_team_creation_refusals_write_nothing(client, conn, headers, body, statu
 def test_token_rotation_refusals(client):
     assert_problem(client.post("/v1/teams/t/token", headers=T), 403, "forbidden")
     assert_problem(client.post("/v1/teams/nobody/token", headers=A), 404, "not-found", "no such team")
+
+
+# ---------------------------------------------------------------- the schema says what the server enforces
+def openapi(client) -> dict:
+    return client.get("/schema/openapi.json").json()
+
+
+def schema_accepts(doc: dict, path: str, method: str, part: str, value) -> bool:
+    """Whether the served schema takes `value` as the operation's body (part
+    "body") or as its parameter of that name, formats included (as
+    schemathesis reads the schema)."""
+    operation = doc["paths"][path][method]
+    if part == "body":
+        schema = operation["requestBody"]["content"]["application/json"]["schema"]
+    else:
+        schema = next(p["schema"] for p in operation["parameters"] if p["name"] == part)
+    return jsonschema_rs.validator_for({**schema, "components": doc["components"]},
+                                       validate_formats=True).is_valid(value)
+
+
+def written(conn) -> tuple:
+    """What a refused request must leave as it was."""
+    return counts(conn), conn.execute("""SELECT (SELECT count(*) FROM webhooks), (SELECT count(*) FROM flex_defaults),
+                                                (SELECT count(*) FROM jobs WHERE state = 'dead')""").fetchone()
+
+
+def dead_job(store: Store) -> int:
+    job_id = store.submit("t", JobSpec(name="d", max_attempts=1)).job_id
+    leases = store.take_leases([job_id & 1023], "d1", 60)
+    lease = next(c.lease_token for c in claim(store, leases, 10, "d1").jobs if c.job_id == job_id)
+    assert store.fail([Fail(job_id, lease, "boom")])[0].state == "dead"
+    return job_id
+
+
+SAMPLE_PATH = {"job_id": "12345", "series_id": "12345", "name": "t", "job_name": "a/b"}
+METHODS = {"get", "put", "post", "patch", "delete"}
+
+
+def test_options_lists_every_method_the_schema_has_for_the_path(client):
+    wrong = {}
+    for template, operations in openapi(client)["paths"].items():
+        allow = ", ".join(sorted({m.upper() for m in operations if m in METHODS} | {"OPTIONS"}))
+        r = client.options(re.sub(r"\{(\w+)\}", lambda m: SAMPLE_PATH[m.group(1)], template), headers=T)
+        if (r.status_code, r.headers.get("allow")) != (204, allow):
+            wrong[template] = (r.status_code, r.headers.get("allow"), allow)
+    assert not wrong
+
+
+def body(value, **kw) -> dict:
+    return {"json": value, **kw}
+
+
+def header(value: str) -> dict:
+    return {"json": {"name": "x"}, "headers": {**T, "Idempotency-Key": value}}
+
+
+# A request; where the schema says what it may hold (path, method, and "body"
+# or a parameter with its value as the schema reads it); the server's answer.
+# "{dead}" in a URL: a dead job of team t.
+JOBS, SERIES, REQUEUE = ("/v1/jobs", "post", "body"), ("/v1/series/{series_id}", "patch", "body"), \
+    ("/v1/jobs/{job_id}/requeue", "post", "max_attempts")
+REFUSED = [
+    ("POST", "/v1/jobs", body({"name": "x", "repeat": {}}), JOBS, 422, "exactly one of every_s or cron"),
+    ("POST", "/v1/jobs", body({"name": "x", "repeat": {"misfire": "skip"}}), JOBS, 422, "exactly one"),
+    ("POST", "/v1/jobs", body({"name": "x", "repeat": {"every_s": 60, "cron": "0 3 * * *"}}), JOBS, 422, "exactly one"),
+    ("POST", "/v1/jobs", body({"name": "x", "repeat": {"every_s": 60, "timezone": "UTC"}}), JOBS, 422, "timezone"),
+    ("PATCH", "/v1/series/12345", body({"repeat": {}}), SERIES, 422, "exactly one"),
+    ("PATCH", "/v1/teams/t", body({}, headers=A), ("/v1/teams/{name}", "patch", "body"), 422, "at least one"),
+    ("POST", "/v1/dead/requeue", body({"name": ""}), ("/v1/dead/requeue", "post", "body"), 422, "name"),
+    ("POST", "/v1/dead/requeue", body({"name": "a b"}), ("/v1/dead/requeue", "post", "body"), 422, "name"),
+    ("POST", "/v1/dead/discard", body({"name": "a b"}), ("/v1/dead/discard", "post", "body"), 422, "name"),
+    ("POST", "/v1/jobs", header(""), ("/v1/jobs", "post", "Idempotency-Key", ""), 422, "Idempotency-Key is empty"),
+    ("POST", "/v1/jobs", header("a\tb"), ("/v1/jobs", "post", "Idempotency-Key", "a\tb"), 422, "contains"),
+    ("POST", "/v1/jobs/{dead}/requeue?max_attempts=0", {}, (*REQUEUE, 0), 422, "max_attempts"),
+    ("POST", "/v1/jobs/{dead}/requeue?max_attempts=101", {}, (*REQUEUE, 101), 422, "max_attempts"),
+    ("GET", "/v1/jobs?due_before=0.5", {}, ("/v1/jobs", "get", "due_before", "0.5"), 400, "due_before"),
+    ("GET", "/v1/jobs?due_after=1700000000", {}, ("/v1/jobs", "get", "due_after", "1700000000"), 400, "due_after"),
+    ("GET", "/v1/jobs?team=T%00", {}, ("/v1/jobs", "get", "team", "T\x00"), 400, "team"),
+    ("PUT", "/v1/windows/names/a%20b", body({"flex_s": 60}, headers=A),
+     ("/v1/windows/names/{job_name}", "put", "job_name", "a b"), 422, "job name"),
+    ("PUT", "/v1/teams/t/webhook", body({"url": "https://example.com/h", "secret": "short"}, headers=A),
+     ("/v1/teams/{name}/webhook", "put", "body"), 422, "secret"),
+]
+
+
+def schema_takes(client, kw: dict, where: tuple) -> bool:
+    path, method, part, *value = where
+    return schema_accepts(openapi(client), path, method, part, value[0] if value else kw["json"])
+
+
+@pytest.mark.parametrize("method, url, kw, where, status, detail", REFUSED,
+                         ids=[f"{r[0]} {r[1]}: {r[-1]}" for r in REFUSED])
+def test_what_the_schema_refuses_the_server_refuses_and_writes_nothing(client, conn, api_store, method, url, kw,
+                                                                       where, status, detail):
+    assert not schema_takes(client, kw, where)
+    if "{dead}" in url:
+        url = url.replace("{dead}", str(dead_job(api_store)))
+    before = written(conn)
+    r = client.request(method, url, **{"headers": T, **kw})
+    assert_problem(r, status, "invalid-input" if status == 422 else "malformed-request", detail)
+    assert written(conn) == before
+
+
+ACCEPTED = [
+    ("POST", "/v1/jobs", body({"name": "x", "repeat": {"every_s": 60}}), JOBS, 201),
+    ("POST", "/v1/jobs", body({"name": "x", "repeat": {"every_s": 60, "cron": None, "timezone": None,
+                                                       "misfire": "skip"}}), JOBS, 201),
+    ("POST", "/v1/jobs", body({"name": "x", "repeat": {"cron": "0 3 * * *", "timezone": "Europe/Berlin"}}), JOBS, 201),
+    ("PATCH", "/v1/teams/t", body({"weight": 2}, headers=A), ("/v1/teams/{name}", "patch", "body"), 200),
+    ("POST", "/v1/jobs", header("order 17"), ("/v1/jobs", "post", "Idempotency-Key", "order 17"), 201),
+    ("POST", "/v1/dead/requeue", body({"name": "a/b:c.d-e_f"}), ("/v1/dead/requeue", "post", "body"), 200),
+    ("POST", "/v1/jobs/{dead}/requeue?max_attempts=100", {}, (*REQUEUE, 100), 200),
+    ("GET", "/v1/jobs?due_before=2030-01-01T00:00:00%2B01:00", {},
+     ("/v1/jobs", "get", "due_before", "2030-01-01T00:00:00+01:00"), 200),
+]
+
+
+@pytest.mark.parametrize("method, url, kw, where, status", ACCEPTED, ids=[f"{r[0]} {r[1]}" for r in ACCEPTED])
+def test_what_the_schema_accepts_the_server_accepts(client, api_store, method, url, kw, where, status):
+    assert schema_takes(client, kw, where)
+    if "{dead}" in url:
+        url = url.replace("{dead}", str(dead_job(api_store)))
+    r = client.request(method, url, **{"headers": T, **kw})
+    assert r.status_code == status, r.text
 
 
 # ---------------------------------------------------------------- the rest

@@ -39,6 +39,8 @@ def retention_problem(retention_s: int | None) -> str | None:
 
 # ---------------------------------------------------------------- webhooks
 SECRET_LENGTHS = (16, 200)
+# Printable ASCII without spaces: what secret_problem accepts, and the API's schema says.
+SECRET_PATTERN = r"^[\x21-\x7e]{%d,%d}$" % SECRET_LENGTHS
 
 
 def url_problem(url: str) -> str | None:
@@ -55,8 +57,8 @@ def url_problem(url: str) -> str | None:
 
 
 def secret_problem(secret: str) -> str | None:
-    low, high = SECRET_LENGTHS
-    if not low <= len(secret) <= high or any(not 0x20 < ord(c) < 0x7f for c in secret):
+    if not re.fullmatch(SECRET_PATTERN, secret):
+        low, high = SECRET_LENGTHS
         return f"secret must be {low} to {high} printable ASCII characters, without spaces"
     return None
 

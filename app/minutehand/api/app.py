@@ -10,10 +10,13 @@ schema is served at /schema/openapi.json (and browsable at /schema).
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from litestar import Litestar, Router, get
+from litestar import Litestar, Request, Response, Router, get, route
+from litestar.enums import HttpMethod
+from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
@@ -67,6 +70,7 @@ def create_app(settings: Settings, store: Store, *, head: str | None = None, sub
     if submit_api:
         handlers += [*jobs.routes(ctx), *teams.routes(ctx), *series.routes(ctx), *windows.routes(ctx),
                      *dead.routes(ctx), *webhooks.routes(ctx)]
+    handlers = with_options(handlers)
     if dispatcher is not None:
         handlers.append(worker_routes.router(ctx, dispatcher))
     templates, before_send = None, []
@@ -106,6 +110,25 @@ def create_app(settings: Settings, store: Store, *, head: str | None = None, sub
     if submit_api:
         _link_created_jobs(app)
     return app
+
+
+def with_options(handlers: list) -> list:
+    """The handlers, each path served by more than one of them preceded by
+    an OPTIONS handler that lists all their methods. Litestar makes its own
+    with a path's first handler and keeps it as more are added, so its Allow
+    lists only the first method; registered first, this one is kept instead."""
+    paths = Counter(path for h in handlers if isinstance(h, HTTPRouteHandler) for path in h.paths)
+    return [*(_allow(path) for path, n in paths.items() if n > 1), *handlers]
+
+
+def _allow(path: str) -> HTTPRouteHandler:
+    @route(path, http_method=[HttpMethod.OPTIONS], include_in_schema=False, status_code=204,
+           sync_to_thread=False)
+    def allow(request: Request) -> Response[None]:
+        methods = {m for r in request.app.routes if r.path == path for m in getattr(r, "methods", ())}
+        return Response(None, status_code=204, headers={"Allow": ", ".join(sorted(methods | {"OPTIONS"}))})
+
+    return allow
 
 
 # OpenAPI links (for stateful clients and tests): a created job's id leads

@@ -131,7 +131,8 @@ _SUBSCHEMA_LISTS = {"anyOf", "oneOf", "allOf", "prefixItems"}
 def openapi_schema(kind: Any, registry: Any) -> Reference | Schema:
     """msgspec's JSON Schema of `kind`, as Litestar schema objects: each
     Struct a component of the document (where Litestar keeps its own; the
-    same component from a response is replaced by this, the decoder's)."""
+    same component from a response is replaced by this, the decoder's),
+    with what the Struct's `schema_extra` adds (what msgspec cannot say)."""
     structs = _structs(kind)
     (root,), components = msgspec.json.schema_components([kind], schema_hook=protocol.schema_hook,
                                                            ref_template=_REF + "{name}")
@@ -161,7 +162,7 @@ def openapi_schema(kind: Any, registry: Any) -> Reference | Schema:
 
     for name, node in components.items():
         target = registry.from_reference(ref(name)).schema
-        made = convert(node)
+        made = convert({**node, **getattr(structs[name], "schema_extra", {})})
         for field in Schema.__dataclass_fields__:
             setattr(target, field, getattr(made, field))
     return convert(msgspec.json.decode(msgspec.json.encode(root)))

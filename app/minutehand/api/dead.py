@@ -22,8 +22,8 @@ from litestar.params import FromPath, JSONBody, QueryParameter
 from minutehand.api import problems
 from minutehand.api.jobs import JobIdParam, TeamParam
 from minutehand.api.problems import COMMON
-from minutehand.api.schemas import (DeadDiscardedOut, DeadDiscardIn, DeadRequeuedOut, DeadRequeueIn, EventOut,
-                                    EventPageOut, SettledOut)
+from minutehand.api.schemas import (BUDGET_DOC, INT32_MAX, INT32_MIN, DeadDiscardedOut, DeadDiscardIn,
+                                    DeadRequeuedOut, DeadRequeueIn, EventOut, EventPageOut, SettledOut)
 from minutehand.protocol import JobId
 from minutehand.rules import EVENTS_START, NOT_AN_EVENTS_CURSOR, decode_events_cursor, encode_events_cursor
 from minutehand.store.dead import JobEvent
@@ -65,9 +65,11 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
           responses=one_job)
     async def requeue_job(
         principal: NamedDependency[Principal], job_id: JobIdParam, team: TeamParam = None,
+        # The range is the procedure's to refuse (422), as the body's; the
+        # schema says it, Litestar only keeps the value within 32 bits.
         max_attempts: Annotated[int | None, QueryParameter(
-            required=False, ge=-(2**31), le=2**31 - 1,
-            description="the new attempt budget, 1 to 100 (omitted: the job's own)")] = None,
+            required=False, ge=INT32_MIN, le=INT32_MAX, schema_extra={"minimum": 1, "maximum": 100},
+            description=BUDGET_DOC)] = None,
     ) -> SettledOut:
         return settled(job_id, await ctx.db(store.requeue, job_id, principal.scope(team), max_attempts))
 

@@ -24,9 +24,8 @@ from typing import Annotated, TypeVar, get_args
 
 import anyio.to_thread
 import msgspec
-from litestar import Request, Response, delete, get, post, route
+from litestar import Request, Response, delete, get, post
 from litestar.di import NamedDependency
-from litestar.enums import HttpMethod
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import HeaderParameter, JSONBody, PathParameter, QueryParameter
@@ -34,11 +33,12 @@ from litestar.params import HeaderParameter, JSONBody, PathParameter, QueryParam
 from minutehand.api import problems
 from minutehand.api.bodies import RawBody
 from minutehand.api.problems import ADMISSION, COMMON
-from minutehand.api.schemas import (KEY_RULE, BatchIn, BatchItemOut, BatchJobIn, BatchOut, CancelledOut, JobCreated, JobIn,
-                             JobOut, JobPageOut, JobSummaryOut, Repeat, State, decoder, key_problem, text_problem)
+from minutehand.api.schemas import (KEY_RULE, KEY_SCHEMA, BatchIn, BatchItemOut, BatchJobIn, BatchOut, CancelledOut,
+                                    JobCreated, JobIn, JobOut, JobPageOut, JobSummaryOut, Repeat, State, decoder,
+                                    key_problem, text_problem)
 from minutehand.protocol import JobId
 from minutehand.protocol.jsontext import MAX_JSON_DEPTH, json_text_problem, may_overflow
-from minutehand.rules import repeat_problem
+from minutehand.rules import TEAM_NAME_PATTERN, repeat_problem
 from minutehand.store import records
 from minutehand.store.jobs import JobStatus
 from minutehand.store.submit import JobSpec
@@ -54,14 +54,32 @@ ITEM_DECODER = decoder(BatchJobIn)
 BATCH_INLINE_BYTES = 512 * 1024
 STATES = get_args(State)
 
+# Checked by header_key (422), not by Litestar: the schema only says what it accepts.
 IdempotencyKey = Annotated[str | None, HeaderParameter(
-    name="Idempotency-Key", required=False,
+    name="Idempotency-Key", required=False, schema_extra=KEY_SCHEMA,
     description="the same key from the same team within 24 h returns the first job (200) and creates nothing. "
                 f"{KEY_RULE}; sent once (two such headers are refused)")]
 TeamParam = Annotated[str | None, QueryParameter(
-    required=False,
+    required=False, pattern=TEAM_NAME_PATTERN,
     description="admin token: the team to act for; a team token may only name itself")]
 JobIdParam = Annotated[int, PathParameter(ge=-(2**63), le=2**63 - 1, description="the job id")]
+
+# A time in a query is RFC 3339 text, read as a body's is: Litestar's own
+# reading of a datetime parameter also takes a number (seconds since 1970).
+TIME_SCHEMA = {"format": "date-time"}
+
+
+def query_time(label: str, value: str | None) -> dt.datetime | None:
+    if value is None:
+        return None
+    try:
+        time = msgspec.convert(value, dt.datetime)
+    except msgspec.ValidationError:
+        raise ApiProblem(MALFORMED, f"{label}: {value[:100]!r} is not an RFC 3339 date-time") from None
+    if time.tzinfo is None:
+        raise ApiProblem(INVALID, f"{label} must be an RFC 3339 time with a UTC offset")
+    return time
+
 
 def to_repeat(repeat: Repeat | None) -> records.Repeat | None:
     if repeat is None:
@@ -209,21 +227,6 @@ def parse_batch(body: bytes, limit: int) -> list[JobSpec | str]:
     return parsed
 
 
-def options(path: str) -> HTTPRouteHandler:
-    """OPTIONS for a path served by several handlers. Litestar makes one with
-    the path's first handler and keeps it as more are added, so its Allow
-    lists only the first method; this one reads the path's methods from the
-    app when asked."""
-
-    @route(path, http_method=[HttpMethod.OPTIONS], include_in_schema=False, status_code=204,
-           sync_to_thread=False)
-    def allow(request: Request) -> Response[None]:
-        methods = {m for r in request.app.routes if r.path == path for m in getattr(r, "methods", ())}
-        return Response(None, status_code=204, headers={"Allow": ", ".join(sorted(methods | {"OPTIONS"}))})
-
-    return allow
-
-
 def series_id_out(series_id: int | None) -> str | None:
     return str(series_id) if series_id is not None else None
 
@@ -360,24 +363,21 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
         principal: NamedDependency[Principal],
         job_state: Annotated[State | None, QueryParameter(name="state", required=False)] = None,
         name: Annotated[str | None, QueryParameter(required=False, max_length=200)] = None,
-        due_before: Annotated[dt.datetime | None, QueryParameter(required=False, description="due time < this")] = None,
-        due_after: Annotated[dt.datetime | None, QueryParameter(required=False, description="due time >= this")] = None,
+        due_before: Annotated[str | None, QueryParameter(required=False, schema_extra=TIME_SCHEMA,
+                                                         description="due time < this")] = None,
+        due_after: Annotated[str | None, QueryParameter(required=False, schema_extra=TIME_SCHEMA,
+                                                        description="due time >= this")] = None,
         cursor: Annotated[str | None, QueryParameter(required=False, pattern=r"^[0-9]{1,19}$")] = None,
         limit: Annotated[int, QueryParameter(ge=1, le=500)] = 50,
         team: TeamParam = None,
     ) -> JobPageOut:
-        for label, value in (("due_before", due_before), ("due_after", due_after)):
-            if value is not None and value.tzinfo is None:
-                raise ApiProblem(INVALID, f"{label} must be an RFC 3339 time with a UTC offset")
+        before_time, after_time = query_time("due_before", due_before), query_time("due_after", due_after)
         before = int(cursor) if cursor is not None else None
         if before is not None and before >= 2**63:
             raise ApiProblem(INVALID, "cursor is not one this API returned")
         page = await ctx.db(store.list_jobs, principal.own_team(team), state=job_state, name=name,
-                            due_before=due_before, due_after=due_after, before_id=before, limit=limit)
+                            due_before=before_time, due_after=after_time, before_id=before, limit=limit)
         return JobPageOut([from_record(JobSummaryOut, j, job_id=JobId(j.job_id)) for j in page.jobs],
                           str(page.next_cursor) if page.next_cursor is not None else None)
 
-    # OPTIONS first: registered before the other handlers of its path, it is
-    # the one the path keeps.
-    return [options("/v1/jobs"), options("/v1/jobs/{job_id:int}"),
-            submit_job, submit_batch, job_status, cancel_job, list_jobs]
+    return [submit_job, submit_batch, job_status, cancel_job, list_jobs]

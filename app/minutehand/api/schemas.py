@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 from msgspec import Meta, Struct
 
 from minutehand import protocol
-from minutehand.protocol import JobId
+from minutehand.protocol import JobId, JobName
 from minutehand.protocol.jsontext import MAX_JSON_DEPTH
-from minutehand.rules import TEAM_NAME_PATTERN
+from minutehand.rules import SECRET_PATTERN, TEAM_NAME_PATTERN
 
 # RFC 3339 with an offset: a naive time is refused, not guessed.
 AwareTime = Annotated[dt.datetime, Meta(tz=True, description="RFC 3339 date-time with a UTC offset")]
@@ -96,6 +96,8 @@ KEY_PATTERN = r"^[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?$"
 _KEY = re.compile(KEY_PATTERN)
 KEY_RULE = (f"1 to {MAX_KEY_LENGTH} characters of printable ASCII (letters, digits, punctuation; spaces only "
             "inside)")
+# What key_problem accepts, as the schema of the header and of a batch item's key.
+KEY_SCHEMA = {"minLength": 1, "maxLength": MAX_KEY_LENGTH, "pattern": KEY_PATTERN}
 
 
 def key_problem(key: str) -> str | None:
@@ -113,11 +115,22 @@ def key_problem(key: str) -> str | None:
 
 
 # ---------------------------------------------------------------- requests
+# A repeat spec's kind, as the schema of Repeat and SeriesRepeat: exactly one
+# of every_s and cron, timezone only with cron. msgspec cannot say so of a
+# Struct; repeats.problem refuses the rest (`{}` included) with 422.
+REPEAT_KINDS = {"oneOf": [
+    {"title": "every_s", "required": ["every_s"],
+     "properties": {"every_s": {"type": "integer"}, "cron": {"type": "null"}, "timezone": {"type": "null"}}},
+    {"title": "cron", "required": ["cron"], "properties": {"cron": {"type": "string"}, "every_s": {"type": "null"}}},
+]}
+
+
 class Repeat(Struct, forbid_unknown_fields=True):
     """A repeating job: every every_s seconds, or a crontab expression (5
     fields) in a time zone (IANA name, default UTC). Exactly one of every_s
     and cron. The job becomes a series, a chain of ordinary jobs: the first
     run is created now, each later one when the run before it is claimed."""
+    schema_extra: ClassVar[dict[str, Any]] = REPEAT_KINDS
     every_s: Annotated[Integer, _int_doc("seconds between runs; the first run is at due_at (or now)",
                                          minimum=1, maximum=31622400)] | None = None
     cron: Annotated[str | None, _doc("5-field crontab expression (minute hour day month weekday); the first "
@@ -162,8 +175,7 @@ class JobIn(Struct, forbid_unknown_fields=True):
 class BatchJobIn(JobIn, forbid_unknown_fields=True):
     """A job of a batch: as JobIn, with its own idempotency key."""
     idempotency_key: Annotated[str | None, Meta(
-        description=f"as the Idempotency-Key header of POST /v1/jobs: {KEY_RULE}",
-        extra_json_schema={"minLength": 1, "maxLength": MAX_KEY_LENGTH, "pattern": KEY_PATTERN})] = None
+        description=f"as the Idempotency-Key header of POST /v1/jobs: {KEY_RULE}", extra_json_schema=KEY_SCHEMA)] = None
 
 
 class BatchIn(Struct, forbid_unknown_fields=True):
@@ -217,6 +229,7 @@ class TeamSettingsIn(Struct, forbid_unknown_fields=True):
     """At least one field; a field omitted keeps its value. The dispatcher
     applies a new quota or weight within a few seconds; the API a new
     admission limit within admission_cache_s on every server process."""
+    schema_extra: ClassVar[dict[str, Any]] = {"minProperties": 1}     # set_team refuses {} (422)
     quota: Quota = msgspec.UNSET
     weight: Weight = msgspec.UNSET
     submit_rate: SubmitRate = msgspec.UNSET
@@ -409,6 +422,7 @@ class SeriesRepeat(Struct, forbid_unknown_fields=True):
     """A series' repeat spec: every every_s seconds, or a crontab expression
     (5 fields) in a time zone (IANA name, default UTC). Exactly one of
     every_s and cron. (Its misfire policy is a field of its own.)"""
+    schema_extra: ClassVar[dict[str, Any]] = REPEAT_KINDS
     every_s: Annotated[Integer, _int_doc("seconds between runs, counted from the first due time",
                                          minimum=1, maximum=31622400)] | None = None
     cron: Annotated[str | None, _doc("5-field crontab expression (minute hour day month weekday)")] = None
@@ -542,13 +556,13 @@ SETTLE_LIMIT_DOC = "at most this many jobs per call, 1 to 100,000 (default 10,00
 
 class DeadRequeueIn(Struct, forbid_unknown_fields=True):
     """Every dead job of the team with this name, oldest first per shard."""
-    name: Annotated[str, Meta(description="the job name")]
+    name: JobName
     max_attempts: Annotated[Integer, _int_doc(BUDGET_DOC, minimum=1, maximum=100)] | None = None
     limit: Annotated[Integer, _int_doc(SETTLE_LIMIT_DOC, minimum=1, maximum=100000)] = 10000
 
 
 class DeadDiscardIn(Struct, forbid_unknown_fields=True):
-    name: Annotated[str, Meta(description="the job name")]
+    name: JobName
     limit: Annotated[Integer, _int_doc(SETTLE_LIMIT_DOC, minimum=1, maximum=100000)] = 10000
 
 
@@ -592,8 +606,8 @@ class EventPageOut(Struct):
 class WebhookIn(Struct, forbid_unknown_fields=True):
     url: Annotated[str, Meta(description="http(s) URL the team's events are POSTed to", max_length=2000)]
     secret: Annotated[str | msgspec.UnsetType, Meta(
-        description="the HMAC-SHA256 key, 16 to 200 printable ASCII characters (omitted: one is made and "
-                    "returned)")] = msgspec.UNSET
+        description="the HMAC-SHA256 key, 16 to 200 printable ASCII characters, no spaces (omitted: one is made "
+                    "and returned)", extra_json_schema={"pattern": SECRET_PATTERN})] = msgspec.UNSET
 
 
 class WebhookOut(Struct):

@@ -22,7 +22,7 @@ from litestar.params import JSONBody, PathParameter, QueryParameter
 
 from minutehand import rules
 from minutehand.api import problems
-from minutehand.api.jobs import TeamParam, options, series_id_out
+from minutehand.api.jobs import TeamParam, series_id_out
 from minutehand.api.problems import COMMON
 from minutehand.api.schemas import (SeriesChangeIn, SeriesControlOut, SeriesOut, SeriesPageOut, SeriesRepeat,
                                     SeriesRunOut, SeriesSummaryOut, WaitingRunOut, text_problem)
@@ -155,5 +155,4 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
         return control_out(await ctx.db(store.change_series, principal.own_team(team), series_id,
                                         to_repeat(data.repeat), misfire))
 
-    return [options("/v1/series/{series_id:int}"),
-            get_series, list_series, pause_series, resume_series, cancel_series, change_series]
+    return [get_series, list_series, pause_series, resume_series, cancel_series, change_series]

@@ -18,7 +18,7 @@ from typing import Annotated
 from litestar import delete, get, put
 from litestar.di import NamedDependency
 from litestar.handlers import HTTPRouteHandler
-from litestar.params import FromPath, JSONBody, QueryParameter
+from litestar.params import FromPath, JSONBody, PathParameter, QueryParameter
 
 from minutehand.api import problems
 from minutehand.api.problems import COMMON
@@ -39,6 +39,9 @@ _NAME = re.compile(JOB_NAME_PATTERN)
 Cursor = Annotated[str | None, QueryParameter(required=False, max_length=200,
                                               description="the next_cursor of the previous page")]
 Limit = Annotated[int, QueryParameter(ge=1, le=PAGE_MAX)]
+# The rest of the path, checked by _job_name (Litestar's own pattern would see its leading '/').
+JobNameParam = Annotated[str, PathParameter(schema_extra={"pattern": JOB_NAME_PATTERN},
+                                            description="the job name (it may hold '/')")]
 
 
 def window_out(w: FlexDefault) -> WindowOut:
@@ -104,7 +107,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
          description=f"Jobs of this name the team submits without flex_s, and its series of this name. {APPLIES}",
          responses=team_responses)
     async def set_team_name(data: JSONBody[WindowIn], principal: NamedDependency[Principal], name: FromPath[str],
-                            job_name: FromPath[str]) -> WindowOut:
+                            job_name: JobNameParam) -> WindowOut:
         return await put_window(principal.path_team(name), _job_name(job_name), data)
 
     @delete("/v1/teams/{name:str}/windows/names/{job_name:path}", operation_id="deleteTeamNameWindow",
@@ -113,7 +116,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
             description="The operator's (if any) applies again. 404 if the team had none.",
             responses=team_responses)
     async def delete_team_name(principal: NamedDependency[Principal], name: FromPath[str],
-                               job_name: FromPath[str]) -> None:
+                               job_name: JobNameParam) -> None:
         return await delete_window(principal.path_team(name), _job_name(job_name))
 
     # ------------------------------------------------------------ the operator's
@@ -149,7 +152,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
          summary="Set the operator's default flex window for a job name (admin)",
          description=f"For every team without its own rule for the name. {APPLIES}", responses=admin_responses)
     async def set_name(data: JSONBody[WindowIn], principal: NamedDependency[Principal],
-                       job_name: FromPath[str]) -> WindowOut:
+                       job_name: JobNameParam) -> WindowOut:
         principal.require_admin()
         return await put_window(None, _job_name(job_name), data)
 
@@ -157,7 +160,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
             security=SECURITY, tags=["windows"], opt={"admin_only": True},
             summary="Remove the operator's default flex window for a job name (admin)",
             description="404 if there was none.", responses=admin_responses)
-    async def delete_name(principal: NamedDependency[Principal], job_name: FromPath[str]) -> None:
+    async def delete_name(principal: NamedDependency[Principal], job_name: JobNameParam) -> None:
         principal.require_admin()
         return await delete_window(None, _job_name(job_name))
 
