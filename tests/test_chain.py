@@ -2,8 +2,9 @@
 clock: each claim of the newest run marks its series, and continue_series
 (the dispatcher's duty, sql/functions/chain.sql) creates the next run at the
 series' next fire time. Runs once per period, DST in two zones, what an
-outage does under each misfire policy, failures, keys, and the unique
-(series, due time) that no race gets past.
+outage does under each misfire policy, failures, keys, the unique
+(series, due time) that no race gets past, and the team's limits applied to
+the runs (delayed, never dropped).
 
 The run through a real dispatcher and worker, and SIGKILL of the process
 creating the runs, are in tests/test_chain_processes.py."""
@@ -14,6 +15,7 @@ import datetime as dt
 import pytest
 
 from minutehand.store import repeat
+from minutehand.store.outcomes import Complete
 from minutehand.store.records import Repeat
 from minutehand.store.submit import JobSpec
 from tests.support import T0, claim_all
@@ -21,6 +23,7 @@ from tests.support import T0, claim_all
 pytestmark = pytest.mark.reused_db
 
 UTC = dt.timezone.utc
+S = dt.timedelta(seconds=1)
 MIN = dt.timedelta(minutes=1)
 ALL = range(256)
 
@@ -295,3 +298,72 @@ def test_skip_drops_even_the_first_run_once_the_next_fire_time_came(store, pinne
     rows = runs(pinned_conn, sid)
     assert [(r[0].astimezone(UTC).strftime("%H:%M"), r[1]) for r in rows] == [("12:05", "cancelled"),
                                                                               ("12:15", "scheduled")]
+
+
+# ---------------------------------------------------------------- the team's limits
+def limit(conn, *, rate: float | None = None, burst: int | None = None, max_pending: int | None = None) -> None:
+    conn.execute("UPDATE teams SET submit_rate = %s, submit_burst = %s, max_pending = %s WHERE name = 't'",
+                 (rate, burst, max_pending))
+
+
+def pending(conn) -> int:
+    return conn.execute("SELECT coalesce(sum(pending), 0) FROM team_pending").fetchone()[0]
+
+
+def test_a_teams_series_together_run_at_its_rate_and_none_is_dropped(store, pinned_conn):
+    """20 series every second against a team limited to 0.5 jobs/s: each
+    later run takes its token, ahead if need be, and is placed when that
+    token comes. Over 40 s the team's later runs start at its rate (1 from
+    the burst + 20), none dropped (the misfire-skip ones neither), each
+    series still with its waiting run; its submissions wait for the bucket."""
+    sids = [submit(store, Repeat(every_s=1, misfire="skip" if i % 2 else "run_once"), due_at=T0) for i in range(20)]
+    limit(pinned_conn, rate=0.5, burst=1)
+    leases = lease_all(store)
+    first = {r[0] for r in pinned_conn.execute("SELECT last_job_id FROM series")}
+    later = []
+    for k in range(41):
+        got = turn(store, leases, T0 + k * S)
+        store.complete([Complete(j.job_id, j.lease_token) for j in got])
+        later += [j for j in got if j.job_id not in first]
+    assert 15 <= len(later) <= 0.5 * 40 + 1, len(later)
+    starts = sorted(j.run_at for j in later)
+    assert all(b - a >= 2 * S for a, b in zip(starts[1:], starts[2:])), starts      # one token each 2 s
+    states = dict(pinned_conn.execute("SELECT state::text, count(*) FROM jobs GROUP BY 1").fetchall())
+    assert "cancelled" not in states and states["scheduled"] == len(sids)
+    assert pending(pinned_conn) == len(sids)
+    admitted = store.admit("t", 1, at_least=1)
+    assert (admitted.admitted, admitted.limited_by) == (0, "rate") and admitted.retry_after_s > 10
+
+
+def test_a_run_over_the_pending_ceiling_is_held_back_then_created_at_its_own_fire_time(store, pinned_conn):
+    a, b = (submit(store, Repeat(every_s=60), due_at=T0) for _ in range(2))
+    limit(pinned_conn, max_pending=2)
+    leases = lease_all(store)
+    claimed = {j.job_id: j for j in turn(store, leases, T0)}        # both first runs: the ceiling is reached
+    held = "SELECT id, held_due_at, chain_after FROM series ORDER BY id"
+    assert pinned_conn.execute(held).fetchall() == [(a, T0 + MIN, T0 + S), (b, T0 + MIN, T0 + S)]
+    assert pending(pinned_conn) == 2 and len(runs(pinned_conn, a)) == len(runs(pinned_conn, b)) == 1
+    first = {sid: pinned_conn.execute("SELECT last_job_id FROM series WHERE id = %s", (sid,)).fetchone()[0]
+             for sid in (a, b)}
+    store.complete([Complete(first[a], claimed[first[a]].lease_token)])
+    turn(store, leases, T0 + 5 * MIN)                    # room for one: created, due at the fire time held
+    made = [sid for sid in (a, b) if len(runs(pinned_conn, sid)) == 2]
+    assert len(made) == 1 and pending(pinned_conn) == 2
+    (other,) = {a, b} - set(made)
+    assert runs(pinned_conn, made[0])[1] == (T0 + MIN, "scheduled")
+    assert pinned_conn.execute("SELECT run_at FROM jobs WHERE series_id = %s AND due_at = %s",
+                               (made[0], T0 + MIN)).fetchone()[0] == T0 + 5 * MIN
+    assert pinned_conn.execute("SELECT held_due_at FROM series WHERE id = %s", (other,)).fetchone()[0] == T0 + MIN
+    (still,) = [j for j in first.values()
+                if pinned_conn.execute("SELECT state FROM jobs WHERE id = %s", (j,)).fetchone()[0] == "claimed"]
+    store.complete([Complete(still, claimed[still].lease_token)])
+    # The made run is claimed (its series wants the run after it, due later):
+    # the one room goes to the run held longest, due first.
+    turn(store, leases, T0 + 6 * MIN)
+    assert runs(pinned_conn, other)[1][0] == T0 + MIN and pending(pinned_conn) == 2
+    assert pinned_conn.execute("SELECT held_due_at FROM series WHERE id = %s", (made[0],)).fetchone()[0] == \
+        T0 + 7 * MIN
+    # A pause drops the held run with the series' mark; the resume starts after it.
+    store.pause_series("t", made[0])
+    assert pinned_conn.execute("SELECT held_due_at, chain_after FROM series WHERE id = %s",
+                               (made[0],)).fetchone() == (None, None)

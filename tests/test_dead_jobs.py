@@ -327,7 +327,9 @@ def test_bulk_walks_dead_jobs_shard_by_shard_through_its_key(conn):
 @pytest.fixture(scope="module")
 def client_module(module_dsn):
     s = Store(module_dsn, max_size=4, pool_options={"timeout": 5})
-    with TestClient(build(Settings(admin_token=ADMIN), s, dispatch=False, head=migrate.head()).app) as c:
+    # No memory of "no limit": a limit set in SQL by a test applies at once.
+    settings = Settings(admin_token=ADMIN, admission_cache_s=0)
+    with TestClient(build(settings, s, dispatch=False, head=migrate.head()).app) as c:
         yield c
     s.close()
 
@@ -421,6 +423,60 @@ def test_http_bulk_needs_a_team_for_the_admin(client):
     assert_problem(client.post("/v1/dead/requeue", json={"name": "a"}, headers=A), 422, "invalid-input", "?team=")
     assert_problem(client.post("/v1/dead/requeue?team=nobody", json={"name": "a"}, headers=A), 404, "not-found")
     assert_problem(client.post("/v1/dead/requeue?team=u", json={"name": "a"}, headers=T), 404, "not-found")
+
+
+# ---------------------------------------------------------------- requeues are admitted
+def limit(conn, *, rate: float | None = None, burst: int | None = None, max_pending: int | None = None) -> None:
+    conn.execute("UPDATE teams SET submit_rate = %s, submit_burst = %s, max_pending = %s WHERE name = 't'",
+                 (rate, burst, max_pending))
+
+
+def test_http_requeue_past_the_pending_ceiling_is_429_and_requeues_nothing(client, store, conn):
+    job_id = dead_job(store)
+    store.submit("t", JobSpec(name="waiting"))
+    limit(conn, max_pending=1)
+    before = snapshot(conn, job_id)
+    body = assert_problem(client.post(f"/v1/jobs/{job_id}/requeue", headers=T), 429, "pending-ceiling",
+                          "has 1 jobs pending")
+    assert (body["pending"], body["ceiling"]) == (1, 1)
+    assert_problem(client.post(f"/v1/jobs/{job_id}/requeue", headers=A), 429, "pending-ceiling")
+    assert_problem(client.post("/v1/dead/requeue", json={"name": "job"}, headers=T), 429, "pending-ceiling")
+    assert snapshot(conn, job_id) == before and dead_listed(conn, job_id)
+    limit(conn, max_pending=2)
+    assert client.post("/v1/dead/requeue", json={"name": "job"}, headers=T).json() == {"requeued": 1, "more": False}
+
+
+def test_http_requeue_over_the_rate_is_429_with_retry_after_and_requeues_nothing(client, store, conn):
+    jobs = [dead_job(store) for _ in range(3)]
+    limit(conn, rate=0.001, burst=2)                       # two tokens, the next in 1,000 s
+    assert client.post(f"/v1/jobs/{jobs[0]}/requeue", headers=T).status_code == 200
+    before = [snapshot(conn, j) for j in jobs[1:]]
+    r = client.post("/v1/dead/requeue", json={"name": "job"}, headers=T)       # two dead, one token: none
+    body = assert_problem(r, 429, "rate-limited", "2 jobs refused, nothing written")
+    assert 990 <= int(r.headers["Retry-After"]) == body["retry_after_s"] <= 1000
+    assert [snapshot(conn, j) for j in jobs[1:]] == before
+    assert client.post("/v1/dead/requeue", json={"name": "job", "limit": 1}, headers=T).json() == \
+        {"requeued": 1, "more": True}
+    left = next(j for j in jobs[1:] if dead_listed(conn, j))
+    r = client.post(f"/v1/jobs/{left}/requeue", headers=T)
+    assert_problem(r, 429, "rate-limited")
+    assert int(r.headers["Retry-After"]) > 900 and dead_listed(conn, left)
+
+
+def test_http_requeue_by_name_of_more_than_the_burst_is_413_and_bad_input_422(client, store, conn):
+    jobs = [dead_job(store) for _ in range(3)]
+    limit(conn, rate=100, burst=2)
+    before = [snapshot(conn, j) for j in jobs]
+    assert_problem(client.post("/v1/dead/requeue", json={"name": "job"}, headers=T), 413, "too-large",
+                   "a smaller limit")
+    assert_problem(client.post("/v1/dead/requeue", json={"name": "bad name"}, headers=T), 422, "invalid-input")
+    assert_problem(client.post("/v1/dead/requeue", json={"name": "job", "max_attempts": 0}, headers=T), 422,
+                   "invalid-input", "max_attempts")
+    assert [snapshot(conn, j) for j in jobs] == before
+    assert client.post("/v1/dead/requeue", json={"name": "job", "limit": 2}, headers=T).json() == \
+        {"requeued": 2, "more": True}
+    assert client.post("/v1/dead/requeue", json={"name": "nothing"}, headers=T).json() == \
+        {"requeued": 0, "more": False}
 
 
 # ---------------------------------------------------------------- the events feed

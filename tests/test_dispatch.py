@@ -214,6 +214,21 @@ def test_a_given_back_job_is_due_again_with_its_attempt_not_counted(db_dsn, live
     assert again["jobs"][0]["job_id"] == str(job.job_id) and again["jobs"][0]["attempt"] == 1
 
 
+def test_a_started_job_cannot_be_given_back_and_the_refusal_says_so(db_dsn, live_store, server, token):
+    job = live_store.submit("t", JobSpec(name="work", max_attempts=2))
+    _, body = call(server, "/v1/worker/lease", {"worker": "w", "capacity": 1, "wait_s": 5}, token)
+    held = {"lease_token": body["jobs"][0]["lease_token"]}
+    assert call(server, f"/v1/worker/jobs/{job.job_id}/start", held, token)[0] == 200
+    status, problem = call(server, f"/v1/worker/jobs/{job.job_id}/release", held, token)
+    assert (status, problem["type"], problem["state"]) == (409, "/problems/not-releasable", "running"), problem
+    assert problem["detail"].startswith("job has started") and problem["job_id"] == str(job.job_id)
+    status, out = call(server, "/v1/worker/outcomes", {"release": [{"job_id": str(job.job_id), **held}]}, token)
+    assert status == 200 and (out["release"][0]["ok"], out["release"][0]["state"]) == (False, "running")
+    assert out["release"][0]["reason"].startswith("job has started")
+    row = job_row(db_dsn, job.job_id)
+    assert (row["state"], row["attempts"], str(row["lease_token"])) == ("running", 1, held["lease_token"])
+
+
 def test_outcomes_in_one_request_are_answered_in_order(db_dsn, live_store, server, token):
     ids = [s.job_id for s in (live_store.submit("t", JobSpec(name="work")) for _ in range(3))]
     got: dict = {}

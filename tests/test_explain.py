@@ -947,7 +947,8 @@ def test_the_chain_reaches_series_by_their_keys(conn, layout):
     """Among 20,000 series, a claim of a series' newest run marks its series
     through series_pkey; the chain reads the marked series through
     series_chain and creates the next run through its keys and one minute
-    partition; nothing reads jobs but by its primary key."""
+    partition (reading its team's limits from teams, a small table); nothing
+    reads jobs but by its primary key."""
     with conn.transaction(force_rollback=True):
         _fill_series(conn)
         series_id, job_id = conn.execute(
@@ -974,7 +975,7 @@ def test_the_chain_reaches_series_by_their_keys(conn, layout):
             conn.execute("SELECT 1")
         assert len(made) == 1
         for p in ae.plans:
-            assert_no_scan_beyond(p["Plan"], layout["cur"], "series")
+            assert_no_scan_beyond(p["Plan"], layout["cur"], "series", "teams")
         assert series_indexes(ae) and series_indexes(ae) <= {"series_pkey", "series_chain"}
         assert ae.due_relations() == {"due_minutes"}           # an INSERT names the parent ...
         where = conn.execute("SELECT tableoid::regclass::text FROM due_minutes WHERE job_id = %s",

@@ -1,6 +1,7 @@
 """Outcomes of claimed jobs against a real PostgreSQL: start, heartbeat,
 complete and fail (single SQL forms, batch SQL forms, and the Store), with
-the lease token of the current claim; cancellation; the status read.
+the lease token of the current claim; release (only of a job not started);
+cancellation; the status read.
 
 A refused outcome must change nothing: the whole job row (to_jsonb) and the
 row counts of every table are compared before and after.
@@ -17,7 +18,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from minutehand.store.errors import InvalidInput
-from minutehand.store.outcomes import Complete, Fail, Heartbeat, Start
+from minutehand.store.outcomes import Complete, Fail, Heartbeat, Release, Start
 from minutehand.store.records import Outcome
 from minutehand.store.submit import JobSpec
 from tests.support import T0, claim as claim_shards, counts, json_text, pin
@@ -253,6 +254,52 @@ def test_duplicate_item_with_wrong_token_in_one_batch_is_refused(pinned_conn, pi
     out = pinned_store.complete([Complete(job_id, token, json_text({"good": 1})), Complete(job_id, uuid.uuid4(), json_text({"bad": 1}))])
     assert out[0].ok is True
     assert out[1].ok is False and MISMATCH in (out[1].reason or "")
+
+
+# ---------------------------------------------------------------- release
+STARTED = "job has started: only a job whose start was not reported can be released"
+
+
+def test_release_gives_back_a_claimed_job_with_its_attempt_not_counted(pinned_conn, pinned_store, job):
+    job_id, token = job
+    assert pinned_store.release([Release(job_id, token)]) == [Outcome(job_id, True, "scheduled", None)]
+    r = row(pinned_conn, job_id)
+    assert (r["state"], r["attempts"], r["lease_token"], r["claimed_at"]) == ("scheduled", 0, None, None)
+    assert claim_job(pinned_store, job_id).attempt == 1
+
+
+def test_release_of_a_started_job_is_refused_with_its_own_reason_and_changes_nothing(pinned_conn, pinned_store):
+    ids = [pinned_store.submit("t", JobSpec(f"r{i}")).job_id for i in range(2)]
+    tok = {c.job_id: c.lease_token for c in claim(pinned_store, ids)}
+    started, waiting = ids
+    assert pinned_store.start([Start(started, tok[started])])[0].ok
+    before = snapshot(pinned_conn, started)
+    out = pinned_store.release([Release(started, tok[started]), Release(waiting, tok[waiting]),
+                                Release(started, uuid.uuid4())])
+    assert [(o.ok, o.state) for o in out] == [(False, "running"), (True, "scheduled"), (False, "running")]
+    assert out[0].reason.startswith(STARTED)
+    assert MISMATCH in out[2].reason                   # another token is still a stale token
+    assert row(pinned_conn, started) == before[0]
+    assert row(pinned_conn, started)["attempts"] == 1
+
+
+def test_a_worker_that_starts_and_gives_back_a_job_again_and_again_cannot_keep_it_alive(pinned_conn, pinned_store):
+    """Lease, start, release: refused, so each attempt counts when its claim
+    expires, and the job is dead after its last instead of running forever."""
+    job_id = pinned_store.submit("t", JobSpec("loop", max_attempts=2)).job_id
+    offered = []
+    for _ in range(4):
+        got = [c for c in claim(pinned_store, [job_id]) if c.job_id == job_id]
+        if not got:
+            break
+        offered.append(got[0].attempt)
+        assert pinned_store.start([Start(job_id, got[0].lease_token)])[0].ok
+        assert not pinned_store.release([Release(job_id, got[0].lease_token)])[0].ok
+        pinned_store.clock += 31 * S
+        pinned_store.expire_claims([job_id & 1023])
+    assert offered == [1, 2]
+    st = pinned_store.status(job_id)
+    assert (st.state, st.attempts) == ("dead", 2)
 
 
 # ---------------------------------------------------------------- heartbeat

@@ -113,7 +113,8 @@ def dispatcher_parts(settings: Settings, store: Store | None) -> tuple[Dispatche
                                       webhook_every_s=settings.webhook_every_s,
                                       retention_s=settings.job_retention_s,
                                       retention_every_s=settings.retention_every_s,
-                                      retention_batch=settings.retention_batch)
+                                      retention_batch=settings.retention_batch,
+                                      default_ceiling=settings.max_pending_per_team)
     return dispatcher, Services(writer, dispatcher, webhooks, maintenance)
 
 

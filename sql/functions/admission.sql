@@ -5,6 +5,79 @@
 -- its rate (a token bucket: teams.submit_rate tokens a second, at most
 -- teams.submit_burst saved up; NULL: none). One job is one token.
 
+-- Jobs the team has submitted and not finished: the sum of its rows (at most 32).
+CREATE OR REPLACE FUNCTION mh_pending(p_team_id int) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(sum(p.pending), 0)::bigint FROM team_pending p WHERE p.team_id = p_team_id
+$$;
+
+-- A team's token bucket, its row locked for the caller's transaction (made
+-- full at the team's first limited submission), as it is at p_now: the
+-- tokens saved up and refilled since, at most the burst. Below zero when
+-- series runs took tokens ahead (chain_series). A clock set back refills
+-- nothing. What is taken is written back with mh_keep_tokens.
+CREATE OR REPLACE FUNCTION mh_bucket(p_team teams, p_now timestamptz) RETURNS float8
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+DECLARE
+    v_tokens   float8;
+    v_refilled timestamptz;
+BEGIN
+    LOOP
+        SELECT b.tokens, b.refilled_at INTO v_tokens, v_refilled FROM team_buckets b
+         WHERE b.team_id = p_team.id FOR UPDATE;
+        EXIT WHEN FOUND;
+        INSERT INTO team_buckets (team_id, tokens, refilled_at) VALUES (p_team.id, p_team.submit_burst, p_now)
+        ON CONFLICT DO NOTHING;
+    END LOOP;
+    RETURN least(p_team.submit_burst::float8,
+                 v_tokens + p_team.submit_rate * greatest(mh_seconds(p_now - v_refilled), 0));
+END $$;
+
+-- The tokens left in a team's bucket (read by mh_bucket) as of p_now; the
+-- bucket keeps the later of its time and p_now.
+CREATE OR REPLACE FUNCTION mh_keep_tokens(p_team_id int, p_tokens float8, p_now timestamptz) RETURNS void
+LANGUAGE sql AS $$
+    UPDATE team_buckets b SET tokens = p_tokens, refilled_at = greatest(b.refilled_at, p_now)
+     WHERE b.team_id = p_team_id
+$$;
+
+-- The lock that makes a team's pending-ceiling checks take turns with the
+-- writes they admit: an advisory lock per team, held until the caller's
+-- transaction ends, taken before the count is read (READ COMMITTED: the
+-- read after it sees every job committed by the holder before). Teams do
+-- not wait for each other. On Citus it is the coordinator's, where every
+-- transaction that takes it runs.
+CREATE OR REPLACE FUNCTION mh_lock_pending(p_team_id int) RETURNS void
+LANGUAGE sql AS $$ SELECT pg_advisory_xact_lock(1835561060, p_team_id) $$;     -- 1835561060: "mhpd"
+
+-- The pending ceiling where the jobs it admits are written: in the caller's
+-- transaction, which then writes them, how many of p_jobs the team may add
+-- (admitted: all, or as many as fit), its count and its ceiling
+-- (teams.max_pending, else p_default_ceiling; NULL: none, all admitted and
+-- no lock taken). With a ceiling the team's lock is held until the caller
+-- commits, so concurrent writers of one team that all check here (the
+-- API's submissions and requeues, the chain of series) cannot pass the
+-- ceiling together: each counts the jobs the one before it committed.
+-- Submissions through SQL are counted and neither checked nor held back.
+CREATE OR REPLACE FUNCTION mh_hold_pending(p_team text, p_jobs int, p_default_ceiling int,
+                                           OUT admitted int, OUT pending bigint, OUT ceiling int)
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+DECLARE v_team teams%ROWTYPE;
+BEGIN
+    SELECT * INTO v_team FROM teams WHERE name = p_team;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = 'MH404', MESSAGE = format('unknown team %L', p_team);
+    END IF;
+    admitted := p_jobs;
+    ceiling := coalesce(v_team.max_pending, nullif(p_default_ceiling, 0));
+    IF ceiling IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM mh_lock_pending(v_team.id);
+    pending := mh_pending(v_team.id);
+    admitted := least(p_jobs, greatest(ceiling - pending, 0))::int;
+END $$;
+
 -- p_jobs jobs asked for, at least p_at_least of them or none (a batch asks
 -- for all of its jobs, coalesced single submissions for at least one).
 -- admitted: how many may be written now (0: none); their tokens are taken.
@@ -19,9 +92,10 @@
 -- before the submission's: tokens taken for jobs the submission then does not
 -- write are not given back. That write is not worth a flush of the WAL
 -- (synchronous_commit off): a crash may forget the last few milliseconds of
--- tokens taken, never a job. The ceiling is read without a lock:
--- concurrent submissions of one team may together pass it by what they
--- carry (each is checked against the count the others have not committed).
+-- tokens taken, never a job. The ceiling is read here without a lock, so
+-- that a team at its ceiling takes no tokens; concurrent submissions may
+-- each pass this read, and the submission's own transaction checks again
+-- under the team's lock (mh_hold_pending).
 CREATE OR REPLACE FUNCTION mh_admit(p_team text, p_jobs int, p_at_least int, p_default_ceiling int,
                                     OUT admitted int, OUT limited_by text, OUT retry_after_s float8,
                                     OUT pending bigint, OUT ceiling int, OUT rate float8, OUT burst int)
@@ -30,7 +104,6 @@ DECLARE
     v_now      timestamptz := mh_now();
     v_team     teams%ROWTYPE;
     v_tokens   float8;
-    v_refilled timestamptz;
 BEGIN
     SELECT * INTO v_team FROM teams WHERE name = p_team;
     IF NOT FOUND THEN
@@ -41,7 +114,7 @@ BEGIN
     burst := v_team.submit_burst;
     ceiling := coalesce(v_team.max_pending, nullif(p_default_ceiling, 0));
     IF ceiling IS NOT NULL THEN
-        SELECT coalesce(sum(p.pending), 0) INTO pending FROM team_pending p WHERE p.team_id = v_team.id;
+        pending := mh_pending(v_team.id);
         IF pending + admitted > ceiling THEN
             admitted := greatest(ceiling - pending, 0)::int;
             limited_by := 'pending';
@@ -56,18 +129,7 @@ BEGIN
         limited_by := 'burst';
         RETURN;
     END IF;
-    LOOP
-        SELECT b.tokens, b.refilled_at INTO v_tokens, v_refilled FROM team_buckets b
-         WHERE b.team_id = v_team.id FOR UPDATE;
-        EXIT WHEN FOUND;
-        -- A team's first limited submission: its bucket starts full.
-        INSERT INTO team_buckets (team_id, tokens, refilled_at) VALUES (v_team.id, v_team.submit_burst, v_now)
-        ON CONFLICT DO NOTHING;
-    END LOOP;
-    -- (A clock set back refills nothing, and the bucket keeps its later time.)
-    v_tokens := least(v_team.submit_burst::float8,
-                      v_tokens + v_team.submit_rate * greatest(mh_seconds(v_now - v_refilled), 0));
-    v_refilled := greatest(v_now, v_refilled);
+    v_tokens := mh_bucket(v_team, v_now);
     IF v_tokens < admitted THEN
         admitted := floor(v_tokens)::int;
         limited_by := 'rate';
@@ -81,5 +143,5 @@ BEGIN
         retry_after_s := (1 - (v_tokens - admitted)) / v_team.submit_rate;
     END IF;
     PERFORM set_config('synchronous_commit', 'off', true);
-    UPDATE team_buckets b SET tokens = v_tokens - admitted, refilled_at = v_refilled WHERE b.team_id = v_team.id;
+    PERFORM mh_keep_tokens(v_team.id, v_tokens - admitted, v_now);
 END $$;

@@ -6,7 +6,9 @@
 -- creates the runs (chain_series). The mark is durable, so a dispatcher
 -- killed at any point leaves the work to whoever owns the shard next; the
 -- mark is compared and cleared with the run's creation, and (shard,
--- series_id, due_at) is unique, so no run is created twice.
+-- series_id, due_at) is unique, so no run is created twice. The runs are
+-- admitted as the API admits a submission (chain_series, below): delayed
+-- by a team's limits, never dropped.
 
 -- Of these series (p_series) those whose newest run is one of p_runs and
 -- that want a next run (not paused, not cancelled, not marked already),
@@ -52,10 +54,12 @@ END $$;
 -- The marked series of these shards, oldest mark first, with what the chain
 -- needs to compute their next fire times, and the database's clock (pinned
 -- in tests) to compute them against. A series with no fire time within the
--- horizon is marked a day ahead (chain_series): it is read again then.
+-- horizon is marked a day ahead (chain_series): it is read again then; one
+-- whose run the pending ceiling held back a second ahead, with that run's
+-- due time (held_due_at), which is then its next run's.
 CREATE OR REPLACE FUNCTION series_to_chain(p_shards int[], p_limit int DEFAULT 1000)
 RETURNS TABLE (shard smallint, series_id bigint, chain_after timestamptz, first_due_at timestamptz, every_s int,
-               cron text, timezone text, misfire text, now timestamptz)
+               cron text, timezone text, misfire text, held_due_at timestamptz, now timestamptz)
 LANGUAGE plpgsql STABLE SET search_path = minutehand, pg_temp AS $$
 -- PL/pgSQL, the clock read first: Citus plans no SQL function over a
 -- distributed table called with parameters, and runs the query on workers,
@@ -63,7 +67,8 @@ LANGUAGE plpgsql STABLE SET search_path = minutehand, pg_temp AS $$
 DECLARE v_now timestamptz := mh_now();
 BEGIN
     RETURN QUERY
-    SELECT s.shard, s.id, s.chain_after, s.first_due_at, s.every_s, s.cron, s.timezone, s.misfire, v_now
+    SELECT s.shard, s.id, s.chain_after, s.first_due_at, s.every_s, s.cron, s.timezone, s.misfire, s.held_due_at,
+           v_now
       FROM series s
      WHERE s.shard = ANY (p_shards) AND s.chain_after IS NOT NULL AND s.chain_after <= v_now
      ORDER BY s.chain_after
@@ -81,22 +86,79 @@ END $$;
 -- due time (one a pause or a new spec cancelled) keeps its place: the mark
 -- moves to it, and the next look takes the fire time after it. Returns the
 -- runs created.
+--
+-- Admission (sql/functions/admission.sql), the team's limits applied to its
+-- runs as to its submissions through the API, with no run dropped:
+-- - a run that would take the team past its pending ceiling (teams.max_pending,
+--   else p_default_ceiling, the server's; 0: none) is held back: not created,
+--   its due time kept (held_due_at) and the series looked at again a second
+--   later, until there is room; it is then created at once, due at that
+--   fire time (a pause, resume, cancel or new spec drops it with the mark).
+--   The room there is goes to the team's runs due first, so a held run is
+--   not passed over by the runs due after it;
+-- - a run over the team's rate takes its token all the same, ahead: the
+--   bucket goes below zero, and the run is placed no earlier than that token
+--   would have come (its misfire-skip deadline moved as far). A team's series
+--   together run at its rate, and its submissions through the API are
+--   refused until the bucket is back above one token. A series has one
+--   waiting run, so the bucket owes at most a token per series of the team.
+-- Before any series row is locked, the teams of these series with a ceiling
+-- are locked (mh_lock_pending, until commit: submissions of the team wait)
+-- and the buckets of those with a rate, team by team in id order, so chains
+-- and submissions wait for each other instead of deadlocking.
 CREATE OR REPLACE FUNCTION chain_series(p_shard int, p_series bigint[], p_after timestamptz[],
-                                        p_due timestamptz[], p_deadline timestamptz[])
+                                        p_due timestamptz[], p_deadline timestamptz[],
+                                        p_default_ceiling int DEFAULT 0)
 RETURNS TABLE (series_id bigint, job_id bigint, run_at timestamptz)
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_now   timestamptz := mh_now();
-    v_s     series%ROWTYPE;
-    v_item  record;
-    v_id    bigint;
-    v_run   timestamptz;
-    v_stats stats_delta[] := '{}';
-    v_runs  timestamptz[] := '{}';
-    v_teams int[] := '{}';            -- the team of each of v_runs
-    v_team  int;
+    v_now      timestamptz := mh_now();
+    v_s        series%ROWTYPE;
+    v_item     record;
+    v_team     teams%ROWTYPE;
+    v_id       bigint;
+    v_run      timestamptz;
+    v_deadline timestamptz;
+    v_at       timestamptz;
+    v_k        int;
+    v_teams    int[];                  -- the teams of these series
+    v_limited  int[] := '{}';          -- those with a limit, and for each:
+    v_room     bigint[] := '{}';       -- runs its ceiling has room for (NULL: no ceiling)
+    v_tokens   float8[] := '{}';       -- tokens in its bucket (NULL: no rate)
+    v_rates    float8[] := '{}';
+    v_first    bigint[];               -- the series whose runs fit under their team's ceiling (NULL: all)
+    v_stats    stats_delta[] := '{}';
+    v_runs     timestamptz[] := '{}';
+    v_run_teams int[] := '{}';         -- the team of each of v_runs
+    v_run_team int;
 BEGIN
+    v_teams := ARRAY(SELECT DISTINCT s.team_id FROM series s WHERE s.shard = p_shard AND s.id = ANY (p_series));
+    FOR v_team IN
+        SELECT t.* FROM teams t
+         WHERE t.id = ANY (v_teams)
+           AND (t.submit_rate IS NOT NULL OR coalesce(t.max_pending, nullif(p_default_ceiling, 0)) IS NOT NULL)
+         ORDER BY t.id
+    LOOP
+        v_limited := v_limited || v_team.id;
+        IF coalesce(v_team.max_pending, nullif(p_default_ceiling, 0)) IS NOT NULL THEN
+            PERFORM mh_lock_pending(v_team.id);
+            v_room := v_room || (coalesce(v_team.max_pending, p_default_ceiling) - mh_pending(v_team.id));
+        ELSE
+            v_room := v_room || NULL::bigint;
+        END IF;
+        v_tokens := v_tokens || CASE WHEN v_team.submit_rate IS NOT NULL THEN mh_bucket(v_team, v_now) END;
+        v_rates := v_rates || v_team.submit_rate::float8;
+    END LOOP;
+    IF EXISTS (SELECT 1 FROM unnest(v_room) r WHERE r IS NOT NULL) THEN
+        v_first := ARRAY(
+            SELECT x.id FROM (SELECT k.id, s.team_id,
+                                     row_number() OVER (PARTITION BY s.team_id ORDER BY k.due, k.id) AS n
+                                FROM unnest(p_series, p_due) AS k(id, due)
+                                JOIN series s ON s.shard = p_shard AND s.id = k.id
+                               WHERE k.due IS NOT NULL) x
+             WHERE x.n <= coalesce(v_room[array_position(v_limited, x.team_id)], x.n));
+    END IF;
     FOR v_item IN
         SELECT k.id, k.after, k.due, k.deadline
           FROM unnest(p_series, p_after, p_due, p_deadline) AS k(id, after, due, deadline) ORDER BY k.id
@@ -106,7 +168,8 @@ BEGIN
            FOR UPDATE;
         CONTINUE WHEN NOT FOUND;
         IF v_s.paused_at IS NOT NULL OR v_s.cancelled_at IS NOT NULL THEN
-            UPDATE series s SET chain_after = NULL, updated_at = v_now WHERE s.shard = p_shard AND s.id = v_s.id;
+            UPDATE series s SET chain_after = NULL, held_due_at = NULL, updated_at = v_now
+             WHERE s.shard = p_shard AND s.id = v_s.id;
             CONTINUE;
         END IF;
         IF v_item.due IS NULL THEN
@@ -114,36 +177,59 @@ BEGIN
              WHERE s.shard = p_shard AND s.id = v_s.id;
             CONTINUE;
         END IF;
+        v_k := array_position(v_limited, v_s.team_id);
+        IF v_first IS NOT NULL AND NOT v_item.id = ANY (v_first) THEN
+            UPDATE series s SET chain_after = v_now + interval '1 second', held_due_at = v_item.due, updated_at = v_now
+             WHERE s.shard = p_shard AND s.id = v_s.id;
+            CONTINUE;
+        END IF;
         v_id := mh_new_id(p_shard);
         v_run := greatest(v_item.due + mh_series_offset(v_s.id, v_s.flex_s), v_now);
+        v_deadline := v_item.deadline;
+        IF v_tokens[v_k] < 1 THEN                 -- the token it takes comes at v_at
+            v_at := v_now + make_interval(secs => (1 - v_tokens[v_k]) / v_rates[v_k]);
+            IF v_at > v_run THEN
+                v_deadline := v_deadline + (v_at - v_run);
+                v_run := v_at;
+            END IF;
+        END IF;
         INSERT INTO jobs (shard, id, team_id, name, payload, priority, due_at, flex_s, strict, run_at, state,
                           max_attempts, backoff_base_s, backoff_cap_s, series_id, created_at, updated_at,
                           agreed_at, deadline)
         VALUES (p_shard, v_id, v_s.team_id, v_s.name, v_s.payload, v_s.priority, v_item.due, v_s.flex_s, v_s."strict",
                 v_run, 'scheduled', v_s.max_attempts, v_s.backoff_base_s, v_s.backoff_cap_s, v_s.id, v_now, v_now,
-                v_run, v_item.deadline)
+                v_run, v_deadline)
         ON CONFLICT (shard, series_id, due_at) WHERE series_id IS NOT NULL DO NOTHING;
         IF NOT FOUND THEN
-            UPDATE series s SET chain_after = v_item.due, updated_at = v_now
+            UPDATE series s SET chain_after = v_item.due, held_due_at = NULL, updated_at = v_now
              WHERE s.shard = p_shard AND s.id = v_s.id;
             CONTINUE;
         END IF;
+        IF v_k IS NOT NULL THEN
+            v_tokens[v_k] := v_tokens[v_k] - 1;
+        END IF;
         PERFORM mh_enqueue(p_shard::smallint, v_id, v_run, v_s."strict", v_s.priority, v_s.team_id, v_now);
-        UPDATE series s SET last_job_id = v_id, last_due_at = v_item.due, chain_after = NULL, updated_at = v_now
+        UPDATE series s SET last_job_id = v_id, last_due_at = v_item.due, chain_after = NULL, held_due_at = NULL,
+                            updated_at = v_now
          WHERE s.shard = p_shard AND s.id = v_s.id;
         v_stats := v_stats || mh_submitted(p_shard::smallint, v_s.team_id, v_s.name);
         v_runs := v_runs || v_run;
-        v_teams := v_teams || v_s.team_id;
+        v_run_teams := v_run_teams || v_s.team_id;
         series_id := v_s.id; job_id := v_id; run_at := v_run;
         RETURN NEXT;
+    END LOOP;
+    FOR v_k IN 1 .. cardinality(v_limited) LOOP
+        IF v_tokens[v_k] IS NOT NULL THEN
+            PERFORM mh_keep_tokens(v_limited[v_k], v_tokens[v_k], v_now);
+        END IF;
     END LOOP;
     IF cardinality(v_stats) > 0 THEN
         PERFORM mh_add_stats(v_now, v_stats);
         -- each team's runs on its own rows, the teams in order (as a
         -- submission of one team takes its rows: no two orders meet)
-        FOR v_team IN SELECT DISTINCT x.team FROM unnest(v_teams) x(team) ORDER BY 1 LOOP
-            PERFORM mh_count_load(v_team, ARRAY(SELECT x.run FROM unnest(v_teams, v_runs) x(team, run)
-                                                 WHERE x.team = v_team));
+        FOR v_run_team IN SELECT DISTINCT x.team FROM unnest(v_run_teams) x(team) ORDER BY 1 LOOP
+            PERFORM mh_count_load(v_run_team, ARRAY(SELECT x.run FROM unnest(v_run_teams, v_runs) x(team, run)
+                                                     WHERE x.team = v_run_team));
         END LOOP;
     END IF;
 END $$;

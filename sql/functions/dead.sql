@@ -167,6 +167,37 @@ BEGIN
     RETURN mh_settle_dead(p_job, p_team, true, NULL);
 END $$;
 
+-- The arguments of a bulk requeue or discard, refused (MH400) before anything is read.
+CREATE OR REPLACE FUNCTION mh_check_settle(p_name text, p_limit int, p_max_attempts int) RETURNS void
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+BEGIN
+    IF NOT mh_name_ok(p_name) THEN
+        RAISE EXCEPTION USING ERRCODE = 'MH400',
+            MESSAGE = 'name must be 1 to 200 characters from letters, digits and _ . : / -';
+    END IF;
+    IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = 'limit must be between 1 and 100000';
+    END IF;
+    IF mh_budget_problem(p_max_attempts) IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = mh_budget_problem(p_max_attempts);
+    END IF;
+END $$;
+
+-- How many jobs requeue_dead with these arguments would put back now (its
+-- arguments refused as it refuses them): what the API admits before it
+-- requeues them. At most p_limit entries of dead_jobs_by_team read.
+CREATE OR REPLACE FUNCTION dead_count(p_team text, p_name text, p_limit int, p_max_attempts int) RETURNS bigint
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+DECLARE
+    v_team int := mh_team_id(p_team);
+BEGIN
+    PERFORM mh_check_settle(p_name, p_limit, p_max_attempts);
+    RETURN (SELECT count(*) FROM (
+                SELECT 1 FROM dead_jobs d WHERE d.team_id = v_team AND d.name = p_name
+                 ORDER BY d.team_id, d.name, d.job_id      -- the index's order: read in it, stopped at the limit
+                 LIMIT p_limit) x);
+END $$;
+
 -- Every dead job of a team and name, at most p_limit (1..100000) per call:
 -- requeued (p_discard false, with p_max_attempts as requeue_job) or
 -- discarded. Found through dead_jobs, shard by shard (each statement names
@@ -185,16 +216,7 @@ DECLARE
     s       int;
     s2      int;
 BEGIN
-    IF NOT mh_name_ok(p_name) THEN
-        RAISE EXCEPTION USING ERRCODE = 'MH400',
-            MESSAGE = 'name must be 1 to 200 characters from letters, digits and _ . : / -';
-    END IF;
-    IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 100000 THEN
-        RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = 'limit must be between 1 and 100000';
-    END IF;
-    IF mh_budget_problem(p_max_attempts) IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = mh_budget_problem(p_max_attempts);
-    END IF;
+    PERFORM mh_check_settle(p_name, p_limit, p_max_attempts);
     settled := 0; more := false;
     FOR s IN 0 .. mh_shard_count() - 1 LOOP
         IF settled >= p_limit THEN

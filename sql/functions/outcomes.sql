@@ -91,10 +91,12 @@ $$;
 -- few; on Citus the statement is pruned to those shards, where a join of
 -- the batch with jobs would read every shard). A refused item whose job the
 -- batch changed through another item (one job named twice) was refused by
--- its token. p_running_ok: an item whose job is running under its own token
--- is answered ok (a repeated start).
+-- its token. An item whose job is running under its own token is answered
+-- ok when p_running_ok (a repeated start), refused with p_started when that
+-- is given (a release: the job has started), else refused as any other.
 CREATE OR REPLACE FUNCTION mh_answers(p_ids bigint[], p_tokens uuid[], p_ords bigint[], p_states job_state[],
-                                      p_running_ok boolean DEFAULT false) RETURNS SETOF outcome
+                                      p_running_ok boolean DEFAULT false, p_started text DEFAULT NULL)
+RETURNS SETOF outcome
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
     v_refused bigint[];
@@ -111,17 +113,18 @@ BEGIN
           FROM jobs j WHERE j.shard = ANY (v_shards) AND j.id = ANY (v_refused);
     END IF;
     RETURN QUERY
-    SELECT u.id, d.ord IS NOT NULL OR coalesce(r.again, false),
+    SELECT u.id, d.ord IS NOT NULL OR r.again,
            coalesce(d.state, j.state),
-           CASE WHEN d.ord IS NOT NULL OR coalesce(r.again, false) THEN NULL
+           CASE WHEN d.ord IS NOT NULL OR r.again THEN NULL
                 WHEN b.id IS NOT NULL THEN mh_refusal(true, 'claimed')
+                WHEN r.own AND p_started IS NOT NULL THEN p_started
                 ELSE mh_refusal(j.id IS NOT NULL, j.state) END
       FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS u(id, token, ord)
       LEFT JOIN unnest(p_ords, p_states) AS d(ord, state) ON d.ord = u.ord
       LEFT JOIN unnest(v_ids, v_states, v_tokens) AS j(id, state, lease_token) ON d.ord IS NULL AND j.id = u.id
       LEFT JOIN (SELECT DISTINCT p_ids[x.ord::int] AS id FROM unnest(p_ords) AS x(ord)) b ON d.ord IS NULL AND b.id = u.id
-      CROSS JOIN LATERAL (SELECT p_running_ok AND j.state = 'running' AND j.lease_token IS NOT DISTINCT FROM u.token
-                                 AS again) r
+      CROSS JOIN LATERAL (SELECT coalesce(j.state = 'running' AND j.lease_token = u.token, false) AS own) o
+      CROSS JOIN LATERAL (SELECT p_running_ok AND o.own AS again, o.own) r
      ORDER BY u.ord;
 END $$;
 
@@ -347,7 +350,11 @@ END $$;
 -- A worker gives back claimed jobs it did not start (it is shutting down,
 -- or the request that leased them went away): they are due again at once,
 -- at their old run time (so they keep their place), and the attempt the
--- claim counted is not counted.
+-- claim counted is not counted. Only a claimed job: once its start is
+-- reported the attempt counts for good, and a release is refused with a
+-- reason of its own (a worker that gave back a job it ran, attempt after
+-- attempt, would run its side effects forever without it ever dying); the
+-- worker fails it instead, or leaves it to its claim's expiry.
 CREATE OR REPLACE FUNCTION release_many(p_ids bigint[], p_tokens uuid[]) RETURNS SETOF outcome
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
@@ -367,7 +374,7 @@ BEGIN
                lease_token = NULL, claimed_at = NULL, updated_at = v_now
           FROM input i
          WHERE j.shard = mh_shard_of(i.id) AND j.id = i.id AND j.lease_token = i.token
-           AND j.state IN ('claimed', 'running') AND (v_shards IS NULL OR j.shard = ANY (v_shards))
+           AND j.state = 'claimed' AND (v_shards IS NULL OR j.shard = ANY (v_shards))
         RETURNING j.shard, j.strict, j.priority, j.run_at, j.id, j.team_id, j.state, i.ord
     )
     SELECT array_agg(r.ord), array_agg(r.state),
@@ -381,7 +388,9 @@ BEGIN
         PERFORM mh_enqueue(r.shard, r.job_id, r.run_at, r.strict, r.priority, r.team_id, v_now)
            FROM unnest(v_rows) r ORDER BY r.shard, r.job_id;
     END IF;
-    RETURN QUERY SELECT * FROM mh_answers(p_ids, p_tokens, v_ords, v_states);
+    RETURN QUERY SELECT * FROM mh_answers(p_ids, p_tokens, v_ords, v_states, p_started =>
+        'job has started: only a job whose start was not reported can be released (its attempt counts: '
+        'fail it to have it retried, or let its claim expire)');
 END $$;
 
 -- Single-job forms.

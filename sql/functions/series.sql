@@ -178,7 +178,9 @@ END $$;
 -- the series' shard is read from its id. A series' waiting run is its
 -- newest (last_job_id); while it has not started (scheduled, or claimed and
 -- its start not reported) a pause, cancel or change cancels it as cancel()
--- does; a started run is left alone and finishes.
+-- does; a started run is left alone and finishes. Each also drops a run the
+-- pending ceiling held back (held_due_at): its fire time is one of those a
+-- pause skips or a new spec replaces.
 
 -- A series' state from its columns.
 CREATE OR REPLACE FUNCTION mh_series_state(p_paused_at timestamptz, p_cancelled_at timestamptz) RETURNS text
@@ -289,7 +291,7 @@ BEGIN
     series_id := v_s.id;
     changed := v_s.paused_at IS NULL AND v_s.cancelled_at IS NULL;
     IF changed THEN
-        UPDATE series s SET paused_at = v_now, chain_after = NULL, updated_at = v_now
+        UPDATE series s SET paused_at = v_now, chain_after = NULL, held_due_at = NULL, updated_at = v_now
          WHERE s.shard = v_s.shard AND s.id = v_s.id;
         cancelled_run := mh_cancel_waiting_run(v_s);
         v_s.paused_at := v_now;
@@ -315,7 +317,7 @@ BEGIN
     END IF;
     changed := v_s.paused_at IS NOT NULL;
     IF changed THEN
-        UPDATE series s SET paused_at = NULL, chain_after = v_now, updated_at = v_now
+        UPDATE series s SET paused_at = NULL, chain_after = v_now, held_due_at = NULL, updated_at = v_now
          WHERE s.shard = v_s.shard AND s.id = v_s.id;
     END IF;
     state := 'active';
@@ -335,7 +337,7 @@ BEGIN
     state := 'cancelled';
     changed := v_s.cancelled_at IS NULL;
     IF changed THEN
-        UPDATE series s SET cancelled_at = v_now, chain_after = NULL, updated_at = v_now
+        UPDATE series s SET cancelled_at = v_now, chain_after = NULL, held_due_at = NULL, updated_at = v_now
          WHERE s.shard = v_s.shard AND s.id = v_s.id;
         cancelled_run := mh_cancel_waiting_run(v_s);
     END IF;
@@ -374,7 +376,7 @@ BEGIN
     END IF;
     UPDATE series s
        SET every_s = p_every_s, cron = p_cron, timezone = v_zone, misfire = coalesce(p_misfire, s.misfire),
-           chain_after = CASE WHEN s.paused_at IS NULL THEN v_now END, updated_at = v_now
+           chain_after = CASE WHEN s.paused_at IS NULL THEN v_now END, held_due_at = NULL, updated_at = v_now
      WHERE s.shard = v_s.shard AND s.id = v_s.id;
     cancelled_run := mh_cancel_waiting_run(v_s);
     changed := true;

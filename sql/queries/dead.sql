@@ -13,6 +13,10 @@ SELECT job_id, ok, state, reason FROM discard_job(%(job_id)s::bigint, %(team)s::
 -- Requeue a team's dead jobs of one name, shard by shard, at most `limit`.
 SELECT requeued AS settled, more FROM requeue_dead(%(team)s::text, %(name)s::text, %(max_attempts)s::int, %(limit)s::int)
 
+-- name: dead_count
+-- How many dead jobs of a team and name a requeue of at most `limit` would put back.
+SELECT dead_count(%(team)s::text, %(name)s::text, %(limit)s::int, %(max_attempts)s::int) AS count
+
 -- name: discard_dead
 -- Discard a team's dead jobs of one name, shard by shard, at most `limit`.
 SELECT discarded AS settled, more FROM discard_dead(%(team)s::text, %(name)s::text, %(limit)s::int)

@@ -7,9 +7,9 @@
 SELECT * FROM series_to_chain(%(shards)s::int[], %(limit)s::int)
 
 -- name: chain_series
--- Their next runs, as computed, on one shard: the runs created.
+-- Their next runs, as computed, on one shard, admitted: the runs created.
 SELECT * FROM chain_series(%(shard)s::int, %(series)s::bigint[], %(after)s::timestamptz[],
-                           %(due)s::timestamptz[], %(deadline)s::timestamptz[])
+                           %(due)s::timestamptz[], %(deadline)s::timestamptz[], %(default_ceiling)s::int)
 
 -- name: series_detail
 -- One series of a team: spec, state, chain columns, its waiting run, and

@@ -48,6 +48,11 @@ SELECT name, quota, weight, created_at, submit_rate, submit_burst, max_pending, 
 SELECT admitted, limited_by, retry_after_s, pending, ceiling, rate, burst
   FROM mh_admit(%(team)s::text, %(jobs)s::int, %(at_least)s::int, %(default_ceiling)s::int)
 
+-- name: hold_pending
+-- The pending ceiling checked again in the transaction that writes the jobs,
+-- under the team's lock until it commits (sql/functions/admission.sql).
+SELECT admitted, pending, ceiling FROM mh_hold_pending(%(team)s::text, %(jobs)s::int, %(default_ceiling)s::int)
+
 -- name: team_exists
 -- Whether a team of this name exists.
 SELECT EXISTS (SELECT 1 FROM teams WHERE name = %(name)s) AS exists

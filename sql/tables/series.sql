@@ -41,6 +41,10 @@ CREATE TABLE series (
     -- chain: set, the series needs its next run, at the first fire time
     -- after this (the claimed run's due time; now, on resume or a new spec)
     chain_after      timestamptz,
+    -- chain: set, the next run, due then, was held back by the team's
+    -- pending ceiling; it is created once there is room (chain_after is
+    -- then when the chain looks again)
+    held_due_at      timestamptz,
     PRIMARY KEY (shard, id),
     CHECK ((every_s IS NULL) <> (cron IS NULL)),
     CHECK ((cron IS NULL) = (timezone IS NULL))

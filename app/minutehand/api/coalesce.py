@@ -19,11 +19,16 @@ second names the first's job).
 Each team's share of a batch is admitted first
 (app/minutehand/web/admission.py): the jobs its rate limit and pending
 ceiling let in now go on, in the order they arrived; each of the others
-gets its own refusal (429) and is written nowhere.
+gets its own refusal (429) and is written nowhere. Those let in are written
+as Admission.written says (a team with a ceiling: checked again in their
+transaction); should that check refuse them all (other submissions of the
+team committed meanwhile), each goes alone, so those that still fit are
+written and each other gets its 429.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,7 +84,8 @@ class SubmitCoalescer:
     def _submit(self, team: str, group: list[_Pending]) -> list[tuple[Any, BaseException | None]]:
         """(result, exception) per item of the group, in order."""
         try:
-            items = self.store.submit_many(team, [p.spec for p in group])
+            items = self.admission.written(team, len(group),
+                                           functools.partial(self.store.submit_many, team, [p.spec for p in group]))
         except psycopg.OperationalError as exc:   # the database is away: every item shares that fate
             return [(None, exc)] * len(group)
         except Exception as exc:
@@ -95,7 +101,8 @@ class SubmitCoalescer:
                 outcomes.append((Submitted(item.job_id, item.run_at, item.created), None))
                 continue
             try:                                  # refused, written nowhere: again alone, for its kind
-                outcomes.append((self.store.submit(team, p.spec), None))
+                outcomes.append((self.admission.written(team, 1, functools.partial(self.store.submit, team, p.spec)),
+                                 None))
             except Exception as exc:
                 outcomes.append((None, exc))
         return outcomes

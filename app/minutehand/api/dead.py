@@ -7,11 +7,16 @@ name; and the team's feed of terminal failures.
     GET  /v1/teams/{name}/events?after=&limit=  the team's events, oldest first (name: the team or `me`)
 
 What may be requeued is decided by the procedures (sql/functions/dead.sql);
-another team's job is "no such job" (404), as an unknown one. The feed's
-cursor is opaque to clients (app/minutehand/rules.py makes and reads it).
+another team's job is "no such job" (404), as an unknown one. A requeue
+puts jobs back as a submission writes them, so it is admitted as one
+(app/minutehand/web/admission.py): the jobs it would put back count against
+the team's submission rate and pending ceiling, all or none (429, nothing
+requeued). The feed's cursor is opaque to clients (app/minutehand/rules.py
+makes and reads it).
 """
 from __future__ import annotations
 
+import functools
 from typing import Annotated
 
 from litestar import get, post
@@ -21,12 +26,12 @@ from litestar.params import FromPath, JSONBody, QueryParameter
 
 from minutehand.api import problems
 from minutehand.api.jobs import JobIdParam, TeamParam
-from minutehand.api.problems import COMMON
+from minutehand.api.problems import ADMISSION, COMMON
 from minutehand.api.schemas import (BUDGET_DOC, INT32_MAX, INT32_MIN, DeadDiscardedOut, DeadDiscardIn,
                                     DeadRequeuedOut, DeadRequeueIn, EventOut, EventPageOut, SettledOut)
 from minutehand.protocol import JobId
 from minutehand.rules import EVENTS_START, NOT_AN_EVENTS_CURSOR, decode_events_cursor, encode_events_cursor
-from minutehand.store.dead import JobEvent
+from minutehand.store.dead import DeadSettled, JobEvent
 from minutehand.store.records import Outcome
 from minutehand.web.auth import Principal
 from minutehand.web.context import Context
@@ -56,13 +61,15 @@ def settled(job_id: int, outcome: Outcome) -> SettledOut:
 def routes(ctx: Context) -> list[HTTPRouteHandler]:
     store = ctx.store
     one_job = problems.responses(*COMMON, NOT_FOUND, NOT_DEAD, INVALID)
+    admitted = ("It counts against the team's submission rate and pending ceiling as a submission does: "
+                "over either, 429 and nothing is requeued (over the rate: Retry-After).")
 
     @post("/v1/jobs/{job_id:int}/requeue", operation_id="requeueJob", status_code=200, security=SECURITY,
           tags=TAGS, summary="Run a dead job again",
           description="The job goes back on the timing wheel, due now, its attempts counted from 0 against "
                       "max_attempts (1 to 100; omitted: the job's own). A job that is not dead, including one "
-                      "requeued and waiting again, answers 409 with its state, unchanged.",
-          responses=one_job)
+                      "requeued and waiting again, answers 409 with its state, unchanged. " + admitted,
+          responses=problems.responses(*COMMON, NOT_FOUND, NOT_DEAD, INVALID, *ADMISSION))
     async def requeue_job(
         principal: NamedDependency[Principal], job_id: JobIdParam, team: TeamParam = None,
         # The range is the procedure's to refuse (422), as the body's; the
@@ -71,7 +78,10 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
             required=False, ge=INT32_MIN, le=INT32_MAX, schema_extra={"minimum": 1, "maximum": 100},
             description=BUDGET_DOC)] = None,
     ) -> SettledOut:
-        return settled(job_id, await ctx.db(store.requeue, job_id, principal.scope(team), max_attempts))
+        owner = await ctx.db(store.team_of, job_id, principal.scope(team))
+        if owner is None:
+            raise ApiProblem(NOT_FOUND, f"no job {job_id}")
+        return settled(job_id, await ctx.admitted(owner, 1, store.requeue, job_id, owner, max_attempts))
 
     @post("/v1/jobs/{job_id:int}/discard", operation_id="discardJob", status_code=200, security=SECURITY,
           tags=TAGS, summary="Set a dead job aside for good",
@@ -85,13 +95,26 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
     @post("/v1/dead/requeue", operation_id="requeueDead", status_code=200, security=SECURITY, tags=TAGS,
           request_max_body_size=SETTLE_BODY_BYTES, summary="Run every dead job of a name again",
           description="Each dead job of the team with this name, as POST /v1/jobs/{id}/requeue does, up to "
-                      "`limit` per call; `more` true: call again for the rest.",
-          responses=problems.responses(*COMMON, NOT_FOUND, INVALID, TOO_LARGE))
+                      "`limit` per call; `more` true: call again for the rest. The jobs one call would put "
+                      "back are admitted together, as a batch is: " + admitted + " More than the team's "
+                      "burst at once: 413 (a smaller limit).",
+          responses=problems.responses(*COMMON, NOT_FOUND, INVALID, TOO_LARGE, *ADMISSION))
     async def requeue_dead(data: JSONBody[DeadRequeueIn], principal: NamedDependency[Principal],
                            team: TeamParam = None) -> DeadRequeuedOut:
-        done = await ctx.db(store.requeue_dead, principal.own_team(team), data.name,
-                            max_attempts=int(data.max_attempts) if data.max_attempts is not None else None,
-                            limit=int(data.limit))
+        owner = principal.own_team(team)
+        budget = int(data.max_attempts) if data.max_attempts is not None else None
+
+        def requeue() -> DeadSettled:
+            limit = int(data.limit)
+            if ctx.admission.limited(owner):
+                # Admitted for the jobs there are (at most the limit), and requeued no more than those.
+                limit = store.dead_count(owner, data.name, max_attempts=budget, limit=limit)
+                if limit == 0:
+                    return DeadSettled(0, False)
+            return ctx.admission.admitted(owner, limit, functools.partial(
+                store.requeue_dead, owner, data.name, max_attempts=budget, limit=limit))
+
+        done = await ctx.db(requeue)
         return DeadRequeuedOut(done.count, done.more)
 
     @post("/v1/dead/discard", operation_id="discardDead", status_code=200, security=SECURITY, tags=TAGS,

@@ -6,9 +6,10 @@ Bodies are typed `data` parameters decoded strictly, like the submitter
 API's (app/minutehand/api/bodies.py): malformed JSON 400, wrong shape or out-of-range
 values (negative capacity, a wait past the limit, unknown fields) 422. The
 one-job forms answer a refusal with a 4xx: 404 for a job that does not
-exist, 409 for a lease token that is not the job's current claim (it
-expired and the job went to another worker, or the job is finished);
-nothing is changed either way.
+exist, 409 stale-claim for a lease token that is not the job's current
+claim (it expired and the job went to another worker, or the job is
+finished), 409 not-releasable for a release of a job whose start was
+reported; nothing is changed either way.
 """
 from __future__ import annotations
 
@@ -27,11 +28,11 @@ from minutehand.dispatch.dispatcher import Dispatcher
 from minutehand.protocol import (CompleteIn, FailIn, HeldIn, JobId, LeaseIn, LeaseOut, OutcomeOut, OutcomesIn,
                                  OutcomesOut)
 from minutehand.protocol.jsontext import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_text_problem
-from minutehand.store.outcomes import Complete, Fail, Heartbeat, Release, Report, Start
+from minutehand.store.outcomes import STARTED, Complete, Fail, Heartbeat, Release, Report, Start
 from minutehand.store.records import Outcome
 from minutehand.web.auth import TokenCache
 from minutehand.web.context import Context
-from minutehand.web.problems import INVALID, NOT_FOUND, STALE_CLAIM, TOO_LARGE, ApiProblem, Kind
+from minutehand.web.problems import INVALID, NOT_FOUND, NOT_RELEASABLE, STALE_CLAIM, TOO_LARGE, ApiProblem, Kind
 
 SECURITY = [{"worker": []}]
 JobIdParam = Annotated[int, PathParameter(ge=-(2**63), le=2**63 - 1, description="the job id")]
@@ -88,6 +89,8 @@ def _one(o: Outcome) -> OutcomeOut:
         return _out(o)
     if o.state is None:
         raise ApiProblem(NOT_FOUND, f"no job {o.job_id}")
+    if o.reason is not None and o.reason.startswith(STARTED):
+        raise ApiProblem(NOT_RELEASABLE, o.reason, job_id=str(o.job_id), state=o.state)
     raise ApiProblem(STALE_CLAIM, o.reason or "the lease token is not the current claim's", job_id=str(o.job_id),
                      state=o.state)
 
@@ -180,7 +183,11 @@ def router(ctx: Context, dispatcher: Dispatcher) -> Router:
         return _one((await write([Fail(job_id, data.lease_token, _error(data.error), data.retryable)]))[0])
 
     @post("/jobs/{job_id:int}/release", operation_id="releaseJob", status_code=200, security=SECURITY,
-          tags=["workers"], summary="Give back a job that was not started", responses=one)
+          tags=["workers"], summary="Give back a job that was not started",
+          description="Due again at once, its attempt not counted. A job whose start was reported cannot be "
+                      "given back (409 not-releasable, unchanged): its attempt counts; fail it to have it "
+                      "retried.",
+          responses=problems.responses(*COMMON, INVALID, NOT_FOUND, STALE_CLAIM, NOT_RELEASABLE))
     async def release(data: JSONBody[HeldIn], credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
         return _one((await write([Release(job_id, data.lease_token)]))[0])
 

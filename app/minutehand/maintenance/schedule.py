@@ -2,7 +2,8 @@
 
 Per shard, by the shard's owner only (the shards this dispatcher leases):
 - continue_series four times a second: each repeating series whose newest
-  run was claimed gets its next run (sql/functions/chain.sql);
+  run was claimed gets its next run, admitted against its team's limits
+  (sql/functions/chain.sql);
 - expire_claims every second: claims past their expiry go back to the due pool
   (one statement finds the shards that have any; each of those is then its
   own transaction);
@@ -55,8 +56,10 @@ class MaintenanceSchedule:
                  expire_every_s: float = 1.0, purge_every_s: float = 60.0, wheel_every_s: float = 30.0,
                  stats_every_s: float = 300.0, chain_every_s: float = 0.25, load_every_s: float = 60.0,
                  webhooks: WebhookDeliverer | None = None, webhook_every_s: float = 1.0,
-                 retention_s: int = 7 * 86400, retention_every_s: float = 30.0, retention_batch: int = 2000):
+                 retention_s: int = 7 * 86400, retention_every_s: float = 30.0, retention_batch: int = 2000,
+                 default_ceiling: int = 0):
         self.store = store
+        self.default_ceiling = default_ceiling      # the pending ceiling of a team without its own (series runs)
         self.webhooks = webhooks
         self.webhook_every_s = webhook_every_s
         self.retention_s = retention_s
@@ -89,7 +92,8 @@ class MaintenanceSchedule:
 
     def continue_series(self) -> None:
         # At a spike of series, passes of CHAIN_BATCH follow each other at once.
-        while (shards := self.shards()) and self.store.continue_series(shards, CHAIN_BATCH) == CHAIN_BATCH:
+        while (shards := self.shards()) and self.store.continue_series(
+                shards, CHAIN_BATCH, default_ceiling=self.default_ceiling) == CHAIN_BATCH:
             pass
 
     def expire_claims(self) -> None:

@@ -7,7 +7,8 @@ is in jsontext.py, next to them: the server accepts only what a worker reads.
     POST /v1/worker/outcomes   starts, heartbeats, completions, failures and give-backs, batched
     POST /v1/worker/jobs/{id}/{start|heartbeat|complete|fail|release}
                                one job: a refusal is a 4xx (404 no such job,
-                               409 stale lease token), not a per-item answer
+                               409 stale lease token, 409 a started job's
+                               release), not a per-item answer
 
 Every call carries `Authorization: Bearer <worker token>` (a fleet token,
 `minutehand worker-token create NAME`; only its hash is stored). Job ids
@@ -151,7 +152,8 @@ class OutcomesIn(Struct, forbid_unknown_fields=True):
     claimed jobs running (a completion or failure of a job whose start was
     not reported records its start at the claim); heartbeat extends claims;
     release gives back claimed jobs that were not started (they are due
-    again at once, the attempt not counted)."""
+    again at once, the attempt not counted): a job whose start was reported
+    is refused (its attempt counts: fail it to have it retried)."""
     start: Annotated[list[Held], Meta(max_length=MAX_ITEMS)] = []
     heartbeat: Annotated[list[Held], Meta(max_length=MAX_ITEMS)] = []
     complete: Annotated[list[Completed], Meta(max_length=MAX_ITEMS)] = []
@@ -162,7 +164,8 @@ class OutcomesIn(Struct, forbid_unknown_fields=True):
 
 class OutcomeOut(Struct):
     """ok false: the outcome was refused and changed nothing; reason says why
-    (no such job, or the lease token is not the current claim's)."""
+    (no such job, the lease token is not the current claim's, or a release
+    of a job that has started)."""
     job_id: JobId
     ok: bool
     state: str | None

@@ -80,14 +80,14 @@ class DeadJobStore(StoreBase):
         (None: its own), as `team` (None: the administrator, through the job's
         own team). Refused (ok False, state None if there is no such job) when
         it is not dead; raises InvalidInput for a bad budget."""
-        team = self._team_of(job_id, team)
+        team = self.team_of(job_id, team)
         if team is None:
             return Outcome(job_id, False, None, "no such job")
         return Outcome(**self._one("requeue_job", {"job_id": job_id, "team": team, "max_attempts": max_attempts}))
 
     def discard(self, job_id: int, team: str | None) -> Outcome:
         """Set a dead job aside for good (state discarded); refused as requeue."""
-        team = self._team_of(job_id, team)
+        team = self.team_of(job_id, team)
         if team is None:
             return Outcome(job_id, False, None, "no such job")
         return Outcome(**self._one("discard_job", {"job_id": job_id, "team": team}))
@@ -97,6 +97,12 @@ class DeadJobStore(StoreBase):
         """Requeue the team's dead jobs of this name, at most `limit`."""
         row = self._one("requeue_dead", {"team": team, "name": name, "max_attempts": max_attempts, "limit": limit})
         return DeadSettled(row["settled"], row["more"])
+
+    def dead_count(self, team: str, name: str, *, max_attempts: int | None = None, limit: int = 10_000) -> int:
+        """How many jobs requeue_dead with these arguments would put back now
+        (refused as it would refuse them)."""
+        return self._one("dead_count", {"team": team, "name": name, "max_attempts": max_attempts,
+                                        "limit": limit})["count"]
 
     def discard_dead(self, team: str, name: str, *, limit: int = 10_000) -> DeadSettled:
         row = self._one("discard_dead", {"team": team, "name": name, "limit": limit})
@@ -109,7 +115,9 @@ class DeadJobStore(StoreBase):
         return [JobEvent(**r) for r in self._all("team_events", {"team": team, "xid": xid, "after": event_id,
                                                                  "limit": limit})]
 
-    def _team_of(self, job_id: int, team: str | None) -> str | None:
+    def team_of(self, job_id: int, team: str | None = None) -> str | None:
+        """The team a requeue or discard of the job acts as: `team` if given,
+        else the job's own (None: no such job)."""
         if team is not None:
             return team
         row = self._one("job_team", {"job_id": job_id})

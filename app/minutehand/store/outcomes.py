@@ -51,9 +51,15 @@ class Fail:
 @dataclass(frozen=True, slots=True)
 class Release:
     """Give back a claimed job that was not started: due again at once,
-    the attempt not counted."""
+    the attempt not counted. A job whose start was reported is refused,
+    with a reason beginning STARTED."""
     job_id: int
     lease_token: uuid.UUID
+
+
+# How release_many's refusal of a started job begins (sql/functions/outcomes.sql):
+# the worker protocol answers it as a refusal of its own kind.
+STARTED = "job has started"
 
 
 Report = Start | Heartbeat | Complete | Fail | Release

@@ -104,27 +104,44 @@ class SeriesStore(StoreBase):
     """Repeating jobs, a part of Store."""
 
     # ------------------------------------------------------------ the chain of repeating jobs
-    def continue_series(self, shards: Sequence[int], limit: int = 1000) -> int:
+    def continue_series(self, shards: Sequence[int], limit: int = 1000, *, default_ceiling: int = 0) -> int:
         """Create the next run of up to `limit` marked series of these shards
-        (sql/functions/chain.sql); returns how many runs were created. Fire
-        times are computed here, between the read and the write, in no
-        transaction; each shard's runs are created in its own transaction,
-        all in one round trip."""
+        (sql/functions/chain.sql), admitted against their teams' limits
+        (default_ceiling: the pending ceiling of a team without its own, 0:
+        none); returns how many runs were created. Fire times are computed
+        here, between the read and the write, in no transaction; each shard's
+        runs are created in its own transaction, all in one round trip."""
         rows = self._all("series_to_chain", {"shards": list(shards), "limit": limit})
         by_shard: dict[int, list[tuple]] = {}
         for r in rows:
             spec = Repeat(r["every_s"], r["cron"], r["timezone"], r["misfire"])
             try:
-                due, deadline = repeat.next_run(spec, r["first_due_at"], r["chain_after"], r["now"])
+                if r["held_due_at"] is not None:
+                    # The run the pending ceiling held back, due at its own fire time
+                    # (skip: dropped at the first fire time after it is created).
+                    due = r["held_due_at"]
+                    deadline = (repeat.next_fire(spec, r["first_due_at"], max(due, r["now"]), r["now"])
+                                if spec.misfire == "skip" else None)
+                else:
+                    due, deadline = repeat.next_run(spec, r["first_due_at"], r["chain_after"], r["now"])
             except ValueError:            # a zone the server no longer knows: looked at again in a day
                 log.exception("series %s: its next fire time cannot be computed", r["series_id"])
                 due, deadline = None, None
             by_shard.setdefault(r["shard"], []).append((r["series_id"], r["chain_after"], due, deadline))
         if not by_shard:
             return 0
+        # The shard with the run due first goes first: where a team's pending
+        # ceiling leaves room for fewer runs than want it, the runs due first
+        # get it (within a shard chain_series sees to that).
+        never = dt.datetime.max.replace(tzinfo=dt.timezone.utc)
+
+        def first_due(items: list[tuple]) -> dt.datetime:
+            return min((i[2] for i in items if i[2] is not None), default=never)
+
         params = [{"shard": shard, "series": [i[0] for i in items], "after": [i[1] for i in items],
-                   "due": [i[2] for i in items], "deadline": [i[3] for i in items]}
-                  for shard, items in by_shard.items()]
+                   "due": [i[2] for i in items], "deadline": [i[3] for i in items],
+                   "default_ceiling": default_ceiling}
+                  for shard, items in sorted(by_shard.items(), key=lambda kv: first_due(kv[1]))]
         with self.connection() as conn:
             results = self.each_alone(conn, q("chain_series"), params)
         created = 0

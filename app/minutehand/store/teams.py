@@ -7,13 +7,15 @@ import datetime as dt
 import hashlib
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
 from minutehand.store import errors
-from minutehand.store.base import StoreBase
+from minutehand.store.base import _JOINED, StoreBase, T
+from minutehand.store.queries import q
 
 
 # update_team: a limit or the retention left as it is (None clears a limit,
@@ -59,6 +61,14 @@ class TeamPage:
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def pending_ceiling(team: str, refused: int, pending: int, ceiling: int) -> errors.PendingCeiling:
+    """The refusal of `refused` jobs that would take the team past its ceiling."""
+    jobs = f"{refused:,} job{'s' if refused != 1 else ''}"
+    return errors.PendingCeiling(
+        f"team {team!r} has {pending:,} jobs pending (submitted and not finished), and its ceiling is "
+        f"{ceiling:,}: {jobs} more would pass it. Submit again when jobs have finished", pending, ceiling)
 
 
 class TeamStore(StoreBase):
@@ -144,6 +154,26 @@ class TeamStore(StoreBase):
         row = self._one("admit", {"team": team, "jobs": jobs, "at_least": at_least,
                                   "default_ceiling": default_ceiling})
         return Admitted(**row)
+
+    def under_ceiling(self, team: str, jobs: int, write: Callable[[], T], *, default_ceiling: int = 0) -> T:
+        """write() (store calls that write up to `jobs` jobs of the team) in one
+        transaction that first checks the team's pending ceiling again, under
+        the team's lock, held until the jobs are committed (mh_hold_pending):
+        concurrent writers of the team take turns, so together they cannot
+        pass it. PendingCeiling (nothing written) if the jobs would pass it;
+        default_ceiling: the ceiling of a team without its own (0: none)."""
+        def run() -> T:
+            with self.connection() as conn, conn.transaction():
+                held = conn.execute(q("hold_pending"), {"team": team, "jobs": jobs,
+                                                        "default_ceiling": default_ceiling}).fetchone()
+                if held["admitted"] < jobs:
+                    raise pending_ceiling(team, jobs - held["admitted"], held["pending"], held["ceiling"])
+                joined = _JOINED.set(conn)
+                try:
+                    return write()
+                finally:
+                    _JOINED.reset(joined)
+        return self.retrying(run)
 
     def team(self, name: str) -> TeamSettings | None:
         row = self._one("team", {"name": name})

@@ -61,13 +61,10 @@ class Context:
         threading.Thread(target=check, name="pool-check", daemon=True).start()
 
     async def admitted(self, team: str, jobs: int, fn: Callable[..., T], *args: Any) -> T:
-        """fn(*args), which submits `jobs` jobs of the team, once admission
-        has let all of them in (else its refusal: nothing written); in one
-        worker thread."""
-        def run() -> T:
-            self.admission.admit_all(team, jobs)
-            return fn(*args)
-        return await anyio.to_thread.run_sync(run)
+        """fn(*args), which writes `jobs` jobs of the team, once admission
+        has let all of them in (else its refusal: nothing written), as
+        Admission.admitted runs it; in one worker thread."""
+        return await anyio.to_thread.run_sync(self.admission.admitted, team, jobs, functools.partial(fn, *args))
 
     async def submit(self, team: str, spec: JobSpec) -> Submitted:
         """One job (no repeat), admitted first."""

@@ -33,6 +33,7 @@ CONFLICT = Kind("conflict", 409, "Conflict")
 NOT_CANCELLABLE = Kind("not-cancellable", 409, "Job cannot be cancelled")
 NOT_DEAD = Kind("not-dead", 409, "Job is not dead")
 STALE_CLAIM = Kind("stale-claim", 409, "Lease token is not the job's current claim")
+NOT_RELEASABLE = Kind("not-releasable", 409, "Job has started: it cannot be released")
 TOO_LARGE = Kind("too-large", 413, "Request too large")
 INVALID = Kind("invalid-input", 422, "Invalid input")
 RATE_LIMITED = Kind("rate-limited", 429, "Over the team's submission rate")
@@ -42,8 +43,8 @@ UNAVAILABLE = Kind("unavailable", 503, "Database unavailable")
 INTERNAL = Kind("internal-error", 500, "Internal error")
 
 KINDS = {k.slug: k for k in (MALFORMED, UNAUTHORIZED, FORBIDDEN, NOT_FOUND, METHOD, TIMEOUT, CONFLICT,
-                             NOT_CANCELLABLE, NOT_DEAD, STALE_CLAIM, TOO_LARGE, INVALID, RATE_LIMITED,
-                             PENDING_CEILING, HEADERS_TOO_LARGE, UNAVAILABLE, INTERNAL)}
+                             NOT_CANCELLABLE, NOT_DEAD, STALE_CLAIM, NOT_RELEASABLE, TOO_LARGE, INVALID,
+                             RATE_LIMITED, PENDING_CEILING, HEADERS_TOO_LARGE, UNAVAILABLE, INTERNAL)}
 
 
 class ApiProblem(ProblemDetailsException):

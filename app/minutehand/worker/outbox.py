@@ -64,6 +64,9 @@ class Outbox:
         return fut
 
     def release(self, held: Held) -> None:
+        """Give back a job whose handler never ran (the poller's only use).
+        The dispatcher refuses a job whose start was reported; that refusal,
+        like any, is logged and not retried: the job's claim then expires."""
         self.send("release", held)
 
     async def run(self) -> None:
