@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from minutehand.store import citus
-from tests.support import T0, on_citus
+from tests.support import T0, due_rows, on_citus
 
 NOT_CITUS = "needs a Citus coordinator: MINUTEHAND_TEST_DSN and MINUTEHAND_TEST_CITUS_WORKERS (tests/fixtures/citus.py)"
 
@@ -175,6 +175,20 @@ def test_a_submit_and_a_claim_of_one_shard_run_on_one_worker_with_a_one_phase_co
     sent = remote_commands(db, "SELECT job_id, refused FROM claim_due(%s, 10, 'd1', %s, 30)", (shard, epoch))
     assert_one_worker_one_phase(sent)
     assert db.execute("SELECT state FROM jobs WHERE id = %s", (job_id,)).fetchone()[0] == "claimed"
+
+
+@pytest.mark.parametrize("ahead", ["0", "3 hours", "30 hours", "10 days"])
+def test_a_cancel_takes_its_row_off_the_wheel_on_one_worker_with_a_one_phase_commit(citus_db, ahead):
+    """Wherever the row waits (minute, hour, far level), the cancel's reads
+    and deletes are router statements on its shard's worker."""
+    db = citus_db
+    db.execute("INSERT INTO teams (name) VALUES ('t')")
+    job_id = db.execute("SELECT submit_job('t', 'probe', now() + %s::interval)", (ahead,)).fetchone()[0]
+    assert len(due_rows(db, job_id)) == 1
+    sent = remote_commands(db, "SELECT * FROM cancel(%s, 't')", (job_id,))
+    assert_one_worker_one_phase(sent)
+    assert due_rows(db, job_id) == []
+    assert db.execute("SELECT state FROM jobs WHERE id = %s", (job_id,)).fetchone()[0] == "cancelled"
 
 
 def test_shard_leases_are_renewed_with_one_single_shard_transaction_per_citus_shard(citus_db, db_dsn):

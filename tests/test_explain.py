@@ -11,7 +11,9 @@ Then the plans are read, not guessed:
   dispatcher's planned claim (claim_planned) only its bucket's, and its
   summary of a shard (due_edge) only the hand's, current and next;
 * the status read (named query job_status) is one Index Scan on jobs_pkey;
-* a submit touches exactly one partition of the wheel.
+* a submit touches exactly one partition of the wheel, and so does a cancel
+  taking the job's row off it (one index probe; a due row carried forward
+  since: the claim window's partitions at most).
 
 Every probe runs in a transaction that is rolled back, so the tests share the
 fixture without disturbing each other. Plans are also cross-checked against
@@ -586,7 +588,7 @@ def test_job_status_generic_plan_is_one_primary_key_lookup(conn, layout):
         conn.execute("RESET plan_cache_mode")
 
 
-# ---------------------------------------------------------------- (c) submit
+# ---------------------------------------------------------------- (c) submit and cancel
 
 @pytest.mark.parametrize("ahead,level", [
     (dt.timedelta(0), "minute"),
@@ -653,6 +655,72 @@ def test_submit_jobs_batch_calls_no_function_once_per_job(conn):
                                  WHERE p.pronamespace = 'minutehand'::regnamespace
                                    AND pg_stat_get_xact_function_calls(p.oid) >= 100""").fetchall()
     assert calls == []
+
+
+def _unwheel_deletes(ae: AutoExplain) -> list[dict]:
+    """The plans of the statements that took the row off the wheel."""
+    return [p["Plan"] for p in ae.plans
+            if p["Query Text"].lstrip().startswith("DELETE") and due_relations(p["Plan"])]
+
+
+@pytest.mark.parametrize("ahead,level", [
+    (dt.timedelta(0), "minute"),                  # due now: its bucket
+    (dt.timedelta(hours=3, minutes=17), "minute"),
+    (dt.timedelta(hours=30), "hour"),
+    (dt.timedelta(days=10), "far"),
+])
+def test_cancel_takes_its_row_off_one_partition_by_one_probe(conn, ahead, level):
+    """A cancel finds its job's row where its run time says, in one
+    partition, through an index to that one row (the job id in the key),
+    however many rows share its run time there."""
+    due = T0 + ahead
+    leaf = {"minute": minute_part(conn, due), "hour": hour_part(conn, due), "far": "due_far"}[level]
+    with conn.transaction(force_rollback=True):
+        # neighbours with the same run time, on every shard
+        conn.execute("SELECT count(*) FROM submit_jobs(%s, array_fill('probe'::text, ARRAY[2000]), "
+                     "array_fill(%s::timestamptz, ARRAY[2000]), p_stricts => array_fill(true, ARRAY[2000]))",
+                     (TEAM, due))
+        job_id = conn.execute("SELECT submit_job(%s, 'probe', %s, p_strict => true)", (TEAM, due)).fetchone()[0]
+        conn.execute(f"ANALYZE {leaf}")
+        ae = AutoExplain(conn)
+        with ae:
+            assert conn.execute("SELECT ok FROM cancel(%s, %s)", (job_id, TEAM)).fetchone()[0]
+        [delete] = _unwheel_deletes(ae)
+        assert due_relations(delete) - {"due_minutes"} == {leaf}
+        assert_no_scan_beyond(delete)
+        [probe] = [n for n in nodes_on(delete, leaf) if n["Node Type"] != "ModifyTable"]
+        assert "job_id" in probe["Index Cond"] and probe["Actual Rows"] == 1, probe
+        assert probe.get("Rows Removed by Filter", 0) == 0, probe
+        assert ae.due_relations() - {"due_minutes"} == {leaf}
+        assert conn.execute("""SELECT (SELECT count(*) FROM due_minutes WHERE job_id = %(id)s)
+                                    + (SELECT count(*) FROM due_hours WHERE job_id = %(id)s)
+                                    + (SELECT count(*) FROM due_far WHERE job_id = %(id)s)""",
+                            {"id": job_id}).fetchone()[0] == 0
+
+
+def test_cancel_of_a_row_carried_forward_reads_the_claim_window_at_most(conn, layout):
+    """A due row not in its own bucket (the sweep carried it into a later one):
+    its bucket, then the buckets claims read (mh_sweep_after back from now),
+    each through the claim index; never the rest of the ring."""
+    old = minute_part(conn, T0 - dt.timedelta(minutes=50))
+    with conn.transaction(force_rollback=True):
+        pin(conn, T0 - dt.timedelta(minutes=50))
+        conn.execute("SELECT count(*) FROM submit_jobs(%s, array_fill('probe'::text, ARRAY[2000]))", (TEAM,))
+        job_id = conn.execute("SELECT submit_job(%s, 'probe', NULL)", (TEAM,)).fetchone()[0]
+        pin(conn, T0)
+        conn.execute("UPDATE due_minutes SET slot = mh_minute_slot(%s) WHERE job_id = %s", (T0, job_id))
+        conn.execute(f"ANALYZE {old}")
+        window = {minute_part(conn, CUR - k * MIN) for k in range(31)}
+        ae = AutoExplain(conn)
+        with ae:
+            assert conn.execute("SELECT ok FROM cancel(%s, %s)", (job_id, TEAM)).fetchone()[0]
+        own, carried = _unwheel_deletes(ae)
+        assert due_relations(own) - {"due_minutes"} == {old}
+        assert due_relations(carried) - {"due_minutes"} == window
+        assert_no_scan_beyond(own)
+        assert_no_scan_beyond(carried, *(window - {layout["cur"], layout["prev"]}))   # (those empty: read or not)
+        assert sum(n["Actual Rows"] for n in plan_nodes(carried) if n["Node Type"] == "Index Scan") == 1
+        assert conn.execute("SELECT count(*) FROM due_minutes WHERE job_id = %s", (job_id,)).fetchone()[0] == 0
 
 
 # ---------------------------------------------------------------- (d) outcomes and expiry

@@ -341,9 +341,8 @@ def test_cancel_a_scheduled_job(pinned_conn, pinned_store):
     assert out == Outcome(job_id, True, "cancelled", None)
     st = pinned_store.status(job_id)
     assert st.state == "cancelled" and st.finished_at == T0 and st.attempts == 0
-    assert due_count(pinned_conn, job_id) == 1        # left for the claim to drop
+    assert due_count(pinned_conn, job_id) == 0        # its row went with it
     assert claim(pinned_store, [job_id]) == []
-    assert due_count(pinned_conn, job_id) == 0
     pinned_store.clock = T0 + 10 * 60 * S
     assert claim(pinned_store, [job_id]) == []
     assert pinned_store.status(job_id).state == "cancelled"
@@ -366,10 +365,25 @@ def test_cancelled_job_does_not_block_others_in_its_bucket(pinned_conn, pinned_s
     assert b in [c.job_id for c in got] and a not in [c.job_id for c in got]
 
 
+def test_cancelled_jobs_are_not_counted_as_due(pinned_conn, pinned_store):
+    """What the dispatcher plans from (due_edges) counts the waiting jobs only."""
+    ids = [it.job_id for it in pinned_store.submit_many("t", [JobSpec("c")] * 20)]
+    shards = list(range(256))
+
+    def due() -> int:
+        return pinned_conn.execute("SELECT coalesce(sum(due), 0) FROM due_edges(%s, %s)",
+                                   (shards, [None] * len(shards))).fetchone()[0]
+    assert due() == 20
+    for job_id in ids[:15]:
+        assert pinned_store.cancel(job_id, "t").ok
+    assert due() == 5
+
+
 def test_cancel_a_future_job(pinned_conn, pinned_store):
     job_id = pinned_store.submit("t", JobSpec("f", due_at=T0 + 30 * H)).job_id
     assert pinned_store.cancel(job_id, "t").ok
     assert pinned_store.status(job_id).state == "cancelled"
+    assert due_count(pinned_conn, job_id) == 0
 
 
 def test_cancel_a_claimed_job_whose_start_is_not_reported_voids_its_claim(pinned_conn, pinned_store, job):
@@ -439,9 +453,9 @@ def test_cancel_a_retrying_job(pinned_conn, pinned_store, job):
     assert due_count(pinned_conn, job_id) == 1
     out = pinned_store.cancel(job_id, "t")
     assert out == Outcome(job_id, True, "cancelled", None)
+    assert due_count(pinned_conn, job_id) == 0
     pinned_store.clock = run_at + S
     assert claim(pinned_store, [job_id]) == []
-    assert due_count(pinned_conn, job_id) == 0
     st = pinned_store.status(job_id)
     assert st.state == "cancelled" and st.attempts == 1 and st.last_error == "flaky"
 

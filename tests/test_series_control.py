@@ -256,6 +256,18 @@ def test_cancel_cancels_the_waiting_run(store, pinned_conn):
     assert job_row(pinned_conn, sub.job_id)["state"] == "cancelled"
 
 
+@pytest.mark.parametrize("op", ["pause", "cancel", "change"])
+def test_the_run_a_control_call_cancels_leaves_the_wheel(store, pinned_conn, op):
+    sub = new_series(store)
+    on_wheel = "SELECT count(*) FROM due_minutes WHERE job_id = %s"
+    assert pinned_conn.execute(on_wheel, (sub.job_id,)).fetchone()[0] == 1
+    call = {"pause": lambda: store.pause_series("t", sub.series_id),
+            "cancel": lambda: store.cancel_series("t", sub.series_id),
+            "change": lambda: store.change_series("t", sub.series_id, Repeat(every_s=120))}[op]
+    assert call().cancelled_run == sub.job_id
+    assert pinned_conn.execute(on_wheel, (sub.job_id,)).fetchone()[0] == 0
+
+
 # ---------------------------------------------------------------- change
 def test_change_sets_the_spec_cancels_the_waiting_run_and_chains_from_now(store, pinned_conn):
     sub = new_series(store)

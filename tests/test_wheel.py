@@ -1,8 +1,9 @@
 """The timing wheel as the clock moves: far-future jobs cascade down level by
 level into the minute bucket of their run time, passed buckets are swept
 forward and emptied with TRUNCATE, a shard whose hand is behind drains its
-oldest bucket first, past run times go to the current bucket, and concurrent
-maintenance neither fails nor duplicates rows.
+oldest bucket first, past run times go to the current bucket, concurrent
+maintenance neither fails nor duplicates rows, and a cancel takes its job's
+row off wherever it waits (a row whose job no longer waits is not carried).
 
 The clock is pinned (make_store(clock=...), store.clock = ...); nothing sleeps."""
 from __future__ import annotations
@@ -12,7 +13,9 @@ import threading
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
+from minutehand.store.outcomes import Fail, Release
 from minutehand.store.submit import JobSpec
 from tests.support import T0, claim, make_store, pin, table_of
 
@@ -190,6 +193,27 @@ def test_sweep_carries_leftovers_forward_and_truncates_the_passed_bucket(db_dsn,
     got = claim(pinned_store, leases, 1000, "d1", 30).jobs
     assert {j.job_id for j in got} == ids
     assert {j.run_at for j in got} == {T0}
+
+
+def test_the_sweep_drops_rows_whose_jobs_no_longer_wait(db_dsn, db, pinned_store):
+    """A row left on the wheel for a job that ended (from before cancels took
+    their rows, or written around the procedures) is dropped by the sweep,
+    not carried forward again; the waiting ones beside it are carried."""
+    ids = [it.job_id for it in pinned_store.submit_many(TEAM, [JobSpec(name="left", due_at=T0) for _ in range(30)])]
+    stale = db.execute("SELECT to_jsonb(d) FROM due_minutes d WHERE job_id = ANY (%s)", (ids[:10],)).fetchall()
+    for job_id in ids[:10]:
+        assert pinned_store.cancel(job_id, TEAM).ok
+    gone = ids[10:13]
+    db.execute("DELETE FROM jobs WHERE id = ANY (%s)", (gone,))                     # as retention would
+    db.execute("""INSERT INTO due_minutes SELECT * FROM jsonb_populate_recordset(NULL::due_minutes, %s)""",
+               (Jsonb([r[0] for r in stale]),))                                  # the old rows, put back
+    assert due_total(db) == (30, 30)
+    pinned_store.clock = T0 + 31 * MIN + 10 * S
+    assert pinned_store.sweep()[1] == 17
+    cur = minute_part(db, pinned_store.clock)
+    assert where(db, ids) == {i: [cur] if i in ids[13:] else [] for i in ids}
+    pinned_store.clock = T0 + 62 * MIN + 10 * S
+    assert pinned_store.sweep()[1] == 17
 
 
 def test_rows_left_behind_a_stopped_dispatcher_are_not_lost(db_dsn, db, pinned_store):
@@ -403,3 +427,60 @@ def test_concurrent_cascades_and_sweeps_neither_fail_nor_duplicate(db_dsn, db, p
     due_by_then = db.execute("SELECT count(*) FROM jobs WHERE run_at <= %s", (pinned_store.clock,)).fetchone()[0]
     assert len(everything) == due_by_then
     assert due_total(db) == (n - len(everything),) * 2
+
+
+# ---------------------------------------------------------------- cancel
+
+# Where a job's row waits when it is cancelled: its due time from T0, the
+# clock moves before the cancel (maintenance at each), and the level then.
+WAITS = {
+    "due now": (0 * S, [], "due_m"),
+    "later today": (3 * H, [], "due_m"),
+    "tomorrow": (30 * H, [], "due_h"),
+    "next week": (7 * DAY, [], "due_far"),
+    "cascaded into the hours": (4 * DAY, [2 * DAY], "due_h"),
+    "cascaded into the minutes": (4 * DAY, [2 * DAY, 4 * DAY - 2 * H], "due_m"),
+    "hours into minutes": (20 * H, [15 * H], "due_m"),
+    "carried forward": (0 * S, [45 * MIN], "due_m"),
+    "carried forward twice": (0 * S, [45 * MIN, 80 * MIN], "due_m"),
+}
+
+
+@pytest.mark.parametrize("case", WAITS)
+def test_a_cancel_takes_the_row_off_wherever_it_waits(db_dsn, db, pinned_store, case):
+    """Only the cancelled job's row goes: its neighbours (same run time, on
+    its shard and others) stay where they are."""
+    due, moves, level = WAITS[case]
+    keys = keys_on_shard(db, 7, 12, "unwheel-")
+    ids = [it.job_id for it in pinned_store.submit_many(
+        TEAM, [JobSpec(name="w", due_at=T0 + due, strict=True, idempotency_key=k) for k in keys]
+        + [JobSpec(name="w", due_at=T0 + due, strict=True)] * 12)]
+    for move in moves:
+        pinned_store.clock = T0 + move
+        maintain(pinned_store)
+    before = where(db, ids)
+    assert all(rels and rels[0].startswith(level) for rels in before.values()), before
+    for job_id in ids[:3] + ids[12:15]:
+        assert pinned_store.cancel(job_id, TEAM).ok
+    assert where(db, ids) == {i: [] if i in ids[:3] + ids[12:15] else before[i] for i in ids}
+
+
+@pytest.mark.parametrize("back", ["released", "retrying"])
+def test_a_cancel_takes_the_row_of_a_job_put_back(db_dsn, db, pinned_store, back):
+    """Given back (its old run time, in the bucket it was given back in) or
+    failed (due again after its backoff)."""
+    ids = [it.job_id for it in pinned_store.submit_many(TEAM, [JobSpec(name="b", due_at=T0)] * 5)]
+    pinned_store.clock = T0 + 5 * MIN
+    leases = pinned_store.take_leases(range(256), "d1", LONG_LEASE)
+    got = claim(pinned_store, leases, 100, "d1", 600).jobs
+    assert {j.job_id for j in got} == set(ids)
+    pinned_store.clock = T0 + 7 * MIN
+    if back == "released":
+        assert all(o.ok for o in pinned_store.release([Release(j.job_id, j.lease_token) for j in got]))
+        assert set(where(db, ids)[ids[0]]) == {minute_part(db, T0 + 7 * MIN)}
+    else:
+        assert all(o.ok for o in pinned_store.fail([Fail(j.job_id, j.lease_token, "again", True) for j in got]))
+    pinned_store.clock = T0 + 9 * MIN
+    assert pinned_store.cancel(ids[0], TEAM).ok
+    assert where(db, ids)[ids[0]] == []
+    assert all(len(rels) == 1 for i, rels in where(db, ids).items() if i != ids[0])

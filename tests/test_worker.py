@@ -1,14 +1,16 @@
 """The worker library (app/minutehand/worker) against a real `minutehand serve` process
 and a real database: handlers sync and async, the concurrency limit, replayed
 results, failures retried or dead, heartbeats, dropped results after a lost
-claim, exactly-once effects (also across SIGKILL), and SIGTERM drain of a
-real `minutehand worker` process.
+claim, exactly-once effects (also across SIGKILL), SIGTERM drain of a
+real `minutehand worker` process, and a named worker not held up by another
+team's mass cancel.
 
 Dispatcher failover and crash tests live with the dispatcher's tests.
 """
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import datetime as dt
 import json
@@ -23,6 +25,7 @@ from collections.abc import Callable, Iterator
 import psycopg
 import pytest
 
+from minutehand.store.submit import JobSpec
 from minutehand.worker import Job, NonRetryable, Worker, effects
 from tests.processes import ROOT, Server, free_port, wait_until
 from tests.support import submit_store
@@ -825,3 +828,34 @@ def test_a_running_job_is_running_and_one_cancelled_before_its_start_is_not_repo
         wait_until(lambda: any(r.getMessage() == "job_dropped" for r in caplog.records), what="the drop")
     assert live_store.status(cancelled).state == "cancelled"
     assert live_store.status(running_).state == "succeeded"
+
+
+# ---------------------------------------------------------------- a mass cancel
+MASS_CANCEL = 10_000
+# Rows on the wheel whose job does not wait (any more): what a claim by name would step over.
+STALE_ROWS = """
+    SELECT count(*) FROM (SELECT shard, job_id FROM due_minutes UNION ALL SELECT shard, job_id FROM due_hours
+                          UNION ALL SELECT shard, job_id FROM due_far) w
+     WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.shard = w.shard AND j.id = w.job_id
+                                              AND j.state IN ('scheduled', 'retrying'))"""
+
+
+def test_a_mass_cancel_does_not_hold_up_another_teams_named_worker(server, live_store, token, db):
+    """Team A cancels its many due jobs, one call each, while a worker that
+    names its handler (its claims filter by name) waits for team B's: B's
+    jobs then start within seconds, and no row of a cancelled job is left on
+    the wheel for the dispatcher to plan for or the sweep to carry."""
+    for team in ("a", "b"):
+        live_store.create_team(team)
+    worker = Worker(urls=[server.url], token=token, wait_s=1, concurrency=10, grace_s=5)
+    worker.job("b.job")(lambda job: "ok")
+    with running(worker):
+        cancelled = []
+        for _ in range(0, MASS_CANCEL, 5000):
+            cancelled += [it.job_id for it in live_store.submit_many("a", [JobSpec("a.job")] * 5000)]
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            assert all(pool.map(lambda job_id: live_store.cancel(job_id, "a").ok, cancelled, chunksize=1000))
+        assert db.execute(STALE_ROWS).fetchone()[0] == 0
+        b = [it.job_id for it in live_store.submit_many("b", [JobSpec("b.job")] * 100)]
+        wait_until(lambda: all_in(live_store, b, {"succeeded"}), 20, "team B's jobs to run")
+    assert db.execute(STALE_ROWS).fetchone()[0] == 0

@@ -159,7 +159,9 @@ END $$;
 -- current bucket and empty the slot. p_passed: the slot's minute has passed
 -- the sweep line, so it is emptied even with nothing to carry (its claimed
 -- rows' dead tuples go with it); otherwise an untouched slot is left alone.
--- Never the current bucket's own slot.
+-- A row whose job no longer waits (left from before cancels took their
+-- rows, or written around the procedures) is dropped, not carried forward
+-- again and again. Never the current bucket's own slot.
 CREATE OR REPLACE FUNCTION mh_carry_forward(p_slot int, p_cur timestamptz, p_passed boolean) RETURNS bigint
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE v_any boolean;
@@ -172,7 +174,7 @@ BEGIN
            INTO v_any USING p_cur;
         IF NOT v_any THEN RETURN 0; END IF;
     END IF;
-    RETURN mh_move_down(mh_minute_part(p_slot), p_cur, p_cur);
+    RETURN mh_move_down(mh_minute_part(p_slot), p_cur, p_cur, p_waiting => true);
 END $$;
 
 -- Carry forward, then empty, the minute buckets the hand has passed: every

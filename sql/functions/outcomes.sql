@@ -405,18 +405,27 @@ LANGUAGE sql SET search_path = minutehand, pg_temp AS $$ SELECT * FROM fail_many
 
 -- Cancel one job of a team if its state is one of p_states: the row locked
 -- first, so whether it was claimed (and counted in team_running) is read
--- from the row as it is now. A claimed job has not started until its worker
--- says so (start): its claim is voided, so the worker's start, heartbeat and
+-- from the row as it is now. A waiting job's row comes off the wheel before
+-- that, so that no claim meets it, named or not, and no count of what is
+-- due includes it (mh_unwheel): the wheel row, then the job, the order a
+-- claim takes them in, so a cancel and a claim of one job queue, never
+-- deadlock. A claimed job has not started until its worker says so
+-- (start): its claim is voided, so the worker's start, heartbeat and
 -- outcome are refused. Another team's job is "no such job". The body of
 -- cancel(), and of the series controls (which cancel a series' waiting run).
 CREATE OR REPLACE FUNCTION mh_cancel_job(p_job bigint, p_team int, p_states job_state[]) RETURNS outcome
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
     v_now    timestamptz := mh_now();
+    v_job    jobs;
     v_state  job_state;
     v_name   text;
     v_series bigint;
 BEGIN
+    SELECT * INTO v_job FROM jobs j WHERE j.shard = mh_shard_of(p_job) AND j.id = p_job AND j.team_id = p_team;
+    IF v_job.state IN ('scheduled', 'retrying') AND v_job.state = ANY (p_states) THEN
+        PERFORM mh_unwheel(v_job, v_now);
+    END IF;
     SELECT j.state, j.name, j.series_id INTO v_state, v_name, v_series FROM jobs j
      WHERE j.shard = mh_shard_of(p_job) AND j.id = p_job AND j.team_id = p_team
        FOR UPDATE;
@@ -446,9 +455,8 @@ END $$;
 
 -- Cancel a job that has not started, for the team named (required: a job
 -- of another team is "no such job"). Administrators cancel through the
--- job's own team. Its row on the wheel is left to the claim, which drops
--- rows of cancelled jobs: finding it would mean knowing which level and
--- slot it sits in now. Runs as its owner, like submit_job.
+-- job's own team. Its row on the wheel goes with it. Runs as its owner,
+-- like submit_job.
 CREATE OR REPLACE FUNCTION cancel(p_job bigint, p_team text) RETURNS outcome
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = minutehand, pg_temp AS $$
 BEGIN

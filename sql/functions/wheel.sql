@@ -131,6 +131,64 @@ BEGIN
     END IF;
 END $$;
 
+-- Take a waiting job's row off the wheel (p_job as read: its job is being
+-- cancelled); whether one was there. Where the row waits follows from the
+-- job's run time: the minute bucket of it or, once due, a later one up to
+-- now (sweep_passed carried it forward, or a give-back put it back with its
+-- old run time); the hour slot of it; due_far. Each look is one index probe
+-- in one partition; a due row not in its own bucket costs a look at the
+-- claim window (the buckets claims read, mh_hand), and one behind that
+-- window is seen by no claim and dropped by sweep_passed. A level is looked
+-- at only if the row can be there: never above the level the run time had
+-- when the job was created (every later placement comes later, and rows
+-- only move down). Levels are looked at top down, each statement with a
+-- fresh snapshot, so a row the cascade or the sweep moves meanwhile is
+-- found where it went. A row a claim holds is waited for (then it is gone).
+CREATE OR REPLACE FUNCTION mh_unwheel(p_job jobs, p_now timestamptz) RETURNS boolean
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+DECLARE
+    v_run     timestamptz := p_job.run_at;
+    v_cur     timestamptz := mh_minute(p_now);
+    -- (the slots written out: the plan then names those partitions alone)
+    v_minutes text := $f$DELETE FROM due_minutes d
+                          WHERE d.slot IN (%s) AND d.shard = $1 AND d.strict = $2 AND d.priority = $3
+                            AND d.team_id = $4 AND d.run_at = $5 AND d.job_id = $6$f$;
+    v_window  int[];
+    v_n       bigint;
+BEGIN
+    IF v_run >= mh_minute_end(p_job.created_at) THEN
+        IF v_run >= mh_hour_end(p_job.created_at) THEN
+            DELETE FROM due_far f WHERE f.run_at = v_run AND f.job_id = p_job.id AND f.shard = p_job.shard;
+            IF FOUND THEN RETURN true; END IF;
+        END IF;
+        IF v_run < mh_hour_end(p_now) THEN
+            EXECUTE format('DELETE FROM %I d WHERE d.job_id = $1 AND d.shard = $2', mh_hour_part(mh_hour_slot(v_run)))
+              USING p_job.id, p_job.shard;
+            GET DIAGNOSTICS v_n = ROW_COUNT;
+            IF v_n > 0 THEN RETURN true; END IF;
+        END IF;
+    END IF;
+    IF v_run >= mh_minute_end(p_now) THEN
+        RETURN false;
+    END IF;
+    EXECUTE format(v_minutes, mh_minute_slot(v_run))
+      USING p_job.shard, p_job."strict", p_job.priority, p_job.team_id, v_run, p_job.id;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    IF v_n > 0 OR v_run > p_now THEN
+        RETURN v_n > 0;
+    END IF;
+    v_window := ARRAY(SELECT mh_minute_slot(b)
+                        FROM generate_series(greatest(mh_minute(v_run) + interval '1 minute', v_cur - mh_sweep_after()),
+                                             v_cur, interval '1 minute') b);
+    IF cardinality(v_window) = 0 THEN
+        RETURN false;
+    END IF;
+    EXECUTE format(v_minutes, array_to_string(v_window, ','))
+      USING p_job.shard, p_job."strict", p_job.priority, p_job.team_id, v_run, p_job.id;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    RETURN v_n > 0;
+END $$;
+
 -- Whether a minute bucket holds any row of a shard, locked or not.
 CREATE OR REPLACE FUNCTION mh_bucket_has_rows(p_bucket timestamptz, p_shard int) RETURNS boolean
 LANGUAGE plpgsql STABLE SET search_path = minutehand, pg_temp AS $$
@@ -159,8 +217,11 @@ END $$;
 -- empty the partition with TRUNCATE, or, if it also holds later rows (a
 -- slot shared with a later lap of the ring after an outage), DELETE just the
 -- moved ones. The partition is locked meanwhile: its submitters and
--- claimers wait, and none of their rows is lost to the TRUNCATE.
-CREATE OR REPLACE FUNCTION mh_move_down(p_part text, p_before timestamptz, p_now timestamptz) RETURNS bigint
+-- claimers wait, and none of their rows is lost to the TRUNCATE. With
+-- p_waiting (leftovers carried forward: few), a row whose job no longer
+-- waits is dropped instead of moved.
+CREATE OR REPLACE FUNCTION mh_move_down(p_part text, p_before timestamptz, p_now timestamptz,
+                                        p_waiting boolean DEFAULT false) RETURNS bigint
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
     v_moved bigint;
@@ -170,7 +231,10 @@ BEGIN
     EXECUTE format($f$INSERT INTO due_minutes (slot, shard, strict, priority, run_at, job_id, team_id)
                       SELECT mh_minute_slot(greatest(p.run_at, $2)), p.shard, p.strict, p.priority, p.run_at, p.job_id,
                              p.team_id
-                        FROM %I p WHERE p.run_at < $1$f$, p_part)
+                        FROM %I p WHERE p.run_at < $1 %s$f$, p_part,
+                   CASE WHEN p_waiting THEN
+                       $w$AND EXISTS (SELECT 1 FROM jobs j WHERE j.shard = p.shard AND j.id = p.job_id
+                                                         AND j.state IN ('scheduled', 'retrying'))$w$ END)
        USING p_before, p_now;
     GET DIAGNOSTICS v_moved = ROW_COUNT;
     EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE run_at >= $1)', p_part) INTO v_later USING p_before;

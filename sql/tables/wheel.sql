@@ -60,7 +60,9 @@ CREATE TABLE due_far (
     job_id   bigint      NOT NULL,
     team_id  int         NOT NULL
 );
-CREATE INDEX due_far_run_at ON due_far (run_at);
+-- The cascade reads it by run time; a cancel finds its job's row by run
+-- time and id (mh_unwheel).
+CREATE INDEX due_far_run_at ON due_far (run_at, job_id);
 
 DO $$
 BEGIN
@@ -76,9 +78,12 @@ END $$;
 
 -- The claim reads one shard's rows of a bucket class by class (strict,
 -- priority), team by team, oldest first; the dispatcher's summary of a
--- shard's due rows counts them in the same order. Hour slots need no index:
--- they are only ever moved whole.
-CREATE INDEX due_minutes_claim ON due_minutes (shard, strict DESC, priority DESC, team_id, run_at);
+-- shard's due rows counts them in the same order. The job id last: a cancel
+-- finds its job's row in one probe, however many share its run time
+-- (mh_unwheel). Hour slots are only ever moved whole: their index serves
+-- the cancel alone (job ids rise with time: appended to, mostly).
+CREATE INDEX due_minutes_claim ON due_minutes (shard, strict DESC, priority DESC, team_id, run_at, job_id);
+CREATE INDEX due_hours_job ON due_hours (job_id);
 
 -- A row on the wheel in transit (bulk submission, cascades, expiry).
 CREATE TYPE due_row AS (shard smallint, strict boolean, priority smallint, run_at timestamptz, job_id bigint,

@@ -109,9 +109,14 @@ def before_migrate(conn: psycopg.Connection) -> None:
     migrated on the coordinator alone (Citus would otherwise copy some of
     the new objects to the workers as it goes, and not the types they
     need): distribute() then places everything. A distributed one is
-    migrated with Citus propagating each change to the workers."""
+    migrated with Citus propagating each change to the workers, one shard
+    at a time: after a command it ran on many shards at once, Citus refuses
+    in the same transaction an index whose shard names are long (the wheel
+    partitions' indexes)."""
     if is_citus(conn) and not is_distributed(conn):
         conn.execute("SET LOCAL citus.enable_ddl_propagation = off")
+    elif is_citus(conn):
+        conn.execute("SET LOCAL citus.multi_shard_modify_mode = 'sequential'")
 
 
 def unknown_tables(conn: psycopg.Connection) -> list[str]:

@@ -169,12 +169,13 @@ def apply_after_functions(conn: psycopg.Connection) -> None:
 # ---------------------------------------------------------------- from an Alembic revision
 def execute(sql: str, search_path: str | None = None) -> None:
     """Run SQL from an Alembic revision, through the psycopg connection
-    itself: SQLAlchemy's text() would read `:name` inside PL/pgSQL bodies as
-    bind parameters; with no parameters psycopg sends the whole text as one
-    multi-statement query. search_path: where unqualified names go (for this
-    transaction)."""
+    itself (SQLAlchemy's text() would read `:name` inside PL/pgSQL bodies as
+    bind parameters), a statement at a time: Citus propagates no DDL sent in
+    a query of several statements. search_path: where unqualified names go
+    (for this transaction)."""
     from alembic import op
     conn = op.get_bind().connection.driver_connection
     if search_path is not None:
         _search_path(conn, search_path)
-    conn.execute(sql)
+    for statement in statements(sql):
+        conn.execute(statement)
