@@ -21,13 +21,19 @@ from minutehand.store import migrate
 
 # Everything in the schemas a migration could write to (not the system ones):
 # relations of every kind (tables, partitions, indexes, sequences, views),
-# functions, types (enums, composites, row and array types) and schemas.
+# the columns of tables (a revision may only add one), functions, types
+# (enums, composites, row and array types) and schemas.
 OBJECTS = """
 SELECT format('%s %s.%s', CASE c.relkind WHEN 'r' THEN 'table' WHEN 'p' THEN 'table' WHEN 'i' THEN 'index'
                                          WHEN 'I' THEN 'index' WHEN 'S' THEN 'sequence' WHEN 'v' THEN 'view'
                                          WHEN 'm' THEN 'view' WHEN 'c' THEN 'composite' ELSE c.relkind::text END,
               n.nspname, c.relname)
   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname IN (SELECT nspname FROM user_ns)
+UNION ALL
+SELECT format('column %s.%s.%s', n.nspname, c.relname, a.attname)
+  FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname IN (SELECT nspname FROM user_ns) AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+   AND a.attnum > 0 AND NOT a.attisdropped
 UNION ALL
 SELECT format('function %s.%s(%s)', n.nspname, p.proname, pg_get_function_identity_arguments(p.oid))
   FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname IN (SELECT nspname FROM user_ns)
