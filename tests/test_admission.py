@@ -21,7 +21,7 @@ from minutehand.cli import main as cli
 from minutehand.serve import build
 from minutehand.settings import Settings
 from minutehand.store import errors, migrate
-from minutehand.store.outcomes import Complete, Fail
+from minutehand.store.outcomes import Complete, Fail, Release
 from minutehand.store.submit import JobSpec
 from minutehand.store.teams import hash_token
 from minutehand.web.admission import Admission
@@ -276,7 +276,8 @@ def test_the_pending_count_follows_every_way_a_job_is_created_or_finishes(conn, 
     pinned_store.complete([Complete(jobs[0].job_id, jobs[0].lease_token)])
     pinned_store.fail([Fail(jobs[1].job_id, jobs[1].lease_token, "boom", retryable=False)])     # dead
     pinned_store.fail([Fail(jobs[-1].job_id, jobs[-1].lease_token, "again")])                   # retried
-    assert pinned_store.cancel(jobs[2].job_id, "t").ok        # claimed, not started: cancelled
+    assert pinned_store.cancel(jobs[2].job_id, "t").ok        # claimed: cancel requested of its worker ...
+    assert pinned_store.release([Release(jobs[2].job_id, jobs[2].lease_token)])[0].state == "cancelled"   # ... given back
     states = conn.execute("SELECT state::text, count(*) FROM jobs GROUP BY 1 ORDER BY 1").fetchall()
     assert states == [("cancelled", 1), ("claimed", 3), ("dead", 1), ("retrying", 1), ("succeeded", 1)]
     assert pending(conn, "t") == unfinished(conn, "t") == 4

@@ -22,7 +22,7 @@ from minutehand.api.app import create_app
 from minutehand.serve import build
 from minutehand.settings import Settings
 from minutehand.store import migrate
-from minutehand.store.outcomes import Complete, Fail, Start
+from minutehand.store.outcomes import Complete, Fail, Release, Start
 from minutehand.store.store import Store
 from minutehand.store.submit import JobSpec
 from minutehand.store.teams import hash_token
@@ -352,6 +352,18 @@ def test_cancel_of_a_running_job_is_409_and_leaves_it_alone(client, conn, api_st
     api_store.start([Start(job_id, token)])
     body = assert_problem(client.delete(f"/v1/jobs/{job_id}", headers=T), 409, "not-cancellable", "running")
     assert body["state"] == "running" and job_state(conn, job_id) == "running"
+
+
+def test_cancel_of_a_claimed_job_is_requested_202_and_its_give_back_cancels_it(client, conn, api_store):
+    job_id = int(client.post("/v1/jobs", headers=T, json={"name": "c"}).json()["job_id"])
+    leases = api_store.take_leases([job_id & 1023], "d1", 60)
+    token = claim(api_store, leases, 10, "d1", 30).jobs[0].lease_token
+    r = client.delete(f"/v1/jobs/{job_id}", headers=T)
+    assert r.status_code == 202 and r.json() == {"job_id": str(job_id), "state": "claimed"}
+    s = client.get(f"/v1/jobs/{job_id}", headers=T).json()
+    assert s["state"] == "claimed" and s["cancel_requested_at"]
+    api_store.release([Release(job_id, token)])                   # its worker did not start it
+    assert client.get(f"/v1/jobs/{job_id}", headers=T).json()["state"] == "cancelled"
 
 
 def test_cancel_of_an_unknown_job_is_404(client):

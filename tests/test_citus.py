@@ -87,6 +87,7 @@ EMPTY_CALLS = (
     "SELECT * FROM complete_many('{}'::bigint[], '{}'::uuid[], '{}'::jsonb[])",
     "SELECT * FROM fail_many('{}'::bigint[], '{}'::uuid[], '{}'::text[])",
     "SELECT * FROM release_many('{}'::bigint[], '{}'::uuid[])",
+    "SELECT * FROM record_results('{}'::bigint[], '{}'::jsonb[])",
     "SELECT * FROM expire_claims(1)",
     "SELECT * FROM purge_idempotency_keys(1)",
     "SELECT * FROM mh_not_running('{}'::smallint[], '{}'::int[])",

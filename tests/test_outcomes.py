@@ -1,7 +1,8 @@
 """Outcomes of claimed jobs against a real PostgreSQL: start, heartbeat,
 complete and fail (single SQL forms, batch SQL forms, and the Store), with
 the lease token of the current claim; release (only of a job not started);
-cancellation; the status read.
+keyed results recorded whatever the claim, and replayed; cancellation
+(requested of a claimed job); the status read.
 
 A refused outcome must change nothing: the whole job row (to_jsonb) and the
 row counts of every table are compared before and after.
@@ -17,8 +18,9 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from minutehand.store.claim import ClaimRequest
 from minutehand.store.errors import InvalidInput
-from minutehand.store.outcomes import Complete, Fail, Heartbeat, Release, Start
+from minutehand.store.outcomes import Complete, Fail, Heartbeat, Record, Recorded, Release, Start
 from minutehand.store.records import Outcome
 from minutehand.store.submit import JobSpec
 from tests.support import T0, claim as claim_shards, counts, json_text, pin
@@ -386,20 +388,88 @@ def test_cancel_a_future_job(pinned_conn, pinned_store):
     assert due_count(pinned_conn, job_id) == 0
 
 
-def test_cancel_a_claimed_job_whose_start_is_not_reported_voids_its_claim(pinned_conn, pinned_store, job):
-    """Claimed is not started: the worker has not said it began. Cancel wins,
-    and the worker's start, heartbeat and outcome are refused, changing nothing."""
+def running_count(conn: psycopg.Connection) -> int:
+    return conn.execute("SELECT coalesce(sum(running), 0) FROM team_running").fetchone()[0]
+
+
+def cancelled_count(conn: psycopg.Connection) -> int:
+    return conn.execute("SELECT coalesce(sum(cancelled), 0) FROM team_stats").fetchone()[0]
+
+
+def test_a_cancel_of_a_claimed_job_is_requested_and_changes_nothing_else(pinned_conn, pinned_store, job):
+    """Claimed is not known to be unstarted (the worker reports its start in
+    a batch, after the handler began): the cancel is requested, the claim
+    stays the worker's. Asking again keeps the first request's time."""
     job_id, token = job
-    assert pinned_store.cancel(job_id, "t") == Outcome(job_id, True, "cancelled", None)
-    before = snapshot(pinned_conn, job_id)
-    assert before[0]["lease_token"] is None and before[0]["claim_expires_at"] is None
-    for report in (pinned_store.start([Start(job_id, token)]), pinned_store.heartbeat([Heartbeat(job_id, token)], 30),
-                   pinned_store.complete([Complete(job_id, token, None)]), pinned_store.fail([Fail(job_id, token, "x", True)])):
-        assert (report[0].ok, report[0].state) == (False, "cancelled"), report
-    assert snapshot(pinned_conn, job_id) == before
-    pinned_store.clock = T0 + 31 * S                       # its old claim's expiry passes: nothing to expire
-    pinned_store.expire_claims([job_id & 1023])
-    assert pinned_store.status(job_id).state == "cancelled" and pinned_store.status(job_id).attempts == 1
+    out = pinned_store.cancel(job_id, "t")
+    assert (out.job_id, out.ok, out.state) == (job_id, True, "claimed") and "cancel requested" in out.reason
+    st = pinned_store.status(job_id)
+    assert (st.state, st.cancel_requested_at, st.finished_at) == ("claimed", T0, None)
+    assert row(pinned_conn, job_id)["lease_token"] == str(token) and running_count(pinned_conn) == 1
+    assert cancelled_count(pinned_conn) == 0
+    pinned_store.clock = T0 + 5 * S
+    assert pinned_store.cancel(job_id, "t").ok
+    assert pinned_store.status(job_id).cancel_requested_at == T0
+
+
+@pytest.mark.parametrize("answer", ["start then complete", "complete", "fail", "start then expiry"])
+def test_a_job_whose_worker_reports_it_ran_is_never_cancelled(pinned_conn, pinned_store, job, answer):
+    """The request came too late: the job runs on and ends as it ends, its
+    result or error kept, the request on record."""
+    job_id, token = job
+    assert pinned_store.cancel(job_id, "t").state == "claimed"
+    if answer.startswith("start"):
+        assert pinned_store.start([Start(job_id, token)])[0] == Outcome(job_id, True, "running", None)
+    if answer.endswith("complete"):
+        assert pinned_store.complete([Complete(job_id, token, json_text({"did": "it"}))])[0].state == "succeeded"
+    elif answer == "fail":
+        assert pinned_store.fail([Fail(job_id, token, "half done", True)])[0].state == "retrying"
+    else:
+        pinned_store.clock = T0 + 31 * S
+        assert pinned_store.expire_claims([job_id & 1023]) == (1, 0)        # due again: it may not have finished
+    st = pinned_store.status(job_id)
+    want = {"start then complete": "succeeded", "complete": "succeeded", "fail": "retrying",
+            "start then expiry": "scheduled"}[answer]
+    assert (st.state, st.cancel_requested_at) == (want, T0)
+    assert st.started_at == (None if answer == "fail" else T0) and (answer != "fail" or st.last_error == "half done")
+    assert st.result == ({"did": "it"} if want == "succeeded" else None)
+    assert cancelled_count(pinned_conn) == 0 and running_count(pinned_conn) == 0
+    if want != "succeeded":
+        # The request was answered by the claim it reached: a later claim given back is due again.
+        pinned_store.clock = st.run_at + S
+        again = claim_job(pinned_store, job_id)
+        assert pinned_store.release([Release(job_id, again.lease_token)])[0].state in ("scheduled", "retrying")
+
+
+def test_a_requested_cancel_takes_effect_when_the_worker_gives_the_job_back(pinned_conn, pinned_store, job):
+    job_id, token = job
+    assert pinned_store.cancel(job_id, "t").state == "claimed"
+    pinned_store.clock = T0 + 2 * S
+    assert pinned_store.release([Release(job_id, token)])[0] == Outcome(job_id, True, "cancelled", None)
+    st = pinned_store.status(job_id)
+    assert (st.state, st.attempts, st.finished_at, st.started_at) == ("cancelled", 0, T0 + 2 * S, None)
+    assert due_count(pinned_conn, job_id) == 0 and running_count(pinned_conn) == 0
+    assert cancelled_count(pinned_conn) == 1
+    for report in (pinned_store.start([Start(job_id, token)]), pinned_store.complete([Complete(job_id, token, None)])):
+        assert (report[0].ok, report[0].state) == (False, "cancelled")
+
+
+def test_a_requested_cancel_takes_effect_when_the_claim_expires_without_a_start(pinned_conn, pinned_store, job):
+    """Its worker never said it began (it died, or its reports were lost):
+    cancelled, and its error says the worker may have begun it."""
+    job_id, token = job
+    assert pinned_store.cancel(job_id, "t").state == "claimed"
+    pinned_store.clock = T0 + 31 * S
+    assert pinned_store.expire_claims([job_id & 1023]) == (0, 0)
+    st = pinned_store.status(job_id)
+    assert (st.state, st.attempts, st.finished_at) == ("cancelled", 1, T0 + 31 * S)
+    assert "cancelled, as requested" in st.last_error and "may have begun" in st.last_error
+    assert due_count(pinned_conn, job_id) == 0 and running_count(pinned_conn) == 0
+    assert cancelled_count(pinned_conn) == 1
+    assert pinned_conn.execute("SELECT outcome::text FROM job_attempts WHERE job_id = %s",
+                               (job_id,)).fetchall() == [("cancelled",)]
+    assert (pinned_store.complete([Complete(job_id, token, None)])[0].ok, pinned_store.status(job_id).state) == (
+        False, "cancelled")
 
 
 @pytest.mark.parametrize("state", ["running", "succeeded", "dead", "cancelled"])
@@ -458,6 +528,73 @@ def test_cancel_a_retrying_job(pinned_conn, pinned_store, job):
     assert claim(pinned_store, [job_id]) == []
     st = pinned_store.status(job_id)
     assert st.state == "cancelled" and st.attempts == 1 and st.last_error == "flaky"
+
+
+# ---------------------------------------------------------------- keyed results recorded, then replayed
+def keyed(store, key: str = "k-1", **kw) -> int:
+    return store.submit("t", JobSpec("keyed", due_at=T0 - 10 * S, idempotency_key=key, **kw)).job_id
+
+
+def key_row(conn: psycopg.Connection, key: str) -> dict:
+    return conn.execute("SELECT to_jsonb(k) FROM idempotency_keys k WHERE key = %s", (key,)).fetchone()[0]
+
+
+def test_a_result_recorded_outlives_its_claim_and_is_replayed_by_the_next_claim(pinned_conn, pinned_store):
+    """The worker records the result, then its completion is refused (the
+    claim expired meanwhile): the key keeps the result, the expiry does not
+    count the attempt, and the next claim carries it to complete with."""
+    job_id = keyed(pinned_store)
+    c = claim_job(pinned_store, job_id)
+    assert c.replay is None
+    pinned_store.clock = T0 + 31 * S
+    assert pinned_store.expire_claims([job_id & 1023]) == (1, 0)
+    st = pinned_store.status(job_id)
+    assert (st.state, st.attempts) == ("scheduled", 1)           # not recorded yet: the attempt counts
+    assert pinned_store.record([Record(job_id, json_text({"paid": 1}))]) == [Recorded(job_id, True, '{"paid": 1}', None)]
+    assert pinned_store.complete([Complete(job_id, c.lease_token, json_text({"paid": 1}))])[0].ok is False
+    k = key_row(pinned_conn, "k-1")
+    assert (k["result"], ts(k["completed_at"])) == ({"paid": 1}, T0 + 31 * S)
+    # Another run's result comes second: the first stays, and is the answer.
+    assert pinned_store.record([Record(job_id, json_text({"paid": 2}))])[0].result == '{"paid": 1}'
+    again = claim_job(pinned_store, job_id)
+    assert (again.replay, again.attempt) == ({"paid": 1}, 2)
+    assert pinned_store.complete([Complete(job_id, again.lease_token, json_text(again.replay))])[0].ok
+    st = pinned_store.status(job_id)
+    assert (st.state, st.result) == ("succeeded", {"paid": 1})
+    assert key_row(pinned_conn, "k-1")["completed_at"] == k["completed_at"]   # the completion left the key alone
+
+
+@pytest.mark.parametrize("last", [False, True])
+def test_a_claim_that_expires_after_its_result_was_recorded_is_due_again_to_be_completed(pinned_conn, pinned_store,
+                                                                                           last):
+    """The worker died between the record and the completion: its run is
+    done, so the attempt is not counted, and the job is not dead even on its
+    last attempt; its next delivery replays the result (a null one too)."""
+    job_id = keyed(pinned_store, max_attempts=1 if last else 3)
+    c = claim_job(pinned_store, job_id)
+    assert pinned_store.start([Start(job_id, c.lease_token)])[0].ok
+    assert pinned_store.record([Record(job_id, None)])[0] == Recorded(job_id, True, "null", None)
+    pinned_store.clock = T0 + 31 * S
+    assert pinned_store.expire_claims([job_id & 1023]) == (1, 0)
+    st = pinned_store.status(job_id)
+    assert (st.state, st.attempts) == ("scheduled", 0) and "its result was recorded" in st.last_error
+    (epoch,) = pinned_store.take_leases([job_id & 1023], "d1", 3600).values()
+    [[again]], _ = pinned_store.claim([ClaimRequest(job_id & 1023, epoch, 10, "w")], "d1", 30)
+    assert (again.job_id, again.replay, again.attempt) == (job_id, "null", 1)      # JSON text, as sent on
+
+
+def test_a_record_is_refused_where_there_is_nothing_to_record_under(pinned_conn, pinned_store):
+    plain = pinned_store.submit("t", JobSpec("plain")).job_id
+    moved = keyed(pinned_store, "moved")
+    pinned_store.clock = T0 + 25 * H                 # the key expired; a new job takes it
+    taken = keyed(pinned_store, "moved")
+    assert taken != moved
+    before = counts(pinned_conn)
+    got = pinned_store.record([Record(987654321, None), Record(plain, None), Record(moved, json_text(1))])
+    assert [(r.ok, r.result) for r in got] == [(False, None)] * 3
+    assert [r.reason for r in got] == ["no such job", "the job has no idempotency key: nothing to record its result under",
+                                      "its idempotency key no longer names it (expired)"]
+    assert key_row(pinned_conn, "moved")["completed_at"] is None and counts(pinned_conn) == before
 
 
 # ---------------------------------------------------------------- status

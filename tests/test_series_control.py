@@ -24,7 +24,7 @@ from minutehand.api.app import create_app
 from minutehand.cli import main as cli
 from minutehand.settings import Settings
 from minutehand.store import errors, migrate, repeat
-from minutehand.store.outcomes import Start
+from minutehand.store.outcomes import Release, Start
 from minutehand.store.queries import q
 from minutehand.store.records import Repeat
 from minutehand.store.submit import JobSpec
@@ -150,16 +150,23 @@ def test_pause_cancels_the_waiting_run_and_stops_the_chain(store, pinned_conn):
     assert snapshot(pinned_conn) == before
 
 
-def test_pause_voids_the_claim_of_a_run_that_has_not_started(store, pinned_conn):
+@pytest.mark.parametrize("answer", ["release", "start"])
+def test_pause_asks_the_worker_of_a_claimed_run_to_cancel_it(store, pinned_conn, answer):
+    """A claimed run may be running already (its start not reported yet):
+    the pause requests its cancel, and its worker's answer decides."""
     sub = new_series(store)
     c = claim_run(store, sub.job_id)
     assert running(pinned_conn) == 1
     got = store.pause_series("t", sub.series_id)
-    assert got.cancelled_run == sub.job_id
+    assert (got.state, got.changed, got.cancelled_run) == ("paused", True, None)
     j = job_row(pinned_conn, sub.job_id)
-    assert j["state"] == "cancelled" and j["lease_token"] is None and j["claim_expires_at"] is None
-    assert running(pinned_conn) == 0
-    assert store.start([Start(sub.job_id, c.lease_token)])[0].ok is False      # the worker's start is refused
+    assert (j["state"], at(j["cancel_requested_at"]), j["lease_token"]) == ("claimed", T0, str(c.lease_token))
+    if answer == "release":                  # given back unstarted: cancelled, not run later
+        assert store.release([Release(sub.job_id, c.lease_token)])[0].state == "cancelled"
+        assert (running(pinned_conn), cancelled_count(pinned_conn)) == (0, 1)
+    else:                                    # it had started: it runs on
+        assert store.start([Start(sub.job_id, c.lease_token)])[0].state == "running"
+        assert (running(pinned_conn), cancelled_count(pinned_conn)) == (1, 0)
 
 
 @pytest.mark.parametrize("op", ["pause", "cancel", "change"])
@@ -187,7 +194,7 @@ def test_a_claim_and_a_control_call_on_one_series_take_turns(store, pinned_conn,
     """A claim locks the run, then marks the series, skipping a series row
     a control call holds; a control call holds the series, then waits for
     the run. So they take turns, never deadlock: here the claim goes first,
-    and the pause that waited for it cancels the claimed (not started) run."""
+    and the pause that waited for it asks the claimed run's worker to cancel it."""
     sub = new_series(store)
     shard = sub.job_id & 1023
     (epoch,) = [e for e in store.take_leases([shard], "d1", 3600).values()]
@@ -201,8 +208,9 @@ def test_a_claim_and_a_control_call_on_one_series_take_turns(store, pinned_conn,
                 paused.result(timeout=0.5)               # waits for the claim's lock on the run
             other.commit()
             got = paused.result(timeout=10)
-    assert (got.state, got.cancelled_run) == ("paused", sub.job_id)
-    assert job_row(pinned_conn, sub.job_id)["state"] == "cancelled"
+    assert (got.state, got.cancelled_run) == ("paused", None)
+    j = job_row(pinned_conn, sub.job_id)
+    assert j["state"] == "claimed" and j["cancel_requested_at"] is not None    # asked of its worker
     assert series_row(pinned_conn, sub.series_id)["chain_after"] is None      # the pause cleared the mark
 
 

@@ -1,9 +1,10 @@
 """The worker library (app/minutehand/worker) against a real `minutehand serve` process
 and a real database: handlers sync and async, the concurrency limit, replayed
-results, failures retried or dead, heartbeats, dropped results after a lost
-claim, exactly-once effects (also across SIGKILL), SIGTERM drain of a
-real `minutehand worker` process, and a named worker not held up by another
-team's mass cancel.
+results (recorded before the completion, kept through an expired claim and a
+SIGKILL), failures retried or dead, heartbeats, dropped results after a lost
+claim, exactly-once effects (also across SIGKILL), SIGTERM drain of a real
+`minutehand worker` process, a cancel racing a worker, and a named worker
+not held up by another team's mass cancel.
 
 Dispatcher failover and crash tests live with the dispatcher's tests.
 """
@@ -27,8 +28,9 @@ import pytest
 
 from minutehand.store.submit import JobSpec
 from minutehand.worker import Job, NonRetryable, Worker, effects
-from tests.processes import ROOT, Server, free_port, wait_until
+from tests.processes import ROOT, Server, WorkerProcess, free_port, logs, wait_until
 from tests.support import submit_store
+from tests.worker_apps import RUNS_DDL
 
 pytestmark = pytest.mark.processes
 
@@ -222,6 +224,74 @@ def test_a_stored_result_is_replayed_without_running_the_handler(server, live_st
         wait_until(lambda: all_in(live_store, [job_id], {"succeeded"}), what="the job to succeed")
     assert ran == []
     assert live_store.status(job_id).result == {"paid": "once"}
+
+
+def handler_runs(db, job_id: int) -> int:
+    return db.execute("SELECT count(*) FROM runs WHERE job_id = %s", (job_id,)).fetchone()[0]
+
+
+def test_a_result_recorded_before_a_refused_completion_is_replayed_not_run_again(server, live_store, token, db,
+                                                                                   db_dsn, caplog):
+    """The claim lapses under the running handler (as when no beat gets
+    through), and the job is due again. The handler's result is recorded
+    under the key all the same; the completion is refused as stale; the
+    next delivery carries the result and completes with it, the handler not
+    run again (its runs are counted in the database)."""
+    db.execute(RUNS_DDL)
+    worker = Worker(urls=[server.url], token=token, wait_s=1, concurrency=1, grace_s=5)
+
+    @worker.job("pay")
+    def pay(job: Job):
+        with psycopg.connect(db_dsn, autocommit=True) as c:
+            c.execute("INSERT INTO runs (job_id, attempt) VALUES (%s, %s)", (job.id, job.attempt))
+            past = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)
+            c.execute("UPDATE jobs SET claim_expires_at = %s WHERE id = %s", (past, job.id))
+            c.execute("UPDATE claim_checks SET check_at = %s WHERE %s = ANY (job_ids)", (past, job.id))
+        wait_until(lambda: live_store.status(job.id).state == "scheduled", 20, "the claim to expire")
+        return {"paid": job.payload["cents"], "attempt": job.attempt}
+
+    job_id = submit(live_store, "pay", {"cents": 5}, idempotency_key="order-9")
+    with caplog.at_level("INFO", logger="minutehand.worker"), running(worker):
+        wait_until(lambda: all_in(live_store, [job_id], {"succeeded"}), 30, "the job to succeed")
+    st = live_store.status(job_id)
+    assert (st.result, st.attempts, handler_runs(db, job_id)) == ({"paid": 5, "attempt": 1}, 2, 1)
+    events = [(r.getMessage(), getattr(r, "reason", "")) for r in caplog.records if getattr(r, "job_id", None) == job_id]
+    # refused as stale: the job waiting again, or already claimed again (for the replay)
+    assert any(e == "outcome_refused" and r.startswith(("complete: job is scheduled", "complete: lease token"))
+               for e, r in events), events
+    assert "job_replayed" in [e for e, _ in events]
+
+
+def test_a_worker_killed_between_the_record_and_the_completion_leaves_the_result_to_replay(db_dsn, live_store, token,
+                                                                                            db):
+    """A real `minutehand worker` (its reports held 2.5 s) is SIGKILLed once
+    the keyed job's result is recorded and before its completion goes out.
+    The claim expires; another worker gets the job with the recorded result
+    and completes it, the handler not run again (attempt 1's result; the
+    expiry did not count the attempt)."""
+    db.execute(RUNS_DDL)
+    server = start_server(db_dsn, "--claim-lease-s", "8")
+    env = {"MINUTEHAND_TEST_EFFECTS_DSN": db_dsn}
+    first = WorkerProcess("slow_reports", [server.url], token, concurrency=1, env=env, label="killed")
+    second = None
+    try:
+        job_id = submit(live_store, "work", idempotency_key="kill-9")
+        recorded = "SELECT completed_at IS NOT NULL FROM idempotency_keys WHERE key = 'kill-9'"
+        wait_until(lambda: db.execute(recorded).fetchone()[0], 30, "the result to be recorded", every_s=0.02)
+        first.kill()
+        assert first.proc.returncode == -signal.SIGKILL
+        st = live_store.status(job_id)
+        assert st.state in ("claimed", "running") and handler_runs(db, job_id) == 1, (st, logs(first))
+        second = WorkerProcess("recorder", [server.url], token, concurrency=1, env=env, label="second")
+        wait_until(lambda: all_in(live_store, [job_id], {"succeeded"}), 40, "the job to succeed")
+        st = live_store.status(job_id)
+        assert (st.result, st.attempts, handler_runs(db, job_id)) == ({"ran": job_id % 1000, "attempt": 1}, 1, 1)
+        assert "job_replayed" in second.output(), logs(second)
+    finally:
+        for p in (first, second):
+            if p is not None:
+                p.stop()
+        server.stop()
 
 
 def test_non_retryable_is_dead_at_once(server, live_store, token):
@@ -808,28 +878,6 @@ def test_one_slot_and_two_dispatchers_serves_both(db_dsn, live_store, token, db)
             s.stop()
 
 
-# ---------------------------------------------------------------- states say what happened
-def test_a_running_job_is_running_and_one_cancelled_before_its_start_is_not_reported(server, live_store, token, caplog):
-    """The worker reports each start: a job whose handler runs is 'running'
-    (no longer cancellable). A job cancelled after its claim but before its
-    start was reported (here the outbox holds reports for 2 s) keeps its
-    cancellation: the start is refused and the handler's outcome dropped."""
-    release = threading.Event()
-    worker = Worker(urls=[server.url], token=token, wait_s=1, concurrency=2, grace_s=10, flush_s=2.0)
-    worker.job("slow")(lambda job: release.wait(20) and "done")
-    cancelled, running_ = submit(live_store, "slow"), submit(live_store, "slow")
-    with caplog.at_level("WARNING", logger="minutehand.worker"), running(worker):
-        wait_until(lambda: all_in(live_store, [cancelled, running_], {"claimed"}), what="both jobs claimed")
-        assert live_store.cancel(cancelled, "t").ok                 # claimed, start not reported yet
-        wait_until(lambda: live_store.status(running_).state == "running", what="the other job's start")
-        assert not live_store.cancel(running_, "t").ok              # running: not cancellable
-        release.set()
-        wait_until(lambda: live_store.status(running_).state == "succeeded", what="the running job to finish")
-        wait_until(lambda: any(r.getMessage() == "job_dropped" for r in caplog.records), what="the drop")
-    assert live_store.status(cancelled).state == "cancelled"
-    assert live_store.status(running_).state == "succeeded"
-
-
 # ---------------------------------------------------------------- a mass cancel
 MASS_CANCEL = 10_000
 # Rows on the wheel whose job does not wait (any more): what a claim by name would step over.
@@ -859,3 +907,71 @@ def test_a_mass_cancel_does_not_hold_up_another_teams_named_worker(server, live_
         b = [it.job_id for it in live_store.submit_many("b", [JobSpec("b.job")] * 100)]
         wait_until(lambda: all_in(live_store, b, {"succeeded"}), 20, "team B's jobs to run")
     assert db.execute(STALE_ROWS).fetchone()[0] == 0
+
+
+# ---------------------------------------------------------------- a cancel racing a worker: the state says whether it ran
+def effect_worker(server: Server, token: str, db_dsn: str, **kw) -> tuple[Worker, threading.Event]:
+    """A worker whose handler commits a side effect (a `runs` row) at once,
+    then waits for the event; its reports are held 3 s (flush_s), so a
+    cancel can reach a claimed job before the worker's start report or
+    give-back does."""
+    worker = Worker(urls=[server.url], token=token, concurrency=1, grace_s=10, flush_s=3.0, **kw)
+    gate = threading.Event()
+
+    @worker.job("effect")
+    def effect(job: Job):
+        with psycopg.connect(db_dsn, autocommit=True) as c:
+            c.execute("INSERT INTO runs (job_id, attempt) VALUES (%s, %s)", (job.id, job.attempt))
+        gate.wait(20)
+        return {"did": "it"}
+    return worker, gate
+
+
+def test_a_cancel_that_reaches_a_started_handler_leaves_the_job_saying_it_ran(server, live_store, token, db, db_dsn):
+    """The handler has committed its side effect while its start report is
+    still held: the cancel is only requested, the start arrives, and the job
+    completes with its result. Succeeded, never cancelled."""
+    db.execute(RUNS_DDL)
+    worker, gate = effect_worker(server, token, db_dsn, wait_s=1)
+    job_id = submit(live_store, "effect")
+    with running(worker):
+        wait_until(lambda: handler_runs(db, job_id) == 1, 20, "the side effect")
+        out = live_store.cancel(job_id, "t")
+        assert (out.ok, out.state) == (True, "claimed"), out          # its start not reported yet: requested
+        gate.set()
+        wait_until(lambda: live_store.status(job_id).state not in ("claimed", "running"), 20, "the job to end")
+    st = live_store.status(job_id)
+    assert (st.state, st.result, handler_runs(db, job_id)) == ("succeeded", {"did": "it"}, 1)
+    assert st.cancel_requested_at is not None and st.started_at is not None
+
+
+def test_a_cancel_that_reaches_a_job_its_worker_gives_back_unstarted_cancels_it(server, live_store, token, db, db_dsn):
+    """The worker is stopping when the job reaches it: it gives the job back
+    without running it (the give-back held 3 s), and the cancel that came in
+    between takes effect. Cancelled, and no side effect."""
+    db.execute(RUNS_DDL)
+    worker, gate = effect_worker(server, token, db_dsn, wait_s=10)
+    errors: list[BaseException] = []
+    thread = threading.Thread(target=lambda: _run_catching(worker, errors), daemon=True)
+    thread.start()
+    try:
+        time.sleep(2.0)                              # its long-poll is out
+        worker.stop()                                # no new leases: what the poll brings is given back
+        job_id = submit(live_store, "effect")
+        wait_until(lambda: live_store.status(job_id).state == "claimed", 20, "the job to reach the worker")
+        out = live_store.cancel(job_id, "t")
+        assert (out.ok, out.state) == (True, "claimed"), out
+        wait_until(lambda: live_store.status(job_id).state != "claimed", 20, "the give-back")
+    finally:
+        gate.set()
+        thread.join(30)
+    assert not thread.is_alive() and not errors, errors
+    st = live_store.status(job_id)
+    assert (st.state, st.started_at, st.attempts, handler_runs(db, job_id)) == ("cancelled", None, 0, 0)
+
+
+def _run_catching(worker: Worker, errors: list) -> None:
+    try:
+        worker.run()
+    except BaseException as exc:                    # noqa: BLE001 - checked by the test
+        errors.append(exc)

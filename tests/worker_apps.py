@@ -64,6 +64,11 @@ recorder = Worker()
 recorder.job("work")(_handle)
 recorder.job("other")(_handle)
 
+# Holds its reports 2.5 s before sending them, so that a test can kill it
+# between a keyed job's recorded result and its completion.
+slow_reports = Worker(flush_s=2.5)
+slow_reports.job("work")(_handle)
+
 noop = Worker()
 
 

@@ -31,7 +31,7 @@ BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000)
 CLAIM_BATCH = Histogram("minutehand_claim_batch_jobs", "Jobs claimed per claim round trip (every shard's claims "
                         "of one dispatch round, sent together)", buckets=BATCH_BUCKETS)
 OUTCOME_BATCH = Histogram("minutehand_outcome_batch_reports", "Worker reports written per procedure call, by "
-                          "kind (start, heartbeat, complete, fail, release)", ["kind"],
+                          "kind (start, heartbeat, record, complete, fail, release)", ["kind"],
                           buckets=BATCH_BUCKETS)
 SUBMIT_BATCH = Histogram("minutehand_submit_batch_jobs", "Jobs per submission call to the database (a single "
                          "submission, coalesced singles, or a batch)", buckets=BATCH_BUCKETS)

@@ -151,8 +151,9 @@ $$;
 -- and the shard's dispatcher creates it (sql/functions/chain.sql). A series
 -- row locked by a control call (pause, cancel, a new spec) is not waited
 -- for: that call decides the series' next run itself. Each job names
--- its team and carries the result stored under its idempotency key within
--- its TTL (`replay`: the worker reports it instead of running the job);
+-- its team and carries the result recorded under its idempotency key while
+-- the key names it (`replay`: an earlier run's handler returned it, and the
+-- worker reports it instead of running the job; 'null' for a null result);
 -- payload and replay come as JSON text, handed on as they are. A time no
 -- client can read (before year 1 or after 9999: a row written around the
 -- procedures) comes as NULL, so that the dispatcher fails that job alone
@@ -218,16 +219,16 @@ BEGIN
             SELECT array_agg(k) INTO v_keys FROM idempotency_keys k
              WHERE k.shard = p_shard AND k.key = ANY (ARRAY(SELECT c.idempotency_key FROM unnest(v_claimed) c
                                                              WHERE c.idempotency_key IS NOT NULL))
-               AND k.completed_at IS NOT NULL AND k.expires_at > p_now;
+               AND k.completed_at IS NOT NULL;
         END IF;
     END IF;
     RETURN QUERY
     SELECT c.id, t.name, c.name, c.payload::text, c.attempts, c.max_attempts, c.idempotency_key,
            c.lease_token, c.claim_expires_at, mh_readable(c.due_at), mh_readable(c.run_at),
-           k.result::text, c.team_id, c.strict, c.priority
+           CASE WHEN k.key IS NOT NULL THEN coalesce(k.result::text, 'null') END, c.team_id, c.strict, c.priority
       FROM unnest(v_claimed) WITH ORDINALITY AS c
       JOIN teams t ON t.id = c.team_id
-      LEFT JOIN unnest(v_keys) k ON k.team_id = c.team_id AND k.key = c.idempotency_key
+      LEFT JOIN unnest(v_keys) k ON k.team_id = c.team_id AND k.key = c.idempotency_key AND k.job_id = c.id
      ORDER BY c.ordinality;
     GET DIAGNOSTICS v_got = ROW_COUNT;
     IF v_got < cardinality(p_ids) THEN
@@ -440,16 +441,17 @@ BEGIN
         IF EXISTS (SELECT 1 FROM unnest(v_claimed) c WHERE c.idempotency_key IS NOT NULL) THEN
             SELECT array_agg(k) INTO v_keys FROM idempotency_keys k
               JOIN unnest(v_claimed) c ON k.shard = c.shard AND k.key = c.idempotency_key
-             WHERE k.completed_at IS NOT NULL AND k.expires_at > p_now;
+             WHERE k.completed_at IS NOT NULL;
         END IF;
     END IF;
     RETURN QUERY
     SELECT c.shard::int, c.id, t.name, c.name, c.payload::text, c.attempts, c.max_attempts, c.idempotency_key,
            c.lease_token, c.claim_expires_at, mh_readable(c.due_at), mh_readable(c.run_at),
-           k.result::text, c.team_id, c.strict, c.priority
+           CASE WHEN k.key IS NOT NULL THEN coalesce(k.result::text, 'null') END, c.team_id, c.strict, c.priority
       FROM unnest(v_claimed) WITH ORDINALITY AS c
       JOIN teams t ON t.id = c.team_id
       LEFT JOIN unnest(v_keys) k ON k.shard = c.shard AND k.team_id = c.team_id AND k.key = c.idempotency_key
+                                AND k.job_id = c.id
      ORDER BY c.ordinality;
     IF coalesce(cardinality(v_claimed), 0) < cardinality(p_ids) THEN
         FOR v_shard, v_missed IN

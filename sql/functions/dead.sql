@@ -80,7 +80,8 @@ BEGIN
         UPDATE jobs j
            SET state = 'scheduled', attempts = 0, max_attempts = coalesce(p_max_attempts, j.max_attempts),
                run_at = p_now, agreed_at = p_now, deadline = NULL, started_at = NULL, lateness = NULL,
-               claimed_at = NULL, finished_at = NULL, result = NULL, requeued_at = p_now, updated_at = p_now
+               claimed_at = NULL, finished_at = NULL, result = NULL, cancel_requested_at = NULL,
+               requeued_at = p_now, updated_at = p_now
           FROM unnest(p_ids) AS i(id)
          WHERE j.shard = p_shard AND j.id = i.id AND j.state = 'dead'
         RETURNING j.id, j.team_id, j.name, j.strict, j.priority

@@ -1,20 +1,37 @@
 -- Maintenance: each duty is safe to run concurrently with itself and with
 -- claims. The dispatcher schedules them; maintain() runs them all once.
 
+-- What an expired claim leaves its job as. A job whose result is recorded
+-- under its key (record_results) ran to the end: it is due again to be
+-- completed with that result (replay), not dead for the lost report. One
+-- whose cancel was requested while this claim held it, and whose start
+-- never came, is cancelled. Else due again, or dead on its last attempt.
+CREATE OR REPLACE FUNCTION mh_expired(p_state job_state, p_attempts int, p_max int, p_cancel boolean,
+                                      p_recorded boolean) RETURNS job_state
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN p_recorded THEN 'scheduled'::job_state
+                WHEN p_cancel AND p_state = 'claimed' THEN 'cancelled'::job_state
+                WHEN p_attempts >= p_max THEN 'dead'::job_state
+                ELSE 'scheduled'::job_state END
+$$;
+
 -- Claims past their expiry go back to the current bucket with their attempt
--- count kept (the claim already counted the attempt). A job whose last
--- attempt expired is dead: a job that kills its workers must not loop, and
--- the reason it records says the claim lapsed and the job may have run
--- (at-least-once); it is listed in dead_jobs and reported to its team
--- (sql/functions/dead.sql). Driven by the due reminders in claim_checks (at
--- most p_limit per call), so it never scans the jobs; claims renewed since are
--- filed again for the time they now expire. One shard per call (a
--- row-locking statement names one).
+-- count kept (the claim already counted the attempt; not when the job's
+-- result is recorded: its handler's run is done, only its report was lost).
+-- A job whose last attempt expired is dead: a job that kills its workers
+-- must not loop, and the reason it records says the claim lapsed and the job
+-- may have run (at-least-once); it is listed in dead_jobs and reported to
+-- its team (sql/functions/dead.sql). A claimed job whose cancel was
+-- requested is cancelled (mh_expired). Driven by the due reminders in
+-- claim_checks (at most p_limit per call), so it never scans the jobs;
+-- claims renewed since are filed again for the time they now expire. One
+-- shard per call (a row-locking statement names one).
 CREATE OR REPLACE FUNCTION expire_claims(p_shard int, p_limit int DEFAULT 1000, OUT returned bigint, OUT dead bigint)
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
     v_now    timestamptz := mh_now();
     v_ids    bigint[];
+    v_recorded bigint[];    -- expired claims whose result is recorded under the key
     v_rows   due_row[];
     v_teams  int[];
     v_stats  stats_delta[];
@@ -39,19 +56,38 @@ BEGIN
         RETURN;
     END IF;
 
+    v_recorded := ARRAY(SELECT j.id FROM jobs j
+                          JOIN idempotency_keys k ON k.shard = j.shard AND k.team_id = j.team_id
+                                                 AND k.key = j.idempotency_key AND k.job_id = j.id
+                         WHERE j.shard = p_shard AND j.id = ANY (v_ids) AND j.idempotency_key IS NOT NULL
+                           AND j.state IN ('claimed', 'running') AND j.claim_expires_at < v_now
+                           AND k.shard = p_shard AND k.completed_at IS NOT NULL);
+
     -- The jobs are visited in id order (a nested loop over the sorted ids),
     -- the order the outcome batches lock them in.
     WITH expired AS (
         UPDATE jobs j
-           SET state = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'scheduled' END::job_state,
-               finished_at = CASE WHEN j.attempts >= j.max_attempts THEN v_now END,
+           SET state = mh_expired(j.state, j.attempts, j.max_attempts, j.cancel_requested_at >= j.claimed_at,
+                                  j.id = ANY (v_recorded)),
+               finished_at = CASE WHEN mh_expired(j.state, j.attempts, j.max_attempts,
+                                                  j.cancel_requested_at >= j.claimed_at, j.id = ANY (v_recorded))
+                                       <> 'scheduled' THEN v_now END,
+               attempts = j.attempts - (j.id = ANY (v_recorded))::int,
                -- (|| and IMMUTABLE casts, not format(): Citus evaluates nothing STABLE over a row in SET)
                last_error = 'claim expired on attempt ' || j.attempts::text || ' of ' || j.max_attempts::text
                    || ' (by ' || coalesce(j.claimed_by, '') || ', at ' || mh_time_text(j.claim_expires_at) || ')'
-                   || CASE WHEN j.attempts >= j.max_attempts
+                   || CASE mh_expired(j.state, j.attempts, j.max_attempts, j.cancel_requested_at >= j.claimed_at,
+                                      j.id = ANY (v_recorded))
+                           WHEN 'dead'
                            THEN ': no attempts left. The worker stopped reporting; the job may have run (at-least-once)'
-                           ELSE '' END,
-               run_at = CASE WHEN j.attempts >= j.max_attempts THEN j.run_at ELSE v_now END,
+                           WHEN 'cancelled' THEN ': cancelled, as requested while it was claimed. Its worker reported '
+                                                 'no start; it may have begun the job'
+                           ELSE CASE WHEN j.id = ANY (v_recorded)
+                                     THEN ': its result was recorded; it is delivered again to be completed with it'
+                                     ELSE '' END END,
+               run_at = CASE WHEN mh_expired(j.state, j.attempts, j.max_attempts,
+                                             j.cancel_requested_at >= j.claimed_at, j.id = ANY (v_recorded))
+                                  = 'scheduled' THEN v_now ELSE j.run_at END,
                claimed_by = NULL, claim_expires_at = NULL, lease_token = NULL, updated_at = v_now
           FROM unnest(v_ids) AS i(id)
          WHERE j.shard = p_shard AND j.id = i.id
@@ -68,8 +104,11 @@ BEGIN
            count(*) FILTER (WHERE e.state = 'scheduled'),
            count(*) FILTER (WHERE e.state = 'dead'),
            array_agg(e.team_id),
-           array_agg(ROW(16 + p_shard % 16, e.team_id, e.name, 0, 0, 0, 0, 1, 0, NULL,
-                         mh_seconds(v_now - e.started_at))::stats_delta) FILTER (WHERE e.state = 'dead'),
+           array_agg(CASE WHEN e.state = 'dead'
+                          THEN ROW(16 + p_shard % 16, e.team_id, e.name, 0, 0, 0, 0, 1, 0, NULL,
+                                   mh_seconds(v_now - e.started_at))::stats_delta
+                          ELSE mh_cancelled(p_shard::smallint, e.team_id, e.name) END)
+               FILTER (WHERE e.state IN ('dead', 'cancelled')),
            array_agg(e.id ORDER BY e.id) FILTER (WHERE e.state = 'dead'),
            array_agg(e.team_id ORDER BY e.id) FILTER (WHERE e.state = 'dead'),
            array_agg(e.name ORDER BY e.id) FILTER (WHERE e.state = 'dead'),
@@ -79,7 +118,7 @@ BEGIN
       INTO v_rows, returned, dead, v_teams, v_stats, v_dead, v_dteams, v_dnames, v_dattempts, v_dmax, v_derrors
       FROM expired e;
     -- Every expired claim leaves claimed/running; a dead one is counted (its
-    -- run time too if it had started).
+    -- run time too if it had started), and a cancelled one.
     PERFORM mh_not_running(array_fill(p_shard::smallint, ARRAY[coalesce(cardinality(v_teams), 0)]), v_teams);
     PERFORM mh_add_stats(v_now, v_stats);
     PERFORM mh_enqueue_many(v_rows, v_now);

@@ -195,7 +195,8 @@ BEGIN
 END $$;
 
 -- Success closes the job and stores its result under its idempotency key,
--- so a later run with that key replays the result instead of running.
+-- unless one is recorded there already (record_results, below: the worker
+-- library records first, then completes with what the key holds).
 CREATE OR REPLACE FUNCTION complete_many(p_ids bigint[], p_tokens uuid[], p_results jsonb[] DEFAULT NULL)
 RETURNS SETOF outcome LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
@@ -232,7 +233,7 @@ BEGIN
           FROM (SELECT * FROM done d WHERE d.idempotency_key IS NOT NULL
                  ORDER BY d.shard, d.team_id, d.idempotency_key) d
          WHERE k.shard = d.shard AND k.team_id = d.team_id AND k.key = d.idempotency_key AND k.job_id = d.id
-           AND (v_shards IS NULL OR k.shard = ANY (v_shards))
+           AND k.completed_at IS NULL AND (v_shards IS NULL OR k.shard = ANY (v_shards))
         RETURNING 1
     )
     SELECT array_agg(d.ord), array_agg(d.shard), array_agg(d.team_id),
@@ -244,6 +245,56 @@ BEGIN
     PERFORM mh_add_stats(v_now, v_stats);
     RETURN QUERY SELECT * FROM mh_answers(p_ids, p_tokens, v_ords,
                                           array_fill('succeeded'::job_state, ARRAY[coalesce(cardinality(v_ords), 0)]));
+END $$;
+
+-- A keyed job's result recorded under its idempotency key as soon as its
+-- handler returns, before the completion is sent: the key row belongs to the
+-- job, not to a claim, so this holds whatever became of the claim (expired,
+-- the job claimed again, the completion refused or never sent). A job that
+-- is delivered again carries the result (`replay`, sql/functions/claim.sql)
+-- and is completed with it, its handler not run again. The first result
+-- recorded stays; each item is answered, in input order, with the result the
+-- key holds (as JSON text; 'null' for none), or refused with why: no such
+-- job, no key, or its key no longer names it (it expired and was reused or
+-- purged). Only key rows are written, in (shard, team, key) order.
+CREATE OR REPLACE FUNCTION record_results(p_ids bigint[], p_results jsonb[])
+RETURNS TABLE (job_id bigint, ok boolean, result text, reason text)
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz := mh_now();
+    -- (a value, not a subquery in the statement: Citus prunes to the shards it names)
+    v_in     smallint[] := ARRAY(SELECT DISTINCT mh_shard_of(x) FROM unnest(p_ids) x);
+    v_jobs   jobs[];
+    v_keys   idempotency_keys[];
+BEGIN
+    SELECT array_agg(j) INTO v_jobs FROM jobs j WHERE j.shard = ANY (v_in) AND j.id = ANY (p_ids);
+    IF EXISTS (SELECT 1 FROM unnest(v_jobs) j WHERE j.idempotency_key IS NOT NULL) THEN
+        WITH input AS (
+            SELECT j.shard, j.team_id, j.idempotency_key AS key, j.id, u.result
+              FROM unnest(p_ids, p_results) WITH ORDINALITY AS u(id, result, ord)
+              JOIN unnest(v_jobs) j ON j.id = u.id
+             WHERE j.idempotency_key IS NOT NULL
+             ORDER BY j.shard, j.team_id, j.idempotency_key, u.ord
+        )
+        UPDATE idempotency_keys k SET result = i.result, completed_at = v_now
+          FROM input i
+         WHERE k.shard = i.shard AND k.team_id = i.team_id AND k.key = i.key AND k.job_id = i.id
+           AND k.completed_at IS NULL AND k.shard = ANY (v_in);
+        SELECT array_agg(k) INTO v_keys FROM idempotency_keys k
+         WHERE k.shard = ANY (v_in)
+           AND k.key = ANY (ARRAY(SELECT j.idempotency_key FROM unnest(v_jobs) j WHERE j.idempotency_key IS NOT NULL));
+    END IF;
+    RETURN QUERY
+    SELECT u.id, k.key IS NOT NULL, CASE WHEN k.key IS NOT NULL THEN coalesce(k.result::text, 'null') END,
+           CASE WHEN j.id IS NULL THEN 'no such job'
+                WHEN j.idempotency_key IS NULL THEN 'the job has no idempotency key: nothing to record its result under'
+                WHEN k.key IS NULL THEN 'its idempotency key no longer names it (expired)' END
+      FROM unnest(p_ids) WITH ORDINALITY AS u(id, ord)
+      LEFT JOIN unnest(v_jobs) j ON j.id = u.id
+      LEFT JOIN unnest(v_keys) k ON k.shard = j.shard AND k.team_id = j.team_id AND k.key = j.idempotency_key
+                                AND k.job_id = j.id AND k.completed_at IS NOT NULL
+     ORDER BY u.ord;
 END $$;
 
 -- Failure: retry after backoff while attempts remain and the error is
@@ -354,7 +405,9 @@ END $$;
 -- reported the attempt counts for good, and a release is refused with a
 -- reason of its own (a worker that gave back a job it ran, attempt after
 -- attempt, would run its side effects forever without it ever dying); the
--- worker fails it instead, or leaves it to its claim's expiry.
+-- worker fails it instead, or leaves it to its claim's expiry. A job whose
+-- cancel was requested while this claim held it (mh_cancel_job) did not run
+-- under it: it is cancelled now.
 CREATE OR REPLACE FUNCTION release_many(p_ids bigint[], p_tokens uuid[]) RETURNS SETOF outcome
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
@@ -362,31 +415,38 @@ DECLARE
     v_shards smallint[] := mh_batch_shards(p_ids);
     v_ords   bigint[];
     v_states job_state[];
+    v_done   smallint[];
+    v_teams  int[];
     v_rows   due_row[];
+    v_stats  stats_delta[];
 BEGIN
     WITH input AS (
         SELECT u.id, u.token, u.ord FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS u(id, token, ord)
          ORDER BY mh_shard_of(u.id), u.id
     ), released AS (
         UPDATE jobs j
-           SET state = CASE WHEN j.attempts > 1 THEN 'retrying' ELSE 'scheduled' END::job_state,
+           SET state = CASE WHEN j.cancel_requested_at >= j.claimed_at THEN 'cancelled'
+                            WHEN j.attempts > 1 THEN 'retrying' ELSE 'scheduled' END::job_state,
+               finished_at = CASE WHEN j.cancel_requested_at >= j.claimed_at THEN v_now END,
                attempts = j.attempts - 1, claimed_by = NULL, claim_expires_at = NULL,
                lease_token = NULL, claimed_at = NULL, updated_at = v_now
           FROM input i
          WHERE j.shard = mh_shard_of(i.id) AND j.id = i.id AND j.lease_token = i.token
            AND j.state = 'claimed' AND (v_shards IS NULL OR j.shard = ANY (v_shards))
-        RETURNING j.shard, j.strict, j.priority, j.run_at, j.id, j.team_id, j.state, i.ord
+        RETURNING j.shard, j.strict, j.priority, j.run_at, j.id, j.team_id, j.name, j.state, i.ord
     )
-    SELECT array_agg(r.ord), array_agg(r.state),
+    SELECT array_agg(r.ord), array_agg(r.state), array_agg(r.shard), array_agg(r.team_id),
            array_agg(ROW(r.shard, r.strict, r.priority, r.run_at, r.id, r.team_id)::due_row)
-      INTO v_ords, v_states, v_rows FROM released r;
-    IF v_rows IS NOT NULL THEN
-        PERFORM mh_not_running(ARRAY(SELECT (r).shard FROM unnest(v_rows) r),
-                               ARRAY(SELECT (r).team_id FROM unnest(v_rows) r));
+               FILTER (WHERE r.state <> 'cancelled'),
+           array_agg(mh_cancelled(r.shard, r.team_id, r.name)) FILTER (WHERE r.state = 'cancelled')
+      INTO v_ords, v_states, v_done, v_teams, v_rows, v_stats FROM released r;
+    IF v_done IS NOT NULL THEN
+        PERFORM mh_not_running(v_done, v_teams);
         -- A row per statement (give-backs are few): on Citus mh_enqueue_many's
         -- INSERT ... SELECT goes through the coordinator and commits in two phases.
         PERFORM mh_enqueue(r.shard, r.job_id, r.run_at, r.strict, r.priority, r.team_id, v_now)
            FROM unnest(v_rows) r ORDER BY r.shard, r.job_id;
+        PERFORM mh_add_stats(v_now, v_stats);
     END IF;
     RETURN QUERY SELECT * FROM mh_answers(p_ids, p_tokens, v_ords, v_states, p_started =>
         'job has started: only a job whose start was not reported can be released (its attempt counts: '
@@ -404,15 +464,19 @@ CREATE OR REPLACE FUNCTION fail(p_job bigint, p_token uuid, p_error text, p_retr
 LANGUAGE sql SET search_path = minutehand, pg_temp AS $$ SELECT * FROM fail_many(ARRAY[p_job], ARRAY[p_token], ARRAY[p_error], ARRAY[p_retryable]) $$;
 
 -- Cancel one job of a team if its state is one of p_states: the row locked
--- first, so whether it was claimed (and counted in team_running) is read
--- from the row as it is now. A waiting job's row comes off the wheel before
--- that, so that no claim meets it, named or not, and no count of what is
--- due includes it (mh_unwheel): the wheel row, then the job, the order a
--- claim takes them in, so a cancel and a claim of one job queue, never
--- deadlock. A claimed job has not started until its worker says so
--- (start): its claim is voided, so the worker's start, heartbeat and
--- outcome are refused. Another team's job is "no such job". The body of
--- cancel(), and of the series controls (which cancel a series' waiting run).
+-- first, so whether it was claimed is read from the row as it is now. A
+-- waiting job's row comes off the wheel before that, so that no claim meets
+-- it, named or not, and no count of what is due includes it (mh_unwheel):
+-- the wheel row, then the job, the order a claim takes them in, so a cancel
+-- and a claim of one job queue, never deadlock. A job that waits is
+-- cancelled at once. A claimed one is in a worker's hands, and its handler
+-- may already run (the library reports starts in batches): the cancel is
+-- only requested (cancel_requested_at), and the worker's answer decides.
+-- Given back (release), or its claim expired, without a start: it is
+-- cancelled then. Started or finished: it ran, and ends as it ends; the
+-- request was too late. Answered ok with state 'claimed' and why. Another
+-- team's job is "no such job". The body of cancel(), and of the series
+-- controls (which cancel a series' waiting run).
 CREATE OR REPLACE FUNCTION mh_cancel_job(p_job bigint, p_team int, p_states job_state[]) RETURNS outcome
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
@@ -432,13 +496,19 @@ BEGIN
     IF NOT FOUND THEN
         RETURN ROW(p_job, false, NULL::job_state, 'no such job')::outcome;
     END IF;
-    IF v_state = ANY (p_states) THEN
-        UPDATE jobs j SET state = 'cancelled', finished_at = v_now, updated_at = v_now,
-                          lease_token = NULL, claim_expires_at = NULL
+    IF v_state = 'claimed' AND v_state = ANY (p_states) THEN
+        -- (a request already made of this claim keeps its time)
+        UPDATE jobs j SET cancel_requested_at = CASE WHEN j.cancel_requested_at >= j.claimed_at
+                                                     THEN j.cancel_requested_at ELSE v_now END,
+                          updated_at = v_now
          WHERE j.shard = mh_shard_of(p_job) AND j.id = p_job;
-        IF v_state = 'claimed' THEN
-            PERFORM mh_not_running(ARRAY[mh_shard_of(p_job)], ARRAY[p_team]);
-        END IF;
+        RETURN ROW(p_job, true, v_state, 'cancel requested: a worker holds the job; it is cancelled if the worker '
+                                         'gives it back or its claim expires without a start, and runs on if '
+                                         'its handler had started')::outcome;
+    END IF;
+    IF v_state = ANY (p_states) THEN
+        UPDATE jobs j SET state = 'cancelled', finished_at = v_now, updated_at = v_now
+         WHERE j.shard = mh_shard_of(p_job) AND j.id = p_job;
         IF v_series IS NOT NULL THEN
             -- A series' newest run cancelled skips one occurrence, it does not end the
             -- series: the series is marked for its next run, as a claim marks it (a
@@ -453,10 +523,10 @@ BEGIN
     RETURN ROW(p_job, false, v_state, format('job is %s: only a job that has not started can be cancelled', v_state))::outcome;
 END $$;
 
--- Cancel a job that has not started, for the team named (required: a job
--- of another team is "no such job"). Administrators cancel through the
--- job's own team. Its row on the wheel goes with it. Runs as its owner,
--- like submit_job.
+-- Cancel a job that has not started (a claimed one: requested, above), for
+-- the team named (required: a job of another team is "no such job").
+-- Administrators cancel through the job's own team. A waiting job's row on
+-- the wheel goes with it. Runs as its owner, like submit_job.
 CREATE OR REPLACE FUNCTION cancel(p_job bigint, p_team text) RETURNS outcome
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = minutehand, pg_temp AS $$
 BEGIN

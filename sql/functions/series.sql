@@ -210,8 +210,9 @@ BEGIN
     RETURN v_series;
 END $$;
 
--- The series' waiting run cancelled if it has not started (scheduled or
--- claimed); its id if this call cancelled it, else NULL. The caller holds
+-- The series' waiting run cancelled if it has not started: scheduled, at
+-- once; claimed, requested of its worker (mh_cancel_job). Its id if this
+-- call cancelled it, else NULL (none, started, or requested). The caller holds
 -- the series row and waits here for a claim that holds the run: a claim
 -- never waits for a series row (mh_series_to_chain skips locked ones), so
 -- the two take turns and cannot deadlock.
@@ -221,7 +222,7 @@ DECLARE v_outcome outcome;
 BEGIN
     v_outcome := mh_cancel_job(p_series.last_job_id, p_series.team_id,
                                ARRAY['scheduled', 'claimed']::job_state[]);
-    RETURN CASE WHEN v_outcome.ok THEN p_series.last_job_id END;
+    RETURN CASE WHEN v_outcome.ok AND v_outcome.state = 'cancelled' THEN p_series.last_job_id END;
 END $$;
 
 -- One series: its spec, state and chain columns, and its waiting run (the

@@ -20,7 +20,8 @@ SELECT j.id AS job_id, t.name AS team, j.name, j.state::text AS state, j.priorit
        j.lateness IS NOT NULL AS lateness_final, j.last_error,
        left(jsonb_pretty(j.payload), %(cap)s::int) AS payload, octet_length(j.payload::text) AS payload_bytes,
        left(jsonb_pretty(j.result), %(cap)s::int) AS result, octet_length(j.result::text) AS result_bytes,
-       j.created_at, j.claimed_at, j.started_at, j.finished_at, j.updated_at, j.requeued_at
+       j.created_at, j.claimed_at, j.started_at, j.finished_at, j.updated_at, j.requeued_at,
+       j.cancel_requested_at
   FROM jobs j JOIN teams t ON t.id = j.team_id
  WHERE j.shard = mh_shard_of(%(job_id)s::bigint) AND j.id = %(job_id)s::bigint
    AND (%(team)s::text IS NULL OR t.name = %(team)s::text)

@@ -14,7 +14,7 @@ SELECT j.id AS job_id, t.name AS team, j.name, j.state, j.priority, j.due_at, j.
             WHEN j.state IN ('scheduled', 'retrying', 'claimed') AND %(now)s::timestamptz > j.agreed_at
             THEN %(now)s::timestamptz - j.agreed_at END AS lateness,
        j.lateness IS NOT NULL AS lateness_final, j.last_error, j.result,
-       j.idempotency_key, j.created_at, j.started_at, j.finished_at,
+       j.idempotency_key, j.created_at, j.started_at, j.finished_at, j.cancel_requested_at,
        j.series_id, s.every_s, s.cron, s.timezone, coalesce(s.misfire, 'run_once') AS misfire
   FROM jobs j JOIN teams t ON t.id = j.team_id
   LEFT JOIN series s ON s.shard = j.shard AND s.id = j.series_id

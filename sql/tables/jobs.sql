@@ -72,6 +72,9 @@ CREATE TABLE jobs (
     deadline         timestamptz,
     -- when a dead job was last put back on the wheel (requeue_job)
     requeued_at      timestamptz,
+    -- a cancel that reached the job while a worker held it (claimed, start
+    -- not reported): it applies to that claim (at or after claimed_at)
+    cancel_requested_at timestamptz,
     PRIMARY KEY (shard, id)
 ) WITH (fillfactor = 30);
 -- No index covers a column that claim, start, heartbeat, complete or fail

@@ -36,7 +36,8 @@ SCAN = 2000                   # a filtered page reads at most this many of the t
 JSON_CAP = 16_384             # characters of a payload or result shown
 CANCELLABLE = ("scheduled", "retrying", "claimed")       # what Store.cancel accepts: not started
 ACTIONS = {
-    "cancel": ("Cancel", "It will not run; a job that has started cannot be cancelled."),
+    "cancel": ("Cancel", "It will not run; a job that has started cannot be cancelled. A job a worker holds "
+                         "(claimed) is asked to cancel: it is cancelled unless its worker had started it."),
     "requeue": ("Requeue", "It goes back on the wheel, due now, its attempts counted again from 0."),
     "discard": ("Discard", "It is set aside for good (state discarded), with its last error kept."),
 }

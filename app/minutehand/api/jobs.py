@@ -340,14 +340,21 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
 
     @delete("/v1/jobs/{job_id:int}", operation_id="cancelJob", status_code=200, security=SECURITY, tags=["jobs"],
             summary="Cancel a job that has not started",
-            description="A waiting job, or one claimed by a worker that has not reported its start (its claim "
-                        "is voided), is cancelled. A running, finished or already cancelled job answers 409 "
-                        "with its state, unchanged.",
-            responses=problems.responses(*COMMON, NOT_FOUND, NOT_CANCELLABLE, INVALID))
-    async def cancel_job(principal: NamedDependency[Principal], job_id: JobIdParam, team: TeamParam = None) -> CancelledOut:
+            description="A waiting job is cancelled (200). A job claimed by a worker that has not reported its "
+                        "start may already be running there, so its cancel is requested (202, state `claimed`): "
+                        "it is cancelled if the worker gives it back or its claim expires without a start; if "
+                        "the worker reports the start, the job runs on and ends as it ends (succeeded, failed), "
+                        "never `cancelled`. A running, finished or already cancelled job answers 409 with its "
+                        "state, unchanged.",
+            responses={202: ResponseSpec(CancelledOut, description="the cancel is requested of the worker that "
+                                                                   "holds the job"),
+                       **problems.responses(*COMMON, NOT_FOUND, NOT_CANCELLABLE, INVALID)})
+    async def cancel_job(principal: NamedDependency[Principal], job_id: JobIdParam,
+                         team: TeamParam = None) -> Response[CancelledOut]:
         outcome = await ctx.db(store.cancel, job_id, principal.scope(team))
         if outcome.ok:
-            return CancelledOut(JobId(job_id), "cancelled")
+            return Response(CancelledOut(JobId(job_id), outcome.state),
+                            status_code=200 if outcome.state == "cancelled" else 202)
         if outcome.state is None:
             raise await no_job(job_id, principal.scope(team))
         raise ApiProblem(NOT_CANCELLABLE, outcome.reason or f"job is {outcome.state}", job_id=str(job_id),

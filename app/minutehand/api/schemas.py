@@ -303,6 +303,10 @@ class JobOut(Struct):
     created_at: dt.datetime
     started_at: dt.datetime | None
     finished_at: dt.datetime | None
+    cancel_requested_at: Annotated[dt.datetime | None, Meta(
+        description="when a cancel reached the job while a worker held it (claimed, its start not reported): "
+                    "it is cancelled if the worker gives it back or its claim expires without a start; if its "
+                    "handler had started, the cancel came too late, and the state says how the run ended")] = None
     series_id: SeriesId | None = None   # None: a job that runs once
     repeat: Annotated[Repeat | None, Meta(description="the series' repeat spec; null for a job that runs once")] = None
 
@@ -326,6 +330,8 @@ class JobPageOut(Struct):
 
 
 class CancelledOut(Struct):
+    """state cancelled (200): done. state claimed (202): a worker held the
+    job, so its cancel is requested: see the job's cancel_requested_at."""
     job_id: JobId
     state: State
 

@@ -26,9 +26,9 @@ from minutehand.api.bodies import StrictBody
 from minutehand.api.problems import COMMON
 from minutehand.dispatch.dispatcher import Dispatcher
 from minutehand.protocol import (CompleteIn, FailIn, HeldIn, JobId, LeaseIn, LeaseOut, OutcomeOut, OutcomesIn,
-                                 OutcomesOut)
+                                 OutcomesOut, RecordedOut)
 from minutehand.protocol.jsontext import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_text_problem
-from minutehand.store.outcomes import STARTED, Complete, Fail, Heartbeat, Release, Report, Start
+from minutehand.store.outcomes import STARTED, Complete, Fail, Heartbeat, Record, Recorded, Release, Report, Start
 from minutehand.store.records import Outcome
 from minutehand.web.auth import TokenCache
 from minutehand.web.context import Context
@@ -84,6 +84,12 @@ def _out(o: Outcome) -> OutcomeOut:
     return OutcomeOut(JobId(o.job_id), o.ok, o.state, o.reason)
 
 
+def _recorded(r: Recorded) -> RecordedOut:
+    if r.ok:
+        return RecordedOut(JobId(r.job_id), True, msgspec.Raw(r.result.encode()))
+    return RecordedOut(JobId(r.job_id), False, reason=r.reason)
+
+
 def _one(o: Outcome) -> OutcomeOut:
     if o.ok:
         return _out(o)
@@ -98,7 +104,7 @@ def _one(o: Outcome) -> OutcomeOut:
 def router(ctx: Context, dispatcher: Dispatcher) -> Router:
     tokens = TokenCache(ctx.settings.api_token_cache_s)
 
-    async def write(reports: list[Report], extend_s: float | None = None) -> list[Outcome]:
+    async def write(reports: list[Report], extend_s: float | None = None) -> list:
         return await dispatcher.writer.write(reports, extend_s)
 
     async def worker_credential(request: Request) -> str:
@@ -127,31 +133,44 @@ def router(ctx: Context, dispatcher: Dispatcher) -> Router:
 
     @post("/outcomes", operation_id="reportOutcomes", status_code=200, security=SECURITY, tags=["workers"],
           request_max_body_size=ctx.settings.api_max_batch_body_bytes,
-          summary="Starts, heartbeats, completions, failures and give-backs, in one request",
+          summary="Starts, heartbeats, keyed results recorded, completions, failures and give-backs, in one "
+                  "request",
           description="Each item is answered in order: ok, or refused with the reason (a stale lease token "
-                      "changes nothing). " + RESULT_RULE + " Here such a completion alone is refused (ok "
-                      "false, the reason giving the size and the limit); the other items are written.",
+                      "changes nothing). `record` items (job id and result, no lease token) keep keyed jobs' "
+                      "results under their idempotency keys whatever became of their claims, and are written "
+                      "before the completions; each is answered with the result the key holds (the first "
+                      "recorded), to complete the job with. " + RESULT_RULE + " Here such a completion or "
+                      "record alone is refused (ok false, the reason giving the size and the limit); the other "
+                      "items are written.",
           responses=responses)
     async def outcomes(data: JSONBody[OutcomesIn], credential: NamedDependency[str]) -> OutcomesOut:
         body = data
-        answers: dict[str, list[OutcomeOut]] = {}
-        refused: dict[int, OutcomeOut] = {}            # completions refused here, by position
-        completions = []
+        answers: dict[str, list] = {}
+        refused: dict[str, dict[int, object]] = {"record": {}, "complete": {}}    # refused here, by position
+        records, completions = [], []
+        for n, r in enumerate(body.record):
+            try:
+                records.append(Record(r.job_id, _result(r.result)))
+            except _Refused as exc:
+                refused["record"][n] = RecordedOut(r.job_id, False, reason=exc.reason)
         for n, c in enumerate(body.complete):
             try:
                 completions.append(Complete(c.job_id, c.lease_token, _result(c.result)))
             except _Refused as exc:
-                refused[n] = OutcomeOut(c.job_id, False, None, exc.reason)
+                refused["complete"][n] = OutcomeOut(c.job_id, False, None, exc.reason)
         for kind, items in (("start", [Start(s.job_id, s.lease_token) for s in body.start]),
                             ("heartbeat", [Heartbeat(h.job_id, h.lease_token) for h in body.heartbeat]),
+                            ("record", records),
                             ("complete", completions),
                             ("fail", [Fail(f.job_id, f.lease_token, _error(f.error), f.retryable)
                                       for f in body.fail]),
                             ("release", [Release(r.job_id, r.lease_token) for r in body.release])):
-            answers[kind] = [_out(o) for o in await write(items, body.extend_s)]
-        if refused:
-            written = iter(answers["complete"])
-            answers["complete"] = [refused[n] if n in refused else next(written) for n in range(len(body.complete))]
+            answers[kind] = [_recorded(o) if kind == "record" else _out(o) for o in await write(items, body.extend_s)]
+        for kind, by_position in refused.items():
+            if by_position:
+                written = iter(answers[kind])
+                answers[kind] = [by_position[n] if n in by_position else next(written)
+                                 for n in range(len(getattr(body, kind)))]
         return OutcomesOut(**answers)
 
     one = problems.responses(*COMMON, INVALID, NOT_FOUND, STALE_CLAIM)

@@ -1,8 +1,9 @@
 """Outcomes from workers reach the database in batches: every start,
-heartbeat, completion, failure and give-back that arrives while the
-previous batch is being written goes into the next one, one procedure call
-per kind and one transaction each, so the commit rate does not cap
-throughput. Nothing waits to fill a batch: a lone outcome is written at once.
+heartbeat, keyed result recorded, completion, failure and give-back that
+arrives while the previous batch is being written goes into the next one,
+one procedure call per kind and one transaction each, so the commit rate
+does not cap throughput. Nothing waits to fill a batch: a lone outcome is
+written at once.
 
 Each request waits on a future for its own reports' answers (ok, or why
 refused), matched by position.
@@ -19,7 +20,7 @@ import psycopg
 from minutehand import metrics
 from minutehand.futures import BatchThreads, settle
 from minutehand.store import errors
-from minutehand.store.outcomes import Complete, Fail, Heartbeat, Release, Report, Start
+from minutehand.store.outcomes import Complete, Fail, Heartbeat, Record, Release, Report, Start
 from minutehand.store.records import Outcome
 from minutehand.store.store import Store
 
@@ -140,5 +141,5 @@ class OutcomeWriter:
         if kind is Heartbeat:
             return self.store.heartbeat(items, extend_s)
         writers = {Start: self.store.start, Complete: self.store.complete, Fail: self.store.fail,
-                   Release: self.store.release}
+                   Release: self.store.release, Record: self.store.record}
         return writers[kind](items)

@@ -4,7 +4,8 @@ worker library (app/minutehand/worker/). What JSON text a payload or a result ma
 is in jsontext.py, next to them: the server accepts only what a worker reads.
 
     POST /v1/worker/lease      long-poll for up to `capacity` jobs
-    POST /v1/worker/outcomes   starts, heartbeats, completions, failures and give-backs, batched
+    POST /v1/worker/outcomes   starts, heartbeats, keyed results recorded, completions, failures and
+                               give-backs, batched
     POST /v1/worker/jobs/{id}/{start|heartbeat|complete|fail|release}
                                one job: a refusal is a 4xx (404 no such job,
                                409 stale lease token, 409 a started job's
@@ -136,6 +137,14 @@ class Completed(Struct, forbid_unknown_fields=True):
     result: Result = msgspec.UNSET
 
 
+class Recorded(Struct, forbid_unknown_fields=True):
+    """A keyed job's handler returned this result: recorded under the job's
+    idempotency key whatever became of the claim (no lease token), before
+    the completion is sent, so that a redelivery replays it."""
+    job_id: JobId
+    result: Result = msgspec.UNSET
+
+
 class Failed(Struct, forbid_unknown_fields=True):
     job_id: JobId
     lease_token: Token
@@ -146,16 +155,21 @@ class Failed(Struct, forbid_unknown_fields=True):
 ExtendS = Annotated[float, Meta(ge=1, le=86400, description="a heartbeat extends the claim to now + extend_s")]
 
 
-class OutcomesIn(Struct, forbid_unknown_fields=True):
-    """Many outcomes in one request (each list may be empty); the dispatcher
+class OutcomesIn(Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Many outcomes in one request (each list may be empty, and is then
+    left out: a dispatcher of an earlier release, which refuses fields it
+    does not know, reads a request without `record`); the dispatcher
     writes them in batches, one transaction for many jobs. start marks
     claimed jobs running (a completion or failure of a job whose start was
     not reported records its start at the claim); heartbeat extends claims;
     release gives back claimed jobs that were not started (they are due
     again at once, the attempt not counted): a job whose start was reported
-    is refused (its attempt counts: fail it to have it retried)."""
+    is refused (its attempt counts: fail it to have it retried); record
+    keeps keyed jobs' results under their keys, written before the
+    completions."""
     start: Annotated[list[Held], Meta(max_length=MAX_ITEMS)] = []
     heartbeat: Annotated[list[Held], Meta(max_length=MAX_ITEMS)] = []
+    record: Annotated[list[Recorded], Meta(max_length=MAX_ITEMS)] = []
     complete: Annotated[list[Completed], Meta(max_length=MAX_ITEMS)] = []
     fail: Annotated[list[Failed], Meta(max_length=MAX_ITEMS)] = []
     release: Annotated[list[Held], Meta(max_length=MAX_ITEMS)] = []
@@ -172,12 +186,23 @@ class OutcomeOut(Struct):
     reason: str | None = None
 
 
+class RecordedOut(Struct):
+    """ok: the result the key holds (the first recorded: complete the job
+    with it). ok false: nothing to record it under (no such job, no key, or
+    the key no longer names the job), and why."""
+    job_id: JobId
+    ok: bool
+    result: Result = msgspec.UNSET
+    reason: str | None = None
+
+
 class OutcomesOut(Struct):
     heartbeat: list[OutcomeOut]
     complete: list[OutcomeOut]
     fail: list[OutcomeOut]
     release: list[OutcomeOut]
     start: list[OutcomeOut] = []
+    record: list[RecordedOut] = []
 
 
 # ---------------------------------------------------------------- one job

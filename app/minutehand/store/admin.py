@@ -52,6 +52,7 @@ class JobRecord:
     finished_at: dt.datetime | None
     updated_at: dt.datetime
     requeued_at: dt.datetime | None
+    cancel_requested_at: dt.datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,9 @@ class JobStatus:
     created_at: dt.datetime
     started_at: dt.datetime | None
     finished_at: dt.datetime | None
+    # a cancel asked of the worker that held it: cancelled if it had not
+    # started; else it ran (too late), and its state says how it ended
+    cancel_requested_at: dt.datetime | None = None
     series_id: int | None = None   # a run of a repeating job: its series and the series' spec
     every_s: int | None = None
     cron: str | None = None

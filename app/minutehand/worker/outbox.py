@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from minutehand.protocol import MAX_ITEMS, Completed, Failed, Held, OutcomesIn
+from minutehand.protocol import MAX_ITEMS, Completed, Failed, Held, OutcomesIn, Recorded
 from minutehand.worker.client import DispatcherClient, Refused, Unavailable
 from minutehand.worker.job import error_text
 from minutehand.worker.logs import log
@@ -21,10 +21,11 @@ class Outbox:
     gathers in `flush_s` (and while the previous request is on its way) goes
     in one POST /v1/worker/outcomes. If that dispatcher cannot be reached
     they go to another (outcomes are per job and lease token, not per
-    dispatcher); if none can, completions, failures and releases are kept
-    and retried, heartbeats are answered None (the next one will try)."""
+    dispatcher); if none can, recorded results, completions, failures and
+    releases are kept and retried, heartbeats are answered None (the next
+    one will try)."""
 
-    KINDS = ("start", "heartbeat", "complete", "fail", "release")
+    KINDS = ("start", "heartbeat", "record", "complete", "fail", "release")
     NOT_RETRIED = ("start", "heartbeat")     # a later report covers them
 
     def __init__(self, client: DispatcherClient, others: list[DispatcherClient], *, worker_id: str,
@@ -130,7 +131,7 @@ class Outbox:
                         continue
                     if result is not None and not result.ok and kind not in self.NOT_RETRIED:
                         log.warning("outcome_refused", extra={
-                            "worker": self.worker_id, "job_id": result.job_id, "state": result.state,
+                            "worker": self.worker_id, "job_id": result.job_id, "state": getattr(result, "state", None),
                             "reason": f"{kind}: {result.reason} (not retried)"})
                     if not fut.done():
                         fut.set_result(result)
@@ -179,7 +180,7 @@ def _requests(batch: list) -> list[dict]:
 
 def _size(body) -> int:
     """About how many bytes an outcome adds to a request."""
-    if isinstance(body, Completed) and isinstance(body.result, msgspec.Raw):
+    if isinstance(body, Completed | Recorded) and isinstance(body.result, msgspec.Raw):
         return len(body.result) + 100
     if isinstance(body, Failed):
         return len(body.error) * 2 + 100

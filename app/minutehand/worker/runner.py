@@ -2,7 +2,9 @@
 sync in a handler thread), its claim kept alive (heartbeats.py), its outcome
 reported, unless the claim may no longer be ours (then it is dropped: the
 scheduler may have given the job to another worker, and a job must not be
-finished twice)."""
+finished twice). A keyed job's result is recorded under its key first,
+claim or not, so that a completion refused or lost is replayed on the job's
+next delivery instead of running the handler again."""
 from __future__ import annotations
 
 import asyncio
@@ -15,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from minutehand.protocol import Completed, Failed, Held, LeasedJob, enc_hook
+from minutehand.protocol import Completed, Failed, Held, LeasedJob, Recorded, enc_hook
 from minutehand.protocol.jsontext import MAX_JSON_BYTES, json_text_problem
 from minutehand.worker import metrics
 from minutehand.worker.grace import Grace
@@ -117,13 +119,29 @@ class JobRunner:
         if log.isEnabledFor(logging.DEBUG):             # per job: skip building the fields when off
             log.debug("job_started", **fields(self.worker_id, **ids))
         try:
-            outcome, event = await self.call_handler(run, lj)
+            try:
+                outcome, event = await self.call_handler(run, lj)
+            finally:
+                run.handler_done = True
+                self.heartbeats.forget(run)
+            if isinstance(outcome, Completed) and job.idempotency_key is not None:
+                # Recorded before the slot is given back: this worker's next lease
+                # must not find the job (its claim may have lapsed) without it.
+                outcome = await self.record(run, outcome)
         finally:
-            run.handler_done = True
             self.slots.give(1)
-            self.heartbeats.forget(run)
         kind = "complete" if isinstance(outcome, Completed) else "fail"
         await self.report(run, kind, outcome, event, ids)
+
+    async def record(self, run: Running, outcome: Completed) -> Completed:
+        """The result recorded under the job's key, and the completion to send:
+        with what the key holds (the first result recorded there, should
+        another run of the job have got there first). Sent whatever became of
+        the claim: the key row is the job's."""
+        answer = await run.outbox.send("record", Recorded(job_id=outcome.job_id, result=outcome.result))
+        if answer is None or not answer.ok:
+            return outcome                  # nothing to record it under (logged by the outbox)
+        return msgspec.structs.replace(outcome, result=answer.result)
 
     def _start_answered(self, run: Running, answer: asyncio.Future) -> None:
         """A refused start (the job was cancelled, or its claim is gone): its
