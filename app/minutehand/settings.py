@@ -118,8 +118,8 @@ class Settings:
     webhook_concurrency: int = 8
     # /metrics (README "Metrics"): how many job names of a team get a `name`
     # label of their own (the first seen, by volume; the rest are counted as
-    # `(other)`), and how long what it reads from the database is reused
-    # between scrapes, in seconds.
+    # `(other)`; at most the 50 the counters keep apart), and how long what
+    # it reads from the database is reused between scrapes, in seconds.
     metrics_names_per_team: int = 50
     metrics_read_s: float = 10.0
     # How long a finished job (succeeded, dead, discarded, cancelled) is kept after it
