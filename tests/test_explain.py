@@ -199,8 +199,11 @@ def big_dsn(pg_server, template_db) -> Iterator[str]:
         store = make_store(dsn, clock=PREV + dt.timedelta(seconds=5))
         try:
             store.create_team(TEAM)
-            with store.connection() as c:   # a realistic number of teams
+            with store.connection() as c:   # a realistic number of teams, each with the job names it counts apart
                 c.execute("INSERT INTO teams (name) SELECT 'team-' || g FROM generate_series(1, 300) g")
+                c.execute("""INSERT INTO team_stats_names (team_id, name, slot)
+                             SELECT t.id, 'job-' || n, n FROM teams t, generate_series(1, 50) n
+                              WHERE t.name LIKE 'team-%'""")
             # The previous minute: jobs submitted then, due then (the hand's bucket).
             store.submit_many(TEAM, [JobSpec(name="prev", due_at=PREV + dt.timedelta(seconds=5))] * 2560)
             store.clock = T0

@@ -4,8 +4,9 @@ creates the schema `minutehand` and nothing in public, upgrading again
 changes nothing, each revision's downgrade removes exactly its table delta
 and the functions (a database below head has none), head -> base leaves
 nothing of ours, a database of the layout before revision 0005 (everything
-in public) is moved into the schema, and two migrates at once wait for
-each other. tests/test_schema.py compares the fresh path with the revisions."""
+in public) is moved into the schema, the counters of a team's names past
+its first 50 are added up by revision 0021, and two migrates at once wait
+for each other. tests/test_schema.py compares the fresh path with the revisions."""
 from __future__ import annotations
 
 import os
@@ -277,6 +278,41 @@ def test_a_database_of_the_old_layout_moves_into_the_schema(empty_dsn, pg_server
         assert c.execute("SELECT job_id FROM due_m007").fetchall() == [(1027,)]
         assert c.execute("SELECT tableoid::regclass::text FROM due_minutes").fetchall() == [("due_m007",)]
     smoke(empty_dsn)
+
+
+def test_0021_keeps_each_teams_50_names_of_most_volume_and_adds_up_the_rest(empty_dsn):
+    """A team with counters of 60 names keeps the 50 of most volume apart;
+    the rows of the other ten become one "(other)" row per minute (hour,
+    purged row) and stripe, counts and histograms added up; a team of five
+    names keeps them all. Then a new name of the full team is counted as
+    "(other)", one of the other team's as itself."""
+    up(empty_dsn, "0020")
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute("INSERT INTO teams (name) VALUES ('many'), ('few')")
+        c.execute("""
+            INSERT INTO team_stats (minute, stripe, team_id, name, submitted, started, succeeded, failed, dead,
+                                    cancelled, lateness_hist, runtime_hist)
+            SELECT v.m, v.s, t.id, 'n' || lpad(n::text, 2, '0'), n, n, 0, 1, 0, 0, array_fill(n::bigint, ARRAY[16]),
+                   array_fill(1::bigint, ARRAY[16])
+              FROM teams t, generate_series(1, 60) n,
+                   (VALUES ('2030-01-01 12:00+00'::timestamptz, 3::smallint), ('2030-01-01 11:00+00', -1),
+                           ('-infinity', -2)) v(m, s)
+             WHERE t.name = 'many' OR n <= 5""")
+    up(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        kept = dict(c.execute("""SELECT t.name, array_agg(n.name ORDER BY n.name) FROM team_stats_names n
+                                   JOIN teams t ON t.id = n.team_id GROUP BY 1""").fetchall())
+        assert kept == {"many": [f"n{i:02}" for i in range(11, 61)], "few": [f"n{i:02}" for i in range(1, 6)]}
+        other = c.execute("""SELECT s.stripe, s.submitted, s.started, s.failed, s.lateness_hist, s.runtime_hist
+                               FROM team_stats s WHERE s.name = '(other)' ORDER BY s.minute""").fetchall()
+        assert other == [(stripe, 55, 55, 10, [55] * 16, [10] * 16) for stripe in (-2, -1, 3)]
+        assert c.execute("SELECT count(*), sum(submitted) FROM team_stats").fetchone() == (3 * (50 + 1 + 5),
+                                                                                          3 * (1830 + 15))
+        c.execute("SET minutehand.now = '2030-01-02 12:00:30+00'")
+        c.execute("SELECT submit_jobs('many', ARRAY['new']), submit_jobs('few', ARRAY['new'])")
+        assert c.execute("""SELECT t.name, s.name FROM team_stats s JOIN teams t ON t.id = s.team_id
+                             WHERE s.minute = '2030-01-02 12:00+00' ORDER BY 1""").fetchall() == [
+            ("few", "new"), ("many", "(other)")]
 
 
 @pytest.mark.processes

@@ -3,7 +3,8 @@ clock pinned: the status record's due / agreed / start / lateness for
 strict, flexible and overdue waiting jobs; team_running and team_stats
 after a mixed run of claims, starts, completions, failures, releases,
 expiries and cancels, compared with a recount of the jobs table; two
-concurrent batches over the same counter rows; the roll-up into hour rows,
+concurrent batches over the same counter rows; a team's first 50 names kept
+apart, never more under concurrent batches; the roll-up into hour rows,
 the window and retention."""
 from __future__ import annotations
 
@@ -354,3 +355,36 @@ def test_a_batch_waits_for_another_holding_its_counter_rows(pinned_store, db_dsn
         assert done.is_set()
     s = store.team_stats("t")
     assert (s.total.succeeded, s.total.started, s.running) == (64, 64, 0)
+
+
+def test_a_teams_first_names_are_kept_apart_and_concurrent_batches_never_keep_more(pinned_store, db_dsn):
+    """Two transactions bringing 30 new names each to a team with room for
+    50: the second waits for the first to commit, then keeps 20 of its names
+    apart (in name order) and counts the other ten as "(other)", as every
+    later name of the team."""
+    with psycopg.connect(db_dsn) as first, psycopg.connect(db_dsn) as second:
+        for c in (first, second):
+            pin(c, T0)
+            c.commit()
+        first.execute("SELECT count(*) FROM submit_jobs('t', %s)", ([f"a{i:02}" for i in range(30)],))
+        done = threading.Event()
+
+        def run():
+            second.execute("SELECT count(*) FROM submit_jobs('t', %s)", ([f"b{i:02}" for i in range(30)][::-1],))
+            second.commit()
+            done.set()
+
+        t = threading.Thread(target=run)
+        t.start()
+        assert not done.wait(1.0)            # waits for the first's names to be kept or not
+        first.commit()
+        t.join(30)
+        assert done.is_set()
+    pinned_store.submit_many("t", [JobSpec("a00"), JobSpec("b29"), JobSpec("c")])
+    s = pinned_store.team_stats("t")
+    kept = {f"a{i:02}" for i in range(30)} | {f"b{i:02}" for i in range(20)}
+    assert set(s.names) == kept and s.names["a00"].submitted == 2
+    assert (s.other.submitted, s.other_names, s.total.submitted) == (12, 1, 63)
+    with pinned_store.connection() as c:
+        assert {r["name"] for r in c.execute("SELECT name FROM team_stats_names")} == kept
+        assert {r["name"] for r in c.execute("SELECT DISTINCT name FROM team_stats")} == kept | {"(other)"}

@@ -123,9 +123,9 @@ class Settings:
     webhook_concurrency: Annotated[int, Between(1, 256)] = 8
     # /metrics (README "Metrics"): how many job names of a team get a `name`
     # label of their own (the first seen, by volume; the rest are counted as
-    # `(other)`), and how long what it reads from the database is reused
-    # between scrapes, in seconds.
-    metrics_names_per_team: Annotated[int, Between(0, 10_000)] = 50
+    # `(other)`; at most the 50 the counters keep apart), and how long what
+    # it reads from the database is reused between scrapes, in seconds.
+    metrics_names_per_team: Annotated[int, Between(0, 50)] = 50
     metrics_read_s: Annotated[float, Between(0, 3600)] = 10.0
     # How long a finished job (succeeded, dead, discarded, cancelled) is kept after it
     # finished, in seconds, unless its team has its own (teams.retention_s);

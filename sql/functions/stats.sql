@@ -14,6 +14,16 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 16 $$;
 -- How long counters are kept.
 CREATE OR REPLACE FUNCTION mh_stats_keep() RETURNS interval
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT interval '35 days' $$;
+-- How many job names of a team have counters of their own
+-- (team_stats_names); its later names are counted together under
+-- mh_stats_other(). So a read of a team's counters costs at most this many
+-- rows per minute and stripe, whatever names the team uses.
+CREATE OR REPLACE FUNCTION mh_stats_names() RETURNS int
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 50 $$;
+-- The name those later names are counted under: not a valid job name
+-- (mh_name_ok), so no job's own counters are mixed into it.
+CREATE OR REPLACE FUNCTION mh_stats_other() RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT '(other)' $$;
 
 -- The bucket of a value in seconds (NULL: none). width_bucket counts the
 -- bounds <= its operand; over the negated bounds it counts those >= p_s,
@@ -48,11 +58,60 @@ $$;
 -- jobs each team has submitted and not finished (team_pending, what the
 -- pending ceiling is checked against), on the same stripes, also in key
 -- order: one place counts every way a job is created or finishes.
+--
+-- A job name is counted as itself once registered in team_stats_names,
+-- else under mh_stats_other(). Names new to a team with room left are
+-- registered first, in name order, into its next slots up to
+-- mh_stats_names(): under a transaction lock per team (advisory, on the
+-- coordinator, where every writer of team_stats runs, on Citus too), so
+-- concurrent batches never register more. Only a batch bringing a name new
+-- to a team that is not full takes it; it waits for another registering
+-- names of that team to commit. A batch whose names are all registered
+-- (nearly every one) pays a probe per name and nothing else.
 CREATE OR REPLACE FUNCTION mh_add_stats(p_now timestamptz, p_rows stats_delta[]) RETURNS void
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+DECLARE
+    v_team   int;
+    v_room   boolean;
+    v_used   int;
+    v_unkept boolean := false;
 BEGIN
     IF coalesce(cardinality(p_rows), 0) = 0 THEN
         RETURN;
+    END IF;
+    -- Teams with names not registered, and whether each has room. (The names
+    -- are probed by key, once each: LATERAL with LIMIT is never turned into a
+    -- join that reads every team's names.)
+    FOR v_team, v_room IN
+        SELECT d.team_id,
+               NOT EXISTS (SELECT 1 FROM team_stats_names n WHERE n.team_id = d.team_id AND n.slot = mh_stats_names())
+          FROM (SELECT DISTINCT u.team_id, u.name FROM unnest(p_rows) u) d
+          LEFT JOIN LATERAL (SELECT true AS kept FROM team_stats_names n
+                              WHERE n.team_id = d.team_id AND n.name = d.name LIMIT 1) k ON true
+         WHERE k.kept IS NULL
+         GROUP BY d.team_id
+         ORDER BY d.team_id
+    LOOP
+        v_unkept := true;
+        CONTINUE WHEN NOT v_room;
+        PERFORM pg_advisory_xact_lock('team_stats_names'::regclass::oid::int, v_team);
+        -- (new statements: they see the names the lock's last holder registered)
+        v_used := coalesce((SELECT max(n.slot) FROM team_stats_names n WHERE n.team_id = v_team), 0);
+        INSERT INTO team_stats_names (team_id, name, slot)
+        SELECT v_team, d.name, v_used + row_number() OVER (ORDER BY d.name)
+          FROM (SELECT DISTINCT u.name FROM unnest(p_rows) u WHERE u.team_id = v_team) d
+         WHERE NOT EXISTS (SELECT 1 FROM team_stats_names n WHERE n.team_id = v_team AND n.name = d.name)
+         ORDER BY d.name
+         LIMIT greatest(0, mh_stats_names() - v_used);
+    END LOOP;
+    IF v_unkept THEN
+        -- the events of names still not registered, renamed
+        p_rows := ARRAY(
+            SELECT ROW(u.stripe, u.team_id, coalesce(k.name, mh_stats_other()), u.submitted, u.started, u.succeeded,
+                       u.failed, u.dead, u.cancelled, u.lateness_s, u.runtime_s)::stats_delta
+              FROM unnest(p_rows) u
+              LEFT JOIN LATERAL (SELECT n.name FROM team_stats_names n
+                                  WHERE n.team_id = u.team_id AND n.name = u.name LIMIT 1) k ON true);
     END IF;
     INSERT INTO team_stats AS s (minute, stripe, team_id, name, submitted, started, succeeded, failed, dead, cancelled,
                                  lateness_hist, runtime_hist)

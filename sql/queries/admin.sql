@@ -167,7 +167,8 @@ SELECT mh_now() AS now
 -- name: admin_minutes
 -- The last hour minute by minute, the whole fleet: the counters of
 -- team_stats's minute rows (the roll-up leaves the last hour as minutes),
--- through team_stats_unrolled; O(teams x names x stripes x 60), never the jobs.
+-- through team_stats_unrolled; O(teams x names x stripes x 60), never the jobs
+-- (names: at most mh_stats_names() + 1 per team, whatever names it uses).
 SELECT s.minute, sum(s.submitted)::bigint AS submitted, sum(s.started)::bigint AS started,
        sum(s.succeeded)::bigint AS succeeded, sum(s.failed)::bigint AS failed, sum(s.dead)::bigint AS dead,
        mh_hist_sum(array_agg(s.lateness_hist)) AS lateness_hist

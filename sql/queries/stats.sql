@@ -4,8 +4,10 @@
 -- name: team_stats
 -- A team's counters since mh_stats_since(now, window_s), by job name: the
 -- `names` names of most volume one by one, the rest added up in one row
--- (name NULL, other_names: how many). Reads team_stats rows of the team
--- only, through its primary key; running now from team_running, one probe
+-- (name NULL, other_names: how many), with the names counted together
+-- past the team's first mh_stats_names() (one more). Reads team_stats rows
+-- of the team only, through its primary key: at most mh_stats_names() + 1
+-- per minute or hour and stripe; running now from team_running, one probe
 -- per shard. No row: no such team; one row with name NULL and other_names
 -- 0: nothing counted in the window.
 WITH team AS (SELECT t.id, t.name, t.quota FROM teams t WHERE t.name = %(team)s::text),
@@ -19,8 +21,10 @@ by_name AS (
      WHERE s.team_id = (SELECT id FROM team) AND s.minute >= (SELECT t FROM since)
      GROUP BY s.name),
 ranked AS (
-    SELECT b.*, row_number() OVER (ORDER BY b.submitted + b.started + b.succeeded + b.failed + b.dead + b.cancelled
-                                            DESC, b.name) <= %(names)s::int AS shown
+    SELECT b.*, b.name <> mh_stats_other()
+                AND row_number() OVER (ORDER BY b.name = mh_stats_other(),
+                                                b.submitted + b.started + b.succeeded + b.failed + b.dead + b.cancelled
+                                                DESC, b.name) <= %(names)s::int AS shown
       FROM by_name b),
 folded AS (
     SELECT CASE WHEN r.shown THEN r.name END AS name, count(*) FILTER (WHERE NOT r.shown) AS other_names,

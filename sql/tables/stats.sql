@@ -1,7 +1,10 @@
 -- Counters per team and job name, kept in the transactions of the events
 -- they count (submission, start, outcome, expiry, cancel), so they are exact
 -- at any volume without reading jobs. One row per (minute, stripe, team,
--- name): a batch adds to its rows with one upsert. Stripes keep concurrent
+-- name): a batch adds to its rows with one upsert. The name is one of the
+-- team's first mh_stats_names() job names (team_stats_names), or '(other)'
+-- for all its later names together, so every read is bounded by that cap
+-- whatever names a team uses. Stripes keep concurrent
 -- writers of one team and name apart:
 --     0..15   submissions (shard % 16): a submit inside a caller's long
 --             transaction holds only a submission row
@@ -34,6 +37,18 @@ CREATE INDEX team_stats_minute ON team_stats (minute);
 -- Minute rows only: what the roll-up has left to fold, found without
 -- reading the hour rows.
 CREATE INDEX team_stats_unrolled ON team_stats (minute) WHERE stripe >= 0;
+
+-- The job names a team's counters keep apart: its first mh_stats_names(),
+-- first come, registered by mh_add_stats as they are first counted, each in
+-- the next slot (1, 2, ...: whether a team has room is one probe of its last
+-- slot). A row is never removed: a name keeps its counters for good.
+CREATE TABLE team_stats_names (
+    team_id  int      NOT NULL,
+    name     text     NOT NULL,
+    slot     smallint NOT NULL,
+    PRIMARY KEY (team_id, name),
+    UNIQUE (team_id, slot)
+);
 
 -- One event of a batch, as the procedures hand it to mh_add_stats.
 CREATE TYPE stats_delta AS (stripe smallint, team_id int, name text, submitted int, started int, succeeded int,

@@ -47,8 +47,10 @@ from minutehand.web.context import Context
 
 log = logging.getLogger(__name__)
 
-# The `name` of a team's job names beyond metrics_names_per_team, added up.
-# Not "other": that is a valid job name, whose series would be mixed with it.
+# The `name` of a team's job names beyond metrics_names_per_team, added up,
+# and the name team_stats counts a team's names past its first
+# mh_stats_names() under (sql/functions/stats.sql). Not "other": that is a
+# valid job name, whose series would be mixed with it.
 OTHER = "(other)"
 COUNTS = (("submitted", "Jobs submitted (an idempotency replay creates none)"),
           ("started", "Jobs started for the first time (a retry's start is not counted again)"),
@@ -108,7 +110,10 @@ class DatabaseMetrics(Collector):
     Bounded labels: a team's first names_per_team job names (by volume when
     first read) keep a `name` of their own for the life of the process; the
     rest are added up as `(other)`, which only grows, so every series stays a
-    counter. Teams need no bound: only an administrator creates them."""
+    counter. Teams need no bound: only an administrator creates them. Nor
+    does a read: team_stats keeps a team's names past its first
+    mh_stats_names() as one, `(other)` too, so a read adds up at most that
+    many names per team, whatever names it used."""
 
     def __init__(self, store: Store, *, names_per_team: int, read_s: float):
         self.store = store
@@ -164,7 +169,8 @@ class DatabaseMetrics(Collector):
         out: dict[tuple[str, str], Tally] = {}
         for team, names in by_team.items():
             named = self._named[team]
-            for name, _ in sorted((x for x in names if x[0] not in named), key=lambda x: (-x[1].volume, x[0])):
+            for name, _ in sorted((x for x in names if x[0] not in named and x[0] != OTHER),
+                                  key=lambda x: (-x[1].volume, x[0])):
                 if len(named) >= self.names_per_team:
                     break
                 named.add(name)

@@ -389,7 +389,7 @@ class NameStatsOut(Struct):
 
 
 class OtherStatsOut(Struct):
-    names: int                     # how many job names are added up here
+    names: int                     # how many job names are added up here (those past the team's first 50: one)
     counts: CountsOut
 
 

@@ -28,13 +28,14 @@ DISTRIBUTED = ("jobs", "shards", "claim_checks", "idempotency_keys", "series", "
 REFERENCE = ("teams", "worker_tokens", "dispatchers", "duty_leases", "flex_defaults", "webhooks", "timezone_names")
 # Local to the coordinator, where the procedures that write them run: per-team
 # rows with no shard column, written with every event (a reference table
-# would replicate each write to every node), the admin UI's audit log and
+# would replicate each write to every node) or read with every event beside
+# those (the names the counters keep apart), the admin UI's audit log and
 # sessions (no shard column, written with the action they record), and
 # `wheel`, whose row the global duties lock with SKIP LOCKED (a row lock on
 # a reference table takes a lock Citus holds to commit: the second duty
 # would wait, not skip).
-LOCAL = ("team_stats", "team_pending", "team_buckets", "load_minutes", "webhook_deliveries", "wheel",
-         "admin_audit", "admin_sessions", "alembic_version")
+LOCAL = ("team_stats", "team_stats_names", "team_pending", "team_buckets", "load_minutes", "webhook_deliveries",
+         "wheel", "admin_audit", "admin_sessions", "alembic_version")
 
 # Functions whose first argument is the shard of everything they touch,
 # which Citus would then run whole on that shard's worker

@@ -79,7 +79,8 @@ class TeamStats:
     total: Tally
     names: dict[str, Tally]        # most volume first
     other: Tally | None            # the names beyond the first STATS_NAMES, added up
-    other_names: int               # how many names `other` holds
+    other_names: int               # how many names `other` holds (a team's names past its first
+                                   # mh_stats_names(), counted together, count as one)
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,8 @@ class StatsStore(StoreBase):
     """The counters read, a part of Store."""
 
     # The longest window the counters answer for, and how many job names a
-    # team's answer lists one by one (the rest are added up as "other").
+    # team's answer lists one by one (the rest are added up as "other"): all
+    # the names the counters keep apart (mh_stats_names()).
     STATS_MAX_WINDOW_S = 30 * 86400
     STATS_NAMES = 50
 
