@@ -15,6 +15,7 @@ import datetime as dt
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from minutehand.store.errors import InvalidInput, NotFound, PayloadTooLarge, StoreError
 from minutehand.store.submit import JobSpec
@@ -428,3 +429,21 @@ def test_the_smallest_backoff_base_is_taken(pinned_store):
     """0.01 s, the documented minimum, arrives as a real (a little under 0.01)."""
     sub = pinned_store.submit("t", JobSpec("tiny-backoff", due_at=T0, backoff_base_s=0.01, backoff_cap_s=0.01))
     assert sub.created
+
+
+def test_a_number_beyond_a_double_is_refused_alone_via_sql(pinned_conn):
+    """jsonb keeps 1e400, but no worker's JSON decoder reads it: submit_job
+    refuses it (MH400), a batch reports that item alone."""
+    huge = Jsonb(None, dumps=lambda _: '{"n": [1, {"x": -1e400}]}')
+    before = counts(pinned_conn)
+    with pytest.raises(psycopg.Error) as err:
+        pinned_conn.execute("SELECT submit_job(p_team => 't', p_name => 'job', p_payload => %s)", (huge,))
+    assert err.value.sqlstate == "MH400" and "beyond a double" in err.value.diag.message_primary
+    assert counts(pinned_conn) == before
+    items = pinned_conn.execute(
+        """SELECT idx, job_id, error FROM submit_jobs(p_team => 't', p_names => ARRAY['a', 'b'],
+                                                      p_payloads => ARRAY[%s::jsonb, '{"x": 1e300}'::jsonb])
+            ORDER BY idx""", (huge,)).fetchall()
+    assert items[0][1] is None and "beyond a double" in items[0][2]
+    assert items[1][1] is not None and items[1][2] is None
+    assert counts(pinned_conn)["jobs"] == before["jobs"] + 1

@@ -24,12 +24,20 @@ BEGIN
         END IF;
         RETURN NULL;
     END IF;
-    IF length(p_cron) > 200 OR p_cron !~ '^\s*[0-9A-Za-z*/,?#-]+(\s+[0-9A-Za-z*/,?#-]+){4}\s*$' THEN
-        RETURN format('repeat.cron %L is not a 5-field crontab expression (minute hour day month weekday)',
-                      left(p_cron, 200));
+    -- Five fields apart by single spaces, nothing around them (as the HTTP API
+    -- takes them: app/minutehand/rules.py).
+    IF length(p_cron) > 200 OR p_cron !~ '^[0-9A-Za-z*/,?#-]+( [0-9A-Za-z*/,?#-]+){4}$' THEN
+        RETURN format('repeat.cron %L is not a 5-field crontab expression (minute hour day month weekday, '
+                      'apart by single spaces, nothing around them)', left(p_cron, 200));
     END IF;
-    IF p_timezone IS NOT NULL AND NOT EXISTS (SELECT 1 FROM timezone_names z WHERE z.name = p_timezone) THEN
-        RETURN format('repeat.timezone %L is not an IANA time zone name (like Europe/Berlin)', left(p_timezone, 100));
+    -- Not the zone files a host may have that name no IANA zone: its own local
+    -- time, tzdata's Factory placeholder, the POSIX rules and the posix/ and
+    -- right/ copies (they differ from host to host).
+    IF p_timezone IS NOT NULL AND (p_timezone IN ('localtime', 'Factory', 'posixrules')
+                                   OR p_timezone ~ '^(posix|right)/'
+                                   OR NOT EXISTS (SELECT 1 FROM timezone_names z WHERE z.name = p_timezone)) THEN
+        RETURN format('repeat.timezone %L is not an IANA time zone name (like Europe/Berlin; not localtime, '
+                      'Factory or a posix/ or right/ copy)', left(p_timezone, 100));
     END IF;
     RETURN NULL;
 END $$;
@@ -99,7 +107,7 @@ BEGIN
     IF v_problem IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'MH413', MESSAGE = v_problem;
     END IF;
-    v_problem := mh_repeat_problem(p_every_s, p_cron, v_zone);
+    v_problem := coalesce(mh_payload_number_problem(v_payload), mh_repeat_problem(p_every_s, p_cron, v_zone));
     IF v_problem IS NULL AND (p_misfire IS NULL OR p_misfire NOT IN ('run_once', 'skip')) THEN
         v_problem := 'repeat.misfire must be run_once or skip';
     END IF;

@@ -41,6 +41,14 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
                             octet_length(p_payload::text), mh_payload_max_bytes()) END
 $$;
 
+-- A number beyond a double (1e400): jsonb keeps it, but no JSON decoder a
+-- worker uses reads it (the HTTP API refuses it as it parses the body).
+CREATE OR REPLACE FUNCTION mh_payload_number_problem(p_payload jsonb) RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN jsonb_path_exists(p_payload, '$.** ? (@.type() == "number" && @.abs() > 1.7976931348623157e308)')
+                THEN 'payload holds a number beyond a double (over 1.8e308 in size), which no JSON decoder reads' END
+$$;
+
 -- Why a due time cannot be used (NULL: it can). p_label names it in the reason.
 CREATE OR REPLACE FUNCTION mh_due_problem(p_label text, p_due_at timestamptz, p_now timestamptz) RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
@@ -238,8 +246,9 @@ BEGIN
     IF v_problem IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'MH413', MESSAGE = v_problem;
     END IF;
-    v_problem := mh_job_problem(p_name, p_due_at, p_priority, p_max_attempts, v_flex, p_strict,
-                                p_backoff_base_s, p_backoff_cap_s, p_idempotency_key, v_now);
+    v_problem := coalesce(mh_payload_number_problem(v_payload),
+                          mh_job_problem(p_name, p_due_at, p_priority, p_max_attempts, v_flex, p_strict,
+                                         p_backoff_base_s, p_backoff_cap_s, p_idempotency_key, v_now));
     IF v_problem IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'MH400', MESSAGE = v_problem;
     END IF;
@@ -302,7 +311,7 @@ CREATE OR REPLACE FUNCTION mh_batch_items(
 RETURNS TABLE (idx int, name text, due_at timestamptz, payload jsonb, priority int, max_attempts int,
                flex_s int, is_strict boolean, key text, base real, cap real, sent_flex_s int, problem text)
 LANGUAGE sql STABLE AS $$
-    SELECT i.*, coalesce(mh_payload_problem(i.payload),
+    SELECT i.*, coalesce(mh_payload_problem(i.payload), mh_payload_number_problem(i.payload),
                          mh_job_problem(i.name, i.due_at, i.priority, i.max_attempts, i.flex_s,
                                         i.strict, i.base, i.cap, i.key, p_now))
       FROM (SELECT (u.ord - 1)::int AS idx, u.name, u.due_at, coalesce(u.payload, '{}') AS payload,
