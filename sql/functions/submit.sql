@@ -42,10 +42,13 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
 $$;
 
 -- A number beyond a double (1e400): jsonb keeps it, but no JSON decoder a
--- worker uses reads it (the HTTP API refuses it as it parses the body).
+-- worker uses reads it (the HTTP API refuses it as it parses the body). As
+-- text jsonb writes such a number out in 309 digits or more, so a shorter
+-- payload (most are) is not walked: the walk costs ~5 us a job.
 CREATE OR REPLACE FUNCTION mh_payload_number_problem(p_payload jsonb) RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT CASE WHEN jsonb_path_exists(p_payload, '$.** ? (@.type() == "number" && @.abs() > 1.7976931348623157e308)')
+    SELECT CASE WHEN octet_length(p_payload::text) > 308
+                 AND jsonb_path_exists(p_payload, '$.** ? (@.type() == "number" && @.abs() > 1.7976931348623157e308)')
                 THEN 'payload holds a number beyond a double (over 1.8e308 in size), which no JSON decoder reads' END
 $$;
 
