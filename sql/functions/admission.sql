@@ -64,10 +64,7 @@ CREATE OR REPLACE FUNCTION mh_hold_pending(p_team text, p_jobs int, p_default_ce
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE v_team teams%ROWTYPE;
 BEGIN
-    SELECT * INTO v_team FROM teams WHERE name = p_team;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = 'MH404', MESSAGE = format('unknown team %L', p_team);
-    END IF;
+    v_team := mh_team(p_team);
     admitted := p_jobs;
     ceiling := coalesce(v_team.max_pending, nullif(p_default_ceiling, 0));
     IF ceiling IS NULL THEN
@@ -105,10 +102,7 @@ DECLARE
     v_team     teams%ROWTYPE;
     v_tokens   float8;
 BEGIN
-    SELECT * INTO v_team FROM teams WHERE name = p_team;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = 'MH404', MESSAGE = format('unknown team %L', p_team);
-    END IF;
+    v_team := mh_team(p_team);
     admitted := p_jobs;
     rate := v_team.submit_rate;
     burst := v_team.submit_burst;

@@ -110,15 +110,21 @@ RETURNS timestamptz LANGUAGE sql VOLATILE AS $$
                 ELSE (mh_place(ARRAY[p_due_at], ARRAY[p_flex_s], ARRAY[p_strict], p_now))[1] END
 $$;
 
-CREATE OR REPLACE FUNCTION mh_team_id(p_team text) RETURNS int
+CREATE OR REPLACE FUNCTION mh_team(p_team text) RETURNS teams
 LANGUAGE plpgsql STABLE SET search_path = minutehand, pg_temp AS $$
-DECLARE v_id int;
+DECLARE v_team teams%ROWTYPE;
 BEGIN
-    SELECT id INTO v_id FROM teams WHERE name = p_team;
+    SELECT * INTO v_team FROM teams WHERE name = p_team;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'MH404', MESSAGE = format('unknown team %L', p_team);
     END IF;
-    RETURN v_id;
+    RETURN v_team;
+END $$;
+
+CREATE OR REPLACE FUNCTION mh_team_id(p_team text) RETURNS int
+LANGUAGE plpgsql STABLE SET search_path = minutehand, pg_temp AS $$
+BEGIN
+    RETURN (mh_team(p_team)).id;
 END $$;
 
 -- A validated job becomes a record and a row on the wheel, at p_run_at
