@@ -241,9 +241,10 @@ def started_dispatcher(store: Store, leases: int = 256, **settings) -> Dispatche
 
 async def lease_until(d: Dispatcher, want: int, capacity: int = 100, names: list[str] | None = None,
                       teams: list[str] | None = None) -> list:
-    """Lease until `want` jobs came (or 20 s passed)."""
+    """Lease until `want` jobs came, or 120 s passed: a ceiling that only a
+    failure reaches (a loaded Citus cluster took over 20 s for 25,600)."""
     got: list = []
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120
     while len(got) < want and time.monotonic() < deadline:
         got += await d.lease("w", capacity, names, 1.0, teams=teams)
     return got
