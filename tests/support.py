@@ -232,7 +232,7 @@ def started_dispatcher(store: Store, leases: int = 256, **settings) -> Dispatche
         Settings(**{"dispatcher_name": f"d-{secrets.token_hex(3)}", "shard_lease_s": 5, **settings}), store)
     parts.start()
     d = StartedDispatcher(dispatcher, parts)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     while len(d._leases) < leases:
         assert time.monotonic() < deadline, "the dispatcher took no shard leases"
         time.sleep(0.05)

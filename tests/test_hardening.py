@@ -40,6 +40,7 @@ from minutehand.store import errors
 from minutehand.store.records import Repeat
 from minutehand.store.store import Store
 from minutehand.store.submit import JobSpec
+from tests.processes import wait_until
 from tests.support import (T0, claim_all, counts, lease_all, lease_until, make_store, on_citus, pin,
                            started_dispatcher, submit_sql)
 
@@ -104,13 +105,16 @@ def test_a_row_that_cannot_be_delivered_fails_alone_and_the_round_goes_on(db_dsn
     db.execute("UPDATE jobs SET due_at = %s, run_at = %s WHERE id = %s", (BC, BC, bad))
     db.execute("UPDATE due_minutes SET run_at = %s WHERE job_id = %s", (BC, bad))
     d = started_dispatcher(s)
+    state = "SELECT state, last_error FROM jobs WHERE id = %s"
     try:
-        got = asyncio.run(lease_until(d, 9, capacity=50))
+        # The good ones, and no more: asked for longer, they would come again once their claims ran out.
+        got = asyncio.run(lease_until(d, len(good), capacity=50))
+        wait_until(lambda: db.execute(state, (bad,)).fetchone()[0] == "dead", 60, "the bad row set aside")
     finally:
         d.stop()
         s.close()
     assert sorted(int(j.job_id) for j in got) == sorted(good)
-    row = db.execute("SELECT state, last_error FROM jobs WHERE id = %s", (bad,)).fetchone()
+    row = db.execute(state, (bad,)).fetchone()
     assert row[0] == "dead" and "cannot be delivered" in row[1], row
     assert db.execute("SELECT count(*) FROM jobs WHERE state = 'claimed'").fetchone()[0] == len(good)
 
