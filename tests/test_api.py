@@ -21,6 +21,7 @@ from litestar.testing import AsyncTestClient, TestClient
 from minutehand.api.app import create_app
 from minutehand.serve import build
 from minutehand.settings import Settings
+from minutehand.version import VERSION
 from minutehand.store import migrate
 from minutehand.store.outcomes import Complete, Fail, Release, Start
 from minutehand.store.store import Store
@@ -283,7 +284,7 @@ def test_batch_of_the_wrong_shape_is_422_and_writes_nothing(client, conn, body, 
     ({"name": "b", "due_at": "2030-01-01T00:00+01:00"}, "invalid rfc3339"),
 ])
 def test_batch_items_of_the_wrong_shape_are_refused_alone_and_written_nowhere(client, conn, item, detail):
-    """An item that does not decode is reported in its place (README: per-item
+    """An item that does not decode is reported in its place (docs/reference/http-api.md: per-item
     errors); the others are submitted (tests/test_api_hardening.py: more)."""
     before = counts(conn)
     r = client.post("/v1/jobs/batch", headers=T, json={"jobs": [{"name": "a"}, item]})
@@ -702,7 +703,8 @@ def test_what_the_schema_accepts_the_server_accepts(client, api_store, method, u
 def test_health_readiness_schema_and_unknown_routes(client):
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")
-    assert ready.status_code == 200 and ready.json() == {"status": "ready", "revision": HEAD, "head": HEAD}
+    assert ready.status_code == 200 and ready.json() == {"status": "ready", "revision": HEAD, "head": HEAD,
+                                                    "version": VERSION}
     schema = client.get("/schema/openapi.json").json()
     assert {"/v1/jobs", "/v1/jobs/batch", "/v1/jobs/{job_id}", "/v1/teams", "/v1/teams/{name}/token",
             "/v1/teams/{name}/stats", "/v1/stats", "/healthz", "/readyz"} <= set(schema["paths"])

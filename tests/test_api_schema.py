@@ -87,7 +87,7 @@ def positive_data_acceptance_but_what_no_schema_says(ctx, response, case):
 def negative_data_rejection_as_documented(ctx, response, case):
     """A schema-violating request is refused, 413 included (a body over the
     endpoint's byte limit is refused unread: a schema bounds values, not the
-    length of their JSON text); but a batch, as the README says, reports an
+    length of their JSON text); but a batch, as docs/reference/http-api.md says, reports an
     item it cannot take in its place and answers 200 for the others."""
     try:
         return negative_data_rejection(ctx, response, case)
@@ -104,7 +104,7 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
           negative_data_rejection_as_documented, missing_required_header, unsupported_method,
           allow_header_conformance, ensure_resource_availability, ignored_auth, object_level_authorization]
 # Not use_after_free: DELETE /v1/jobs/{id} cancels a job, which stays readable
-# (state cancelled) for its retention, as the README says.
+# (state cancelled) for its retention, as docs/operations/retention.md says.
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,8 @@ the API and the admin UI are siblings over minutehand.web and the rules
 (which know no HTTP), the CLI uses neither app, dev-only code stays out of
 the runtime, and packages import no cycle.
 Plus: the worker imports and runs with the server's dependencies blocked,
-and pyproject's package list is app/minutehand/'s folders."""
+and pyproject's package list is app/minutehand/'s folders plus the folders
+it maps from the repository's top (sql/, migrations/)."""
 from __future__ import annotations
 
 import ast
@@ -19,7 +20,7 @@ SRC = ROOT / "app"                      # what a src/ folder is elsewhere
 APP = SRC / "minutehand"
 SERVER_ONLY = ("litestar", "sqlalchemy", "psycopg", "psycopg_pool", "alembic", "apscheduler", "uvicorn")
 # Leaves of minutehand (they import none of it) that any layer may use.
-LEAVES = {"minutehand.lifecycle", "minutehand.envconfig"}
+LEAVES = {"minutehand.lifecycle", "minutehand.envconfig", "minutehand.packaged", "minutehand.version"}
 
 
 def module_name(path: Path) -> str:
@@ -252,5 +253,8 @@ def test_the_worker_imports_and_runs_a_handler_without_the_server_dependencies()
 def test_pyproject_lists_every_package_folder():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     listed = set(project["tool"]["setuptools"]["packages"])
+    mapped = {name: folder for name, folder in project["tool"]["setuptools"]["package-dir"].items() if name}
     folders = {module_name(p.parent / "__init__.py") for p in APP.rglob("__init__.py")}
-    assert listed == folders
+    assert mapped == {"minutehand.sql": "sql", "minutehand.migrations": "migrations"}
+    assert all((ROOT / folder / "__init__.py").is_file() for folder in mapped.values())
+    assert listed == folders | mapped.keys()

@@ -1,4 +1,4 @@
-"""/metrics (README "Metrics"): after a small end-to-end run (a real `minutehand
+"""/metrics (docs/operations/metrics.md): after a small end-to-end run (a real `minutehand
 serve` and a real worker process), every family is exposed with its labels and
 the job counters equal a recount of the jobs table; a `minutehand dispatcher`
 serves /metrics too; the name cap folds a team's extra job names into

@@ -19,7 +19,7 @@ from minutehand.worker.settings import WorkerSettings
 ROOT = Path(__file__).resolve().parents[1]
 UNITS = ROOT / "ops" / "systemd"
 DOCKER = ROOT / "ops" / "docker"
-INSTALLED = "/opt/minutehand/bin/minutehand"        # where the units expect the venv (README)
+INSTALLED = "/opt/minutehand/bin/minutehand"        # where the units expect the venv (docs/operations/production.md)
 
 
 def unit(name: str) -> dict[str, list[str]]:

@@ -1,5 +1,5 @@
 """What a serve or dispatcher process measures of itself, for Prometheus
-(README "Metrics"): batch sizes, shard leases, database round trips and
+(docs/operations/metrics.md): batch sizes, shard leases, database round trips and
 pool waits. Families named minutehand_*, defined once here, in
 prometheus_client's default registry (REGISTRY), beside its process and
 garbage-collector families and the HTTP requests Litestar's middleware

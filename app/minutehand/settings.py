@@ -109,7 +109,7 @@ class Settings:
     # How long a server process remembers that a team has no admission limit
     # (a limit set through another process applies within this time).
     admission_cache_s: Annotated[float, Between(0, 3600)] = 5.0
-    # Webhooks (README "Dead jobs"): a POST's deadline (the whole request:
+    # Webhooks (docs/guides/dead-jobs.md): a POST's deadline (the whole request:
     # connecting, sending, the receiver's answer), the backoff after failed
     # attempts (a random wait in [d/2, d], d = min(cap, base * 2^(failures -
     # 1))), the most events per POST, how often the dispatcher holding the
@@ -121,7 +121,7 @@ class Settings:
     webhook_batch: Annotated[int, Between(1, 10_000)] = 100
     webhook_every_s: Annotated[float, Between(0.01, 3600)] = 1.0
     webhook_concurrency: Annotated[int, Between(1, 256)] = 8
-    # /metrics (README "Metrics"): how many job names of a team get a `name`
+    # /metrics (docs/operations/metrics.md): how many job names of a team get a `name`
     # label of their own (the first seen, by volume; the rest are counted as
     # `(other)`; at most the 50 the counters keep apart), and how long what
     # it reads from the database is reused between scrapes, in seconds.

@@ -1,5 +1,5 @@
 """Admission control's cost, measured as A/B pairs interleaved in time on one
-server (README, "Admission control"), so that the drift of a shared machine
+server (docs/guides/teams.md, "Admission control"), so that the drift of a shared machine
 falls on both sides of each ratio alike:
 
 1. the pending count: mh_add_stats with its team_pending upsert (as it is)

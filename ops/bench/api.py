@@ -177,7 +177,7 @@ def main() -> None:
                     help="give every job this flex window (default: none, the jobs run at their due time)")
     ap.add_argument("--limits", action="store_true",
                     help="give the team a submission rate limit and a pending ceiling too high to refuse "
-                         "anything, so every submission goes through admission control (README, "
+                         "anything, so every submission goes through admission control (docs/guides/teams.md, "
                          "\"Admission control\")")
     ap.add_argument("--quick", action="store_true", help="short runs: check the script, not the numbers")
     args = ap.parse_args()

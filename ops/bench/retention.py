@@ -5,7 +5,7 @@ a fresh durable cluster (fsync and synchronous_commit on).
     python -m ops.bench.retention                  # about 6 minutes
     python -m ops.bench.retention --quick          # smaller, for a smoke run
     python -m ops.bench.retention --dsn URL        # a server of yours
-    python -m ops.bench.retention --compare        # the design measurement alone (README "Retention")
+    python -m ops.bench.retention --compare        # the design measurement alone (docs/operations/retention.md)
 
 Figures, all from one run on the same server:
 1. removal rate: a backlog of finished jobs past their retention (written
@@ -161,7 +161,7 @@ def steady(url: str, token: str, rate: int, seconds: int, retention_s: int) -> d
 
 
 def delete_vs_drop(url: str, n: int) -> None:
-    """The measurement behind the design (README "Retention"): n finished jobs
+    """The measurement behind the design (docs/operations/retention.md): n finished jobs
     removed by batched deletes walking (shard, id), one shard per statement,
     then VACUUM; against the same rows in one id-range partition dropped whole."""
     with psycopg.connect(url, autocommit=True) as c:

@@ -1,5 +1,5 @@
 """What the counters' reads cost when one team uses very many job names
-(README "Statistics"): team_stats keeps a team's first mh_stats_names()
+(docs/guides/teams.md, "Statistics"): team_stats keeps a team's first mh_stats_names()
 names apart and counts the rest as one `(other)` row, so the reads should
 cost the same with 600 names as with 60,000.
 

@@ -42,7 +42,7 @@ the database or /proc, nothing from the scheduler's own code:
 
 Before the steps: the floor of any PostgreSQL queue on the same server
 (ops/bench/floor/run.sh, ops.bench.store.floor) and the start lag at
-1,000 jobs/s the way the README states it (ops.bench.e2e's own step: no-op
+1,000 jobs/s the way docs/contributing/benchmarks.md states it (ops.bench.e2e's own step: no-op
 jobs submitted through the store, 2 workers x 100, 30 s, a `minutehand
 serve` with default settings).
 """
@@ -349,7 +349,7 @@ def report(step: Step, generator: str) -> None:
 
 # ---------------------------------------------------------------- the run
 def readme_lag(url: str, token: str, seconds: int, log) -> dict:
-    """ops.bench.e2e's start-lag step, as the README states its figure: a
+    """ops.bench.e2e's start-lag step, as docs/contributing/benchmarks.md states its figure: a
     `minutehand serve` with default settings, 2 no-op workers x 100."""
     port = _free_port()
     server = start_server(url, port, "", 2, log=log)
@@ -409,7 +409,7 @@ def run(dsn: str, args) -> None:
     print(f"the processes' output: {logs.folder}")
     if args.readme_lag_s:
         lag = readme_lag(url, token, args.readme_lag_s, logs.open("readme-lag serve"))
-        print(f"start lag at {lag['rate']:,.0f} jobs/s the way the README states it (ops.bench.e2e's step, "
+        print(f"start lag at {lag['rate']:,.0f} jobs/s the way docs/contributing/benchmarks.md states it (ops.bench.e2e's step, "
               f"{args.readme_lag_s} s): p50 {lag['p50_ms']:.1f} ms, p99 {lag['p99_ms']:.1f} ms "
               f"({lag['jobs']:,} jobs, {lag['unclaimed']} unclaimed at the end)", flush=True)
         if lag["p99_ms"] > 1000:
@@ -496,7 +496,7 @@ def main() -> None:
     parser.add_argument("--procedures", type=int, default=8, help="how many procedures to list per step")
     parser.add_argument("--floor-s", type=int, default=20, help="seconds of each floor run (0: skip)")
     parser.add_argument("--readme-lag-s", type=int, default=30,
-                        help="seconds of the README's start-lag step at 1,000 jobs/s (0: skip)")
+                        help="seconds of the start-lag step in docs/contributing/benchmarks.md at 1,000 jobs/s (0: skip)")
     args = parser.parse_args()
     if not 0 <= args.warmup_s < args.step_s:
         parser.error("--warmup-s must be below --step-s")

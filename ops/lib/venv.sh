@@ -28,7 +28,7 @@ mh_venv() {
     # Reinstall only when pyproject.toml changed since the last install with these extras.
     local stamp=".venv/.minutehand-installed${extras:+-$extras}"
     if ! cmp -s pyproject.toml "$stamp"; then
-        echo "ops: installing minutehand${extras:+[$extras]} into .venv" >&2
+        echo "ops: installing minutehand-scheduler${extras:+[$extras]} into .venv" >&2
         local log=.venv/pip-install.log
         # Output only on failure: the build backend's warnings are noise in test runs.
         if ! .venv/bin/python -m pip install --disable-pip-version-check -e ".${extras:+[$extras]}" >"$log" 2>&1; then

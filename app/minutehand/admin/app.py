@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -62,13 +61,14 @@ from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
 from litestar.types import BeforeMessageSendHookHandler, Message, Scope
 
+from minutehand import packaged
 from minutehand.admin import access, audit, dead, dispatchers, jobs, overview, series, teams
 from minutehand.admin.throttle import SignInThrottle
 from minutehand.store import errors
 from minutehand.web.context import Context
 
 log = logging.getLogger(__name__)
-HERE = Path(__file__).resolve().parent
+HERE = packaged.folder("minutehand.admin")
 PAGE_MODULES = (access, overview, jobs, dead, series, dispatchers, teams, audit)
 # Every /admin response: never framed by another site (clickjacking), scripts
 # only from /admin/static (an injected inline script or handler does not run),

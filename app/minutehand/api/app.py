@@ -6,7 +6,8 @@ events feed), webhooks.py and health.py; authentication in auth.py;
 errors in problems.py; bodies and responses in schemas.py. What the admin
 UI shares with them (the Context, the Principal, the kinds of problem) is
 in app/minutehand/web/, the rules in app/minutehand/rules.py. The OpenAPI
-schema is served at /schema/openapi.json (and browsable at /schema).
+schema is served at /schema/openapi.json (and browsable at /schema/swagger,
+from the package's own files: explorer.py).
 """
 from __future__ import annotations
 
@@ -19,13 +20,12 @@ from litestar.enums import HttpMethod
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath
 from litestar.openapi import OpenAPIConfig
-from litestar.openapi.plugins import SwaggerRenderPlugin
 from litestar.openapi.spec import Components, Link, SecurityScheme
 from litestar.template.config import TemplateConfig
 from litestar.types import BeforeMessageSendHookHandler
 
 from minutehand import protocol
-from minutehand.api import dead, health, jobs, metrics, problems, series, teams, webhooks, windows
+from minutehand.api import dead, explorer, health, jobs, metrics, problems, series, teams, webhooks, windows
 from minutehand.api import workers as worker_routes
 from minutehand.api.auth import authenticator, checked_before_body
 from minutehand.api.bodies import JobIdSchema, StrictBody
@@ -36,11 +36,10 @@ from minutehand.protocol import JobId
 from minutehand.settings import Settings
 from minutehand.store import migrate
 from minutehand.store.store import Store
+from minutehand.version import VERSION
 from minutehand.web.admission import Admission
 from minutehand.web.auth import TokenCache
 from minutehand.web.context import Context
-
-VERSION = "1"
 
 
 def create_app(settings: Settings, store: Store, *, head: str | None = None, submit_api: bool = True,
@@ -66,7 +65,7 @@ def create_app(settings: Settings, store: Store, *, head: str | None = None, sub
 
     check_first, principal = checked_before_body(
         "principal", authenticator(settings.admin_token, ctx.tokens, ctx.lookup_token))
-    handlers: list = [*health.routes(ctx, dispatcher), *metrics.routes(ctx), problem_type]
+    handlers: list = [*health.routes(ctx, dispatcher), *metrics.routes(ctx), problem_type, explorer.assets()]
     if submit_api:
         handlers += [*jobs.routes(ctx), *teams.routes(ctx), *series.routes(ctx), *windows.routes(ctx),
                      *dead.routes(ctx), *webhooks.routes(ctx)]
@@ -97,7 +96,7 @@ def create_app(settings: Settings, store: Store, *, head: str | None = None, sub
                 "worker": SecurityScheme(type="http", scheme="bearer",
                                          description="a worker (fleet) token (`minutehand worker-token "
                                                      "create NAME`)")}),
-            render_plugins=[SwaggerRenderPlugin()],
+            render_plugins=[explorer.plugin()],
         ),
         request_max_body_size=settings.api_max_body_bytes,
         middleware=[metrics.requests_middleware()],

@@ -12,6 +12,7 @@ from litestar.handlers import HTTPRouteHandler
 from minutehand.api import problems
 from minutehand.api.schemas import HealthOut, ReadyOut
 from minutehand.dispatch.dispatcher import Dispatcher
+from minutehand.version import VERSION
 from minutehand.web.context import Context
 from minutehand.web.problems import INTERNAL, UNAVAILABLE, ApiProblem
 
@@ -43,6 +44,6 @@ def routes(ctx: Context, dispatcher: Dispatcher | None = None) -> list[HTTPRoute
         if dispatcher is not None and (reason := dispatcher.unready()):
             raise ApiProblem(UNAVAILABLE, f"dispatcher {dispatcher.name} cannot hand out jobs: {reason}",
                              headers={"Retry-After": str(ctx.settings.api_retry_after_s)})
-        return ReadyOut("ready", revision, ctx.head)
+        return ReadyOut("ready", revision, ctx.head, VERSION)
 
     return [healthz, readyz]

@@ -1,5 +1,5 @@
 """GET /metrics on every serve and dispatcher process: Prometheus text
-format (README "Metrics").
+format (docs/operations/metrics.md).
 
 Three sources, one exposition:
 - the process's own families (minutehand.metrics: batch sizes, shard
@@ -225,7 +225,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
         return prometheus_client.generate_latest() + prometheus_client.generate_latest(jobs)
 
     @get("/metrics", operation_id="metrics", tags=["health"], summary="Prometheus metrics of this process and "
-         "of the jobs (README: Metrics)", include_in_schema=False)
+         "of the jobs (docs/operations/metrics.md)", include_in_schema=False)
     async def metrics() -> Response[bytes]:
         return Response(await ctx.db(exposition), media_type=prometheus_client.CONTENT_TYPE_LATEST)
 

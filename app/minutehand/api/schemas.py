@@ -525,11 +525,12 @@ class ReadyOut(Struct):
     status: str
     revision: str | None
     head: str
+    version: str           # the release (minutehand --version), whose head revision this is
 
 
 class Problem(Struct, omit_defaults=True):
     """RFC 9457 problem details. type names the kind of problem (a URI
-    reference, listed in the README); detail says what to do about it."""
+    reference, listed in docs/reference/http-api.md); detail says what to do about it."""
     type: str
     title: str
     status: int

@@ -39,7 +39,7 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
     @put("/v1/teams/{name:str}/webhook", operation_id="setWebhook", status_code=200, security=SECURITY, tags=TAGS,
          request_max_body_size=WEBHOOK_BODY_BYTES, summary="Set a team's webhook (admin)",
          description="The team's events are POSTed to `url` in batches, signed with `secret` (header "
-                     "`Minutehand-Signature`, README \"Dead jobs\"), at least once, retried with exponential "
+                     "`Minutehand-Signature`, docs/guides/dead-jobs.md), at least once, retried with exponential "
                      "backoff until a 2xx. A new webhook starts with the oldest events kept; a changed one "
                      "goes on where delivery was. The answer shows the secret, once.",
          responses=problems.responses(*COMMON, FORBIDDEN, NOT_FOUND, INVALID, TOO_LARGE))

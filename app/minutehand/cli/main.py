@@ -7,8 +7,8 @@ and the matching flags, each overriding the one before (app/minutehand/settings.
 `minutehand migrate --database-url URL`.
 
 Each subcommand imports what it needs when it runs: `minutehand worker` needs
-only the worker library's dependencies (`pip install minutehand`); the others
-need the server's (`pip install 'minutehand[server]'`).
+only the worker library's dependencies (`pip install minutehand-scheduler`);
+the others need the server's (`pip install 'minutehand-scheduler[server]'`).
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import sys
 from typing import NamedTuple
 
 from minutehand.settings import SUBMIT_RATE_MAX, TEAM_LIMIT_MAX, TEAM_LIMIT_MIN, Settings
+from minutehand.version import DISTRIBUTION, VERSION
 
 # The server's dependencies (the `server` extra): a subcommand that fails to
 # import one of them says how to install them rather than show a traceback.
@@ -316,6 +317,7 @@ def cmd_dev(settings: Settings, args: argparse.Namespace) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minutehand", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"minutehand {VERSION} ({DISTRIBUTION})")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, func, help_: str) -> argparse.ArgumentParser:
@@ -443,7 +445,7 @@ def main(argv: list[str] | None = None) -> None:
         if (exc.name or "").partition(".")[0] not in SERVER_PACKAGES:
             raise
         raise SystemExit(f"minutehand {args.command} needs the server's dependencies ({exc.name} is missing): "
-                         "pip install 'minutehand[server]'") from None
+                         f"pip install '{DISTRIBUTION}[server]'") from None
 
 
 if __name__ == "__main__":

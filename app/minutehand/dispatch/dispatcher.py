@@ -39,7 +39,7 @@ the shards each leases, rounded up; each counts the team's jobs running
 from its own shards (their team_running rows, read every RUNNING_READ_S and
 whenever its shards change) plus what it claimed since. So n dispatchers
 together exceed a quota by at most n - 1 (the rounding), except while
-shards change hands (README: "Quotas"). Capacity past a quota is lent only
+shards change hands (docs/guides/teams.md, "Who goes first"). Capacity past a quota is lent only
 while no team waits with headroom on any dispatcher: each says which wait
 on its shards with its membership renewal (shards.py; WAITING_S).
 

@@ -12,7 +12,7 @@ Per shard, by the shard's owner only (the shards this dispatcher leases):
   webhook delivery attempts past their retention (7 days).
 - retain_jobs every retention_every_s (30 s): finished jobs past their team's
   retention are removed, walking the shard's jobs in id order from a
-  low-water mark (sql/functions/retention.sql; README "Retention").
+  low-water mark (sql/functions/retention.sql; docs/operations/retention.md).
 For the whole wheel, by one dispatcher at a time (the holder of the
 `wheel` duty lease, a row with an expiry: sql/functions/dispatch.sql):
 - cascade_wheel and sweep_passed every 30 s: far-future jobs move down as

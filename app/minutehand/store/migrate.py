@@ -1,17 +1,17 @@
-"""Schema migrations: Alembic revisions in migrations/ carry the table
+"""Schema migrations: Alembic revisions in migrations/ (installed as the
+package minutehand.migrations) carry the table
 changes; every migrate that ends at head applies the functions of
 sql/functions/ (migrations/env.py says how)."""
-from pathlib import Path
-
 import psycopg
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 
+from minutehand import packaged
 from minutehand.settings import sqlalchemy_url
 from minutehand.store import schema
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[3] / "migrations"
+MIGRATIONS_DIR = packaged.folder("minutehand.migrations")
 
 
 def _config(database_url: str, **attributes) -> Config:

@@ -1,5 +1,6 @@
-"""Where the SQL lives: the sql/ folder of the checkout, the single source of
-truth for the schema, the procedures and the named statements.
+"""Where the SQL lives: the sql/ folder of the repository, installed as the
+package minutehand.sql; the single source of truth for the schema, the
+procedures and the named statements.
 
     sql/tables/*.sql     the current tables, types and indexes (a fresh database)
     sql/functions/*.sql  every function, once; applied by every migrate that ends at head
@@ -12,13 +13,13 @@ Table changes to existing databases are the frozen revisions in migrations/versi
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import psycopg
 
+from minutehand import packaged
 from minutehand.store.schema import SCHEMA
 
-SQL_DIR = Path(__file__).resolve().parents[3] / "sql"
+SQL_DIR = packaged.folder("minutehand.sql")
 
 # In the order they are applied: later files build on earlier ones (SQL
 # function bodies are checked against the functions and tables that exist).

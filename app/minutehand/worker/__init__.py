@@ -25,7 +25,7 @@ logs.py (JSON log lines).
 
 It imports only itself, minutehand.protocol and two leaves
 (minutehand.lifecycle, minutehand.envconfig): it installs and runs with
-`pip install minutehand` alone, without the server's dependencies.
+`pip install minutehand-scheduler` alone, without the server's dependencies.
 """
 from minutehand.worker.job import Job, NonRetryable
 from minutehand.worker.worker import Worker

@@ -1,4 +1,4 @@
-"""A worker's own Prometheus metrics (README "Metrics"), served on
+"""A worker's own Prometheus metrics (docs/operations/metrics.md), served on
 worker_metrics_port when it is set (0: off, the default): what this
 worker ran, by job name (its handlers' names: bounded) and outcome, and how
 long the handlers took. The counts of jobs fleet-wide are the server's

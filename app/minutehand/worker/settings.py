@@ -23,7 +23,7 @@ class WorkerSettings:
     worker_token: str = ""
     worker_concurrency: Annotated[int, Between(1, 10_000)] = 10
     worker_grace_s: Annotated[float, Between(0, 86400)] = 30.0
-    # Serve this worker's Prometheus metrics (README "Metrics") on
+    # Serve this worker's Prometheus metrics (docs/operations/metrics.md) on
     # worker_metrics_host:worker_metrics_port; port 0: no metrics server.
     worker_metrics_port: Annotated[int, Between(0, 65535)] = 0
     worker_metrics_host: str = "127.0.0.1"
