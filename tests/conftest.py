@@ -53,17 +53,33 @@ def pytest_collection_modifyitems(config, items):
     ids = Counter(item.nodeid for item in items)
     for item in items:
         if ids[item.nodeid] > 1:
-            unique = f"{item.nodeid.rpartition('::')[0]}::{item.name}"
-            if hasattr(item, "_id"):          # pytest 9 keeps it parsed
-                item._id = type(item._id).parse(unique)
-            else:
-                item._nodeid = unique
+            _rename(item, f"{item.nodeid.rpartition('::')[0]}::{item.name}")
+    grouped = getattr(config.option, "loadgroup", False)      # an xdist process of --dist loadgroup
     for item in items:
         if not any(item.get_closest_marker(t) for t in TIERS):
             names = item.fixturenames
             item.add_marker("browser" if "browser" in names else "db" if "pg_server" in names else "unit")
         if _shares_with_its_module(item):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+            # xdist sends a group to one process by the "@group" its node id
+            # ends with; it sets that id the way pytest 9 no longer reads, so
+            # each process would build the module's fixture (a million rows)
+            # again, and again whenever the module's tests came back to it.
+            if grouped:
+                _rename(item, f"{item.nodeid}@{item.module.__name__}")
+    if grouped:
+        # xdist hands out the groups first, largest first, then the other
+        # tests in this order: the long ones (whole processes, benchmark-like
+        # loads) first, so that none of them starts last and runs alone.
+        items.sort(key=lambda item: not (item.get_closest_marker("processes") or item.get_closest_marker("bench"))
+                   or bool(item.get_closest_marker("xdist_group")))
+
+
+def _rename(item, nodeid: str) -> None:
+    if hasattr(item, "_id"):                  # pytest 9 keeps it parsed
+        item._id = type(item._id).parse(nodeid)
+    else:
+        item._nodeid = nodeid
 
 
 def _shares_with_its_module(item) -> bool:
