@@ -154,8 +154,9 @@ def test_a_claim_that_fails_for_one_request_fails_it_alone(db_dsn):
     d = started_dispatcher(s)
 
     async def both():
-        # A value the database cannot take (NUL), past the HTTP checks.
-        bad = asyncio.ensure_future(d.lease("evil", 1, ["x\x00"], 5.0))
+        # A value the database cannot take (NUL), past the HTTP checks (with a
+        # name that is due: a worker's names none of which is due are not claimed for).
+        bad = asyncio.ensure_future(d.lease("evil", 1, ["x\x00", "x"], 5.0))
         await asyncio.sleep(0.05)
         good = asyncio.ensure_future(d.lease("good", 1, ["x"], 5.0))
         return await asyncio.gather(bad, good, return_exceptions=True)
