@@ -587,7 +587,8 @@ def test_the_edges_of_many_shards_read_together_are_each_shards_own(db_dsn, db):
                 alone[sh] = (sorted(rows[:-1]), rows[-1][-1])
             moved = db.execute("SELECT shard, hand FROM shards ORDER BY shard").fetchall()
         with db.transaction(force_rollback=True):
-            for sh, *row in db.execute("SELECT * FROM due_edges(%s, %s)",
+            for sh, *row in db.execute("SELECT shard, bucket, strict, priority, team_id, due, oldest, next_at "
+                                       "FROM due_edges(%s, %s)",
                                        (shards, [since.get(sh) for sh in shards])).fetchall():
                 cells, next_at = together.setdefault(sh, ([], None))
                 if row[3] is None:

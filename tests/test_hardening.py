@@ -158,8 +158,9 @@ def test_a_claim_that_fails_for_one_request_fails_it_alone(db_dsn):
     d = started_dispatcher(s)
 
     async def both():
-        # A value the database cannot take (NUL), past the HTTP checks.
-        bad = asyncio.ensure_future(d.lease("evil", 1, ["x\x00"], 5.0))
+        # A value the database cannot take (NUL), past the HTTP checks (with a
+        # name that is due: a worker's names none of which is due are not claimed for).
+        bad = asyncio.ensure_future(d.lease("evil", 1, ["x\x00", "x"], 5.0))
         await asyncio.sleep(0.05)
         good = asyncio.ensure_future(d.lease("good", 1, ["x"], 5.0))
         return await asyncio.gather(bad, good, return_exceptions=True)
@@ -192,21 +193,22 @@ def test_idle_waiters_for_other_names_do_not_hold_up_a_due_job(db_dsn):
         await asyncio.sleep(2.0)                   # and do not spin: one look a second at most (a look
         assert len(rounds) - before <= 10, len(rounds) - before    # at 256 shards is 3 round trips)
         job = await asyncio.to_thread(s.submit, "t", JobSpec(name="wanted"))
-        started = time.monotonic()
+        started, before = time.monotonic(), len(rounds)
         got = await d.lease("eager", 1, ["wanted"], 10.0)
-        took = time.monotonic() - started
+        took, looked = time.monotonic() - started, len(rounds) - before
         await asyncio.gather(*idle)
-        return job, got, took
+        return job, got, took, looked
     try:
-        job, got, took = asyncio.run(run())
+        job, got, took, looked = asyncio.run(run())
     finally:
         d.stop()
         s.close()
+    print(f"the due job reached its worker in {took:.3f} s, {looked} claim round trips")
     assert [int(j.job_id) for j in got] == [job.job_id]
-    # Behind the idle waiters it would take their 6 s; a one-box Citus
-    # cluster under a whole suite's load took 1.75 s to answer at once.
+    # The idle waiters' name is known not to be due (on Citus, where the
+    # reads name no names, they are tried again: 32 a round).
     with psycopg.connect(db_dsn) as conn:
-        assert took < 1.5 * (3 if on_citus(conn) else 1), took
+        assert looked <= (5 if on_citus(conn) else 2), looked
 
 
 def test_a_takeover_is_a_warning_not_a_failed_round(db_dsn, db, caplog):

@@ -597,9 +597,15 @@ END $$;
 -- reads a shard again once it has claimed a capped cell down. On Citus,
 -- where counts group by shard, every due row is still read (the count is
 -- capped after).
+-- Each cell also names the job names of the rows it counted (`names`, a
+-- primary-key probe of `jobs` per counted row), so that a worker taking only
+-- some names is not served from a shard whose due rows are all of others;
+-- NULL (unknown) where the count reached the cap (rows not seen), past
+-- mh_edge_names() distinct names, and on Citus (every due row is read there:
+-- a probe each would cost per row, not per cell).
 CREATE OR REPLACE FUNCTION due_edges(p_shards int[], p_since timestamptz[], p_cap int DEFAULT NULL)
 RETURNS TABLE (shard int, bucket timestamptz, strict boolean, priority smallint, team_id int, due int,
-               oldest timestamptz, next_at timestamptz)
+               oldest timestamptz, next_at timestamptz, names text[])
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
@@ -636,7 +642,8 @@ BEGIN
     v_bucket := (SELECT min(t) FROM unnest(v_starts) t);
     WHILE v_bucket <= v_cur LOOP
         RETURN QUERY EXECUTE format(CASE WHEN v_citus THEN
-            $f$SELECT x.shard, $4, d.strict, d.priority, d.team_id, d.due, d.oldest, NULL::timestamptz
+            $f$SELECT x.shard, $4, d.strict, d.priority, d.team_id, d.due, d.oldest, NULL::timestamptz,
+                      NULL::text[]
                  FROM unnest($1::int[], $2::timestamptz[], $3::timestamptz[]) AS x(shard, start, since)
                 CROSS JOIN LATERAL (
                       SELECT c.strict, c.priority, c.team_id, least(count(*), $6)::int AS due, min(c.run_at) AS oldest
@@ -651,7 +658,7 @@ BEGIN
             -- found by one descent from the end, as most shards have one
             -- cell), then each cell's due rows counted oldest first up to
             -- the cap.
-            $f$SELECT x.shard, $4, d.strict, d.priority, d.team_id, d.due, d.oldest, NULL::timestamptz
+            $f$SELECT x.shard, $4, d.strict, d.priority, d.team_id, d.due, d.oldest, NULL::timestamptz, d.names
                  FROM unnest($1::int[], $2::timestamptz[], $3::timestamptz[]) AS x(shard, start, since)
                 CROSS JOIN LATERAL (
                       WITH RECURSIVE cell AS (
@@ -676,14 +683,19 @@ BEGIN
                            WHERE (p.strict, p.priority, p.team_id) <>
                                  (SELECT c.strict, c.priority, c.team_id FROM %1$I c WHERE c.shard = x.shard
                                    ORDER BY c.strict, c.priority, c.team_id DESC LIMIT 1))
-                      SELECT p.strict, p.priority, p.team_id, k.due, k.oldest
+                      SELECT p.strict, p.priority, p.team_id, k.due, k.oldest, n.names
                         FROM cell p CROSS JOIN LATERAL (
-                              SELECT count(*)::int AS due, min(r.run_at) AS oldest
-                                FROM (SELECT c.run_at FROM %1$I c
+                              SELECT count(*)::int AS due, min(r.run_at) AS oldest, array_agg(r.job_id) AS ids
+                                FROM (SELECT c.run_at, c.job_id FROM %1$I c
                                        WHERE c.shard = x.shard AND c.strict = p.strict AND c.priority = p.priority
                                          AND c.team_id = p.team_id
                                          AND c.run_at <= $5 AND c.run_at >= coalesce(x.since, '-infinity')
                                        ORDER BY c.run_at LIMIT $6) r) k
+                       CROSS JOIN LATERAL (      -- (no probe for a cell counted up to the cap: unknown)
+                              SELECT CASE WHEN count(DISTINCT j.name) <= mh_edge_names()
+                                          THEN array_agg(DISTINCT j.name) END AS names
+                                FROM jobs j
+                               WHERE coalesce(k.due < $6, true) AND j.shard = x.shard AND j.id = ANY (k.ids)) n
                        WHERE k.due > 0) d
                 WHERE x.start <= $4$f$ END,
             mh_minute_part(mh_minute_slot(v_bucket)))
@@ -692,7 +704,7 @@ BEGIN
     END LOOP;
     RETURN QUERY EXECUTE format(CASE WHEN v_citus THEN
         $f$SELECT x.shard, NULL::timestamptz, NULL::boolean, NULL::smallint, NULL::int, NULL::int,
-                  NULL::timestamptz, coalesce(a.next_at, b.next_at)
+                  NULL::timestamptz, coalesce(a.next_at, b.next_at), NULL::text[]
              FROM unnest($1::int[]) AS x(shard)
              LEFT JOIN (SELECT n.shard, min(n.run_at) AS next_at FROM %1$I n
                          WHERE n.shard = ANY ($1) AND n.run_at > $2 GROUP BY n.shard) a ON a.shard = x.shard
@@ -702,7 +714,8 @@ BEGIN
         $f$SELECT x.shard, NULL::timestamptz, NULL::boolean, NULL::smallint, NULL::int, NULL::int,
                   NULL::timestamptz,
                   coalesce((SELECT min(n.run_at) FROM %1$I n WHERE n.shard = x.shard AND n.run_at > $2),
-                           (SELECT min(n.run_at) FROM %2$I n WHERE n.shard = x.shard AND n.run_at > $2))
+                           (SELECT min(n.run_at) FROM %2$I n WHERE n.shard = x.shard AND n.run_at > $2)),
+                  NULL::text[]
              FROM unnest($1::int[]) AS x(shard)$f$ END,
         mh_minute_part(mh_minute_slot(v_cur)), mh_minute_part(mh_minute_slot(v_cur + interval '1 minute')))
       USING v_shards, v_now;

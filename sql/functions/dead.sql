@@ -74,6 +74,7 @@ CREATE OR REPLACE FUNCTION mh_requeue_locked(p_shard smallint, p_ids bigint[], p
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
     v_rows  due_row[];
+    v_names text[];
     v_stats stats_delta[];
 BEGIN
     WITH requeued AS (
@@ -90,9 +91,10 @@ BEGIN
          WHERE d.shard = p_shard AND d.team_id = r.team_id AND d.name = r.name AND d.job_id = r.id
     )
     SELECT array_agg(ROW(p_shard, r.strict, r.priority, p_now, r.id, r.team_id)::due_row ORDER BY r.id),
+           array_agg(r.name ORDER BY r.id),
            array_agg(mh_submitted(p_shard, r.team_id, r.name))
-      INTO v_rows, v_stats FROM requeued r;
-    PERFORM mh_enqueue_many(v_rows, p_now);
+      INTO v_rows, v_names, v_stats FROM requeued r;
+    PERFORM mh_enqueue_many(v_rows, p_now, v_names);
     RETURN coalesce(v_stats, '{}');
 END $$;
 

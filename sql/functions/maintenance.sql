@@ -33,6 +33,7 @@ DECLARE
     v_ids    bigint[];
     v_recorded bigint[];    -- expired claims whose result is recorded under the key
     v_rows   due_row[];
+    v_names  text[];     -- the job name of each of v_rows
     v_teams  int[];
     v_stats  stats_delta[];
     -- the dead ones, for mh_record_dead
@@ -100,7 +101,9 @@ BEGIN
           FROM expired e ORDER BY e.id
         ON CONFLICT DO NOTHING
     )
-    SELECT array_agg(ROW(p_shard, e.strict, e.priority, v_now, e.id, e.team_id)::due_row) FILTER (WHERE e.state = 'scheduled'),
+    SELECT array_agg(ROW(p_shard, e.strict, e.priority, v_now, e.id, e.team_id)::due_row ORDER BY e.id)
+               FILTER (WHERE e.state = 'scheduled'),
+           array_agg(e.name ORDER BY e.id) FILTER (WHERE e.state = 'scheduled'),
            count(*) FILTER (WHERE e.state = 'scheduled'),
            count(*) FILTER (WHERE e.state = 'dead'),
            array_agg(e.team_id),
@@ -115,13 +118,13 @@ BEGIN
            array_agg(e.attempts ORDER BY e.id) FILTER (WHERE e.state = 'dead'),
            array_agg(e.max_attempts ORDER BY e.id) FILTER (WHERE e.state = 'dead'),
            array_agg(e.last_error ORDER BY e.id) FILTER (WHERE e.state = 'dead')
-      INTO v_rows, returned, dead, v_teams, v_stats, v_dead, v_dteams, v_dnames, v_dattempts, v_dmax, v_derrors
+      INTO v_rows, v_names, returned, dead, v_teams, v_stats, v_dead, v_dteams, v_dnames, v_dattempts, v_dmax, v_derrors
       FROM expired e;
     -- Every expired claim leaves claimed/running; a dead one is counted (its
     -- run time too if it had started), and a cancelled one.
     PERFORM mh_not_running(array_fill(p_shard::smallint, ARRAY[coalesce(cardinality(v_teams), 0)]), v_teams);
     PERFORM mh_add_stats(v_now, v_stats);
-    PERFORM mh_enqueue_many(v_rows, v_now);
+    PERFORM mh_enqueue_many(v_rows, v_now, v_names);
     -- The dead ones are listed by team and name and reported to their team.
     PERFORM mh_record_dead(array_fill(p_shard::smallint, ARRAY[coalesce(cardinality(v_dead), 0)]), v_dead, v_dteams,
                            v_dnames, v_dattempts, v_dmax, v_derrors, v_now);

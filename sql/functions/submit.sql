@@ -362,6 +362,7 @@ DECLARE
     v_team    int := mh_team_id(p_team);
     v_n       int := coalesce(cardinality(p_names), 0);
     v_due     due_row[];
+    v_names   text[];                 -- each due row's job name
     v_results submit_result[];
     v_stats   stats_delta[];
     v_placed  timestamptz[];          -- by idx + 1: the run time placed for each valid item
@@ -410,7 +411,9 @@ BEGIN
                f.run_at, 'scheduled', f.max_attempts, f.base, f.cap, v_now, v_now, f.run_at
           FROM fresh f
     )
-    SELECT (SELECT array_agg(ROW(f.shard, f.is_strict, f.priority, f.run_at, f.id, v_team)::due_row) FROM fresh f),
+    SELECT (SELECT array_agg(ROW(f.shard, f.is_strict, f.priority, f.run_at, f.id, v_team)::due_row ORDER BY f.id)
+              FROM fresh f),
+           (SELECT array_agg(f.name ORDER BY f.id) FROM fresh f),
            (SELECT array_agg(ROW(c.idx, f.id, f.run_at, f.id IS NOT NULL, c.problem)::submit_result)
               FROM checked c LEFT JOIN fresh f ON f.idx = c.idx
              WHERE c.key IS NULL OR c.problem IS NOT NULL),
@@ -418,8 +421,8 @@ BEGIN
            (SELECT array_agg(f.run_at) FROM fresh f),
            (SELECT array_agg(p.run_at ORDER BY c.idx) FROM checked c LEFT JOIN placed p ON p.idx = c.idx
              WHERE EXISTS (SELECT 1 FROM checked k WHERE k.key IS NOT NULL AND k.problem IS NULL))
-      INTO v_due, v_results, v_stats, v_load, v_placed;
-    PERFORM mh_enqueue_many(v_due, v_now);
+      INTO v_due, v_names, v_results, v_stats, v_load, v_placed;
+    PERFORM mh_enqueue_many(v_due, v_now, v_names);
     RETURN QUERY SELECT * FROM unnest(v_results);
 
     IF v_placed IS NOT NULL THEN

@@ -18,6 +18,11 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 96 $$;
 CREATE OR REPLACE FUNCTION mh_hour_span() RETURNS interval
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT interval '72 hours' $$;
 
+-- How many distinct job names the dispatchers are told of at most per
+-- shard (a wake-up's) or cell (due_edges'); past that, the names are unknown.
+CREATE OR REPLACE FUNCTION mh_edge_names() RETURNS int
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 16 $$;
+
 -- (The epoch read from the UTC wall time, as in mh_id_at: inlined.)
 CREATE OR REPLACE FUNCTION mh_minute_slot(t timestamptz) RETURNS smallint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
@@ -83,8 +88,14 @@ END $$;
 --   S/strict/P/T/N/O     shard S got N rows due now of class (strict 0 or 1,
 --                        priority P) and team T, the oldest O ms after B
 --   S                    shard S got rows due later in this or the next minute
--- A payload over NOTIFY's limit names the shards only, as mh_enqueue's.
-CREATE OR REPLACE FUNCTION mh_enqueue_many(p_rows due_row[], p_now timestamptz,
+--   S=A+B                the job names of shard S's rows of the two items
+--                        above (p_names: each row's); none for a shard whose
+--                        rows have more than mh_edge_names() names, or when
+--                        p_names is NULL: then its names are unknown, and a
+--                        dispatcher may look for any name there
+-- A payload over NOTIFY's limit drops the names, then names the shards
+-- only, as mh_enqueue's.
+CREATE OR REPLACE FUNCTION mh_enqueue_many(p_rows due_row[], p_now timestamptz, p_names text[] DEFAULT NULL,
                                       OUT to_minutes bigint, OUT to_hours bigint, OUT to_far bigint)
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
@@ -94,6 +105,7 @@ DECLARE
     v_cells      text;
     v_first      bigint;
     v_later      text;
+    v_names      text;
     v_payload    text;
 BEGIN
     INSERT INTO due_minutes (slot, shard, strict, priority, run_at, job_id, team_id)
@@ -119,8 +131,23 @@ BEGIN
                  GROUP BY r.shard, r.strict, r.priority, r.team_id) c;
         SELECT string_agg(DISTINCT r.shard::text, ',') INTO v_later
           FROM unnest(p_rows) r WHERE r.run_at > p_now AND r.run_at < v_bucket + interval '2 minutes';
+        IF p_names IS NOT NULL THEN
+            -- (A name outside the pattern submissions allow, written around
+            -- them, could break the payload's syntax: its shard's names are unknown.)
+            SELECT string_agg(n.shard || '=' || n.names, ',') INTO v_names
+              FROM (SELECT r.shard, string_agg(DISTINCT p_names[r.o::int], '+') AS names
+                      FROM unnest(p_rows) WITH ORDINALITY AS r(shard, strict, priority, run_at, job_id, team_id, o)
+                     WHERE r.run_at < v_bucket + interval '2 minutes'
+                     GROUP BY r.shard
+                    HAVING count(DISTINCT p_names[r.o::int]) <= mh_edge_names()
+                       AND bool_and(p_names[r.o::int] ~ '^[A-Za-z0-9_.:/-]+$')) n;
+        END IF;
         v_payload := concat_ws(',', '@' || extract(epoch FROM v_bucket)::bigint || '/' || v_first || ',' || v_cells,
-                               v_later);
+                               v_later, v_names);
+        IF octet_length(v_payload) > 7900 THEN
+            v_payload := concat_ws(',', '@' || extract(epoch FROM v_bucket)::bigint || '/' || v_first || ',' || v_cells,
+                                   v_later);
+        END IF;
         IF octet_length(v_payload) > 7900 THEN
             SELECT string_agg(DISTINCT r.shard::text, ',') INTO v_payload
               FROM unnest(p_rows) r WHERE r.run_at < v_bucket + interval '2 minutes';

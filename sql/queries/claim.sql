@@ -18,7 +18,8 @@ SELECT set_config('synchronous_commit', 'off', true)
 -- What some shards have due now (since: per shard, only what came due by
 -- the clock since then; NULL: all), per shard, bucket, class and team (cap:
 -- counted up to that many rows a cell; NULL: all), and
--- for each shard one row (team_id NULL) saying when it next has more. A run
+-- for each shard one row (team_id NULL) saying when it next has more; each
+-- cell names the job names of its rows (NULL: unknown). A run
 -- time before year 1 (a row written around the procedures) reads as year 1:
 -- due, so the claim reaches that job and fails it alone, and the reader can
 -- load it.
@@ -26,7 +27,8 @@ SELECT shard, bucket, strict, priority, team_id, due,
        CASE WHEN oldest < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'::timestamptz ELSE oldest END
            AS oldest,
        CASE WHEN next_at < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'::timestamptz ELSE next_at END
-           AS next_at
+           AS next_at,
+       names
   FROM due_edges(%(shards)s::int[], %(since)s::timestamptz[], %(cap)s::int)
 
 -- name: team_terms

@@ -44,15 +44,28 @@ while no team waits with headroom on any dispatcher: each says which wait
 on its shards with its membership renewal (shards.py; WAITING_S).
 
 Workers that take only some job names (the worker library names its
-handlers) are planned the same way, their claims limited to those names;
-the edges do not know names, so a planned cell may hold only other names.
-Then, in the same round, their teams' headroom is claimed shard by shard
-in each shard's own order (claim_due) over growing sets of the other due
-shards, so a sparse name is found without a round per shard. A claim of
-theirs that comes back short says only that nothing of that filter is due
-there: the shard is skipped for that filter until a wake-up names it, the
-minute turns, or FILTERED_RECHECK_S passes. So a worker whose job names
-have nothing due neither spins nor stands in the way of the others.
+handlers) are planned the same way, their claims limited to those names.
+The index knows, per shard, the job names its due rows may have, or that
+it does not know them (DueIndex.names): a read names, per cell, the names
+of the rows it counted (unknown where it counted up to the cap, or past a
+few names, and on Citus), replacing the shard's (a read since a time adds
+to them), and a bulk submission's wake-up names the names of the rows it
+counts (unknown where its payload could not carry them). A names-filtered
+waiter is not ready for, and claims nothing from, a shard whose names are
+known and none of its own: so a due job reaches a worker of its name in
+the next round however many workers wait for names with nothing due. The
+names are never fewer than the due rows have (every way a row comes due
+is a wake-up, which reads or names, a run time coming or the minute
+turning, which read); rows claimed or cancelled since only leave names
+that find nothing.
+Where a shard's names are unknown, or a planned cell held other names of
+the filter's, their teams' headroom is claimed shard by shard in each
+shard's own order (claim_due) over growing sets of the other due shards,
+so a sparse name is found without a round per shard. A claim of theirs
+that comes back short says only that nothing of that filter is due there:
+the shard is skipped for that filter until a wake-up names it, the minute
+turns, or FILTERED_RECHECK_S passes. So a worker whose job names have
+nothing due neither spins nor stands in the way of the others.
 
 What a round claimed is never lost: a job that cannot be handed out (its
 worker went away, the round failed) is given back at once, the attempt not
@@ -117,6 +130,9 @@ EDGE_CAP_MIN = 32
 
 # What a waiter takes: (job names, teams); None for either means any.
 Filter = tuple[tuple[str, ...] | None, tuple[str, ...] | None]
+# A NOTIFY's rows due now, {shard: {cell: [rows, oldest]}}, and the job names
+# of each shard's rows it names ({shard: names}; a shard absent: unknown).
+Arrived = tuple[dict[int, dict[tuple[Class, int], list[float]]], dict[int, set[str]]]
 
 
 @dataclass(eq=False)
@@ -185,7 +201,11 @@ class Dispatcher:
         self.keeper = ShardKeeper(store, self.name, settings.shard_lease_s, self._leases_changed,
                                   self._waiting_here, self._set_waiting_elsewhere)
         self._cond = threading.Condition()
+        # The waiters in queue order. One that timed out stays, marked gone, until the
+        # next round or until they are half the queue: tens of thousands of long-polls
+        # timing out together would each take the lock for a walk of the whole queue.
         self._waiters: deque[Waiter] = deque()
+        self._gone = 0                            # gone waiters still in _waiters
         self._leases: dict[int, int] = {}
         self._index = DueIndex()                  # what the shards have due, as last read and counted down
         self._lost: set[int] = set()              # shards given up since (their edges leave the index)
@@ -195,7 +215,7 @@ class Dispatcher:
         self._woken_at: dict[int, float] = {}     # shard -> when a NOTIFY last marked it due
         self._read_at: dict[int, float] = {}      # shard -> when its whole edge was last read
         self._deferred: dict[int, float] = {}     # shard -> when to read it for a wake-up held back (BUSY_REREAD_S)
-        self._arrived: list[dict[int, dict[tuple[Class, int], list[float]]]] = []   # NOTIFYs' counts, not yet in the index
+        self._arrived: list[Arrived] = []         # NOTIFYs' counts (and names), not yet in the index
         self._refreshed_at = 0.0                  # when every shard's edge was last read
         # filter -> {shard: (when the round whose claim for it came up short began, when to try again)}.
         # The wait counts from the round's end: a round of many shards takes seconds on a
@@ -235,8 +255,9 @@ class Dispatcher:
         server's graceful wait is not spent on polls. Any thread."""
         with self._cond:
             self._polls_closed = True
-            gone = list(self._waiters)
+            gone = [w for w in self._waiters if w.state == "waiting"]
             self._waiters.clear()
+            self._gone = 0
             self._cond.notify_all()
         settle((w.future, w.loop, [], None) for w in gone)
 
@@ -293,7 +314,9 @@ class Dispatcher:
         with self._cond:
             if waiter.state == "waiting":         # timed out, or the worker left: nothing claimed for it
                 waiter.state = "gone"
-                self._waiters.remove(waiter)
+                self._gone += 1
+                if self._gone * 2 > len(self._waiters):
+                    self._prune()
                 return []
             # Being served right now: the answer is moments away (jobs, or
             # none: then the round answers at once rather than queueing it again).
@@ -329,14 +352,15 @@ class Dispatcher:
                 self._woken_at[s] = woken
             self._cond.notify()
 
-    def _add_due(self, counted: list[dict[int, dict[tuple[Class, int], list[float]]]]) -> None:
-        """Rows due now that NOTIFYs counted, each by shard and cell: added
-        to the index by the dispatch thread's next round, with no read."""
+    def _add_due(self, counted: list[Arrived]) -> None:
+        """Rows due now that NOTIFYs counted, each by shard and cell, with
+        their names: added to the index by the dispatch thread's next round,
+        with no read."""
         with self._cond:
             self._generation += 1
             woken = time.time()
             self._arrived.extend(counted)
-            for cells in counted:
+            for cells, _ in counted:
                 for s in cells.keys() & self._leases.keys():
                     self._woken_at[s] = woken
             self._cond.notify()
@@ -385,10 +409,10 @@ class Dispatcher:
             for s in self._lost:                  # the index is the dispatch thread's own
                 self._index.remove_shard(s)
             self._lost.clear()
-            for counted in self._arrived:
+            for counted, names in self._arrived:
                 for s, cells in counted.items():
                     if s in self._leases:
-                        self._index.add_to_shard(s, cells)
+                        self._index.add_to_shard(s, cells, names=names.get(s))
             self._arrived.clear()
             for s in [s for s, t in self._deferred.items() if t <= now]:
                 del self._deferred[s]
@@ -421,10 +445,11 @@ class Dispatcher:
                     continue
                 cells_ = {((c.bucket.timestamp(), c.strict, c.priority), c.team_id): [c.due, c.oldest.timestamp()]
                           for c in cells}
+                names = None if any(c.names is None for c in cells) else {n for c in cells for n in c.names}
                 if s in since:
-                    self._index.add_to_shard(s, cells_, cap)
+                    self._index.add_to_shard(s, cells_, cap, names)
                 else:
-                    self._index.set_shard(s, cells_, cap)
+                    self._index.set_shard(s, cells_, cap, names)
                     self._read_at[s] = now
                 # A wake-up that came while the query ran is newer than its answer.
                 if self._marked.get(s, -1) > asked_at:
@@ -444,21 +469,27 @@ class Dispatcher:
             due = self._index.due_shards()
             if due:
                 open_for: dict[Filter, bool] = {}
+                by_name, unknown = self._index.holders(due)
                 ready = []
                 for w in self._waiters:
+                    if w.state != "waiting":
+                        continue
                     if w.filter not in open_for:
-                        open_for[w.filter] = any(not self._empty_for(w.filter, s, now) for s in due)
+                        # A names-filtered waiter looks only where its names may be due.
+                        may = due if w.filter[0] is None else \
+                            unknown + [s for n in w.filter[0] for s in by_name.get(n, ())]
+                        open_for[w.filter] = any(not self._empty_for(w.filter, s, now) for s in may)
                     if open_for[w.filter]:
                         ready.append(w)
                         if len(ready) == MAX_WAITERS_PER_ROUND:
                             break
                 if ready:
                     for w in ready:
-                        self._waiters.remove(w)
                         w.state = "taken"
+                    self._prune()
                     self._taken = ready
                     return ready
-            if not due or self._waiters:
+            if not due or len(self._waiters) > self._gone:
                 self._idle_since = None
             elif self._idle_since is None:
                 self._idle_since = now
@@ -479,6 +510,11 @@ class Dispatcher:
             if time.time() >= event - 0.001:
                 self._generation += 1             # a run time came, or the minute turned
             return []
+
+    def _prune(self) -> None:
+        """Only the waiting ones stay in the queue (called holding the lock)."""
+        self._waiters = deque(w for w in self._waiters if w.state == "waiting")
+        self._gone = 0
 
     def _requeue_taken(self) -> None:
         """After a failed round: the waiters being served wait again."""
@@ -554,7 +590,8 @@ class Dispatcher:
             open_for: dict[Filter, set[int] | None] = {}
             for w in waiters:
                 if w.filter not in open_for:
-                    shut = {s for s in due if self._empty_for(w.filter, s, now)}
+                    shut = {s for s in due if self._empty_for(w.filter, s, now)
+                            or (w.named and not self._index.may_hold(s, w.filter[0]))}
                     open_for[w.filter] = None if not shut and len(due) == len(every) else set(due) - shut
         if self._index.teams() - budgets.keys():
             self._terms_at = -math.inf            # a team created since the last read
@@ -761,7 +798,11 @@ class Dispatcher:
                         if got:
                             got += conn.notifies(timeout=0.001)
                         shards: set[int] = set()
-                        counted = [cells for n in got if (cells := _parse_wake_up(n.payload, shards))]
+                        counted = []
+                        for n in got:
+                            names: dict[int, set[str]] = {}
+                            if cells := _parse_wake_up(n.payload, shards, names):
+                                counted.append((cells, names))
                         if counted:
                             self._add_due(counted)
                         if shards:
@@ -772,16 +813,21 @@ class Dispatcher:
                     self._stopping.wait(1.0)
 
 
-def _parse_wake_up(payload: str, shards: set[int]) -> dict[int, dict[tuple[Class, int], list[float]]]:
+def _parse_wake_up(payload: str, shards: set[int], names: dict[int, set[str]] | None = None
+                   ) -> dict[int, dict[tuple[Class, int], list[float]]]:
     """A NOTIFY's payload (mh_enqueue_many in sql/functions/wheel.sql says
-    its items): the shards it names go into `shards`; the rows due now it
-    counts are returned, {shard: {cell: [rows, oldest]}} (a payload counts
-    each cell once)."""
+    its items): the shards it names go into `shards`, the job names it gives
+    a shard's rows into `names`; the rows due now it counts are returned,
+    {shard: {cell: [rows, oldest]}} (a payload counts each cell once)."""
     cells: dict[int, dict[tuple[Class, int], list[float]]] = {}
     bucket = None
     for item in payload.split(","):
         if item.isdigit():
             shards.add(int(item))
+        elif "=" in item:
+            shard, _, listed = item.partition("=")
+            if names is not None:
+                names[int(shard)] = set(listed.split("+"))
         elif item.startswith("@"):
             bucket = float(item[1:].split("/")[0])
         elif bucket is not None:

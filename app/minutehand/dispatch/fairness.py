@@ -39,6 +39,8 @@ from dataclasses import dataclass
 
 # A class of due rows: (bucket start, epoch s; strict; priority).
 Class = tuple[float, bool, int]
+# A shard's known job names past this many are unknown (added to between reads).
+NAMES_PER_SHARD = 64
 
 
 def class_order(c: Class) -> tuple[float, bool, int]:
@@ -55,17 +57,25 @@ class DueIndex:
 
     A read may count a cell only up to a cap (its oldest rows): such a cell
     is `capped`, and take() says when it has been claimed down, so that
-    the shard is read again."""
+    the shard is read again.
+
+    Per shard, the job names its due rows may have (`names`; None:
+    unknown): never fewer than its rows have, perhaps more (rows claimed or
+    cancelled since), so a worker of other names need not look there."""
 
     def __init__(self) -> None:
         self.cells: dict[tuple[Class, int], dict[int, list[float]]] = {}
         self.totals: dict[tuple[Class, int], int] = {}
         self.of_shard: dict[int, set[tuple[Class, int]]] = {}
         self.capped: set[tuple[int, tuple[Class, int]]] = set()    # (shard, cell): more due than counted
+        self.names: dict[int, set[str] | None] = {}
 
-    def set_shard(self, shard: int, cells: dict[tuple[Class, int], list[float]], cap: int | None = None) -> None:
-        """A shard's edge as just read (each cell counted up to cap rows)."""
+    def set_shard(self, shard: int, cells: dict[tuple[Class, int], list[float]], cap: int | None = None,
+                  names: set[str] | None = None) -> None:
+        """A shard's edge as just read (each cell counted up to cap rows), and
+        the names of its rows (None: unknown)."""
         self.remove_shard(shard)
+        self.names[shard] = names
         for key, (due, oldest) in cells.items():
             if due > 0:
                 self.cells.setdefault(key, {})[shard] = [due, oldest]
@@ -75,8 +85,15 @@ class DueIndex:
         if cells:
             self.of_shard[shard] = {k for k, (due, _) in cells.items() if due > 0}
 
-    def add_to_shard(self, shard: int, cells: dict[tuple[Class, int], list[float]], cap: int | None = None) -> None:
-        """Rows that came due on a shard since its edge was read."""
+    def add_to_shard(self, shard: int, cells: dict[tuple[Class, int], list[float]], cap: int | None = None,
+                     names: set[str] | None = None) -> None:
+        """Rows that came due on a shard since its edge was read, and their
+        names (None: unknown)."""
+        known = self.names.get(shard, set()) if shard in self.of_shard else set()
+        if known is not None and names is not None and len(known | names) <= NAMES_PER_SHARD:
+            self.names[shard] = known | names
+        else:
+            self.names[shard] = None
         for key, (due, oldest) in cells.items():
             if due <= 0:
                 continue
@@ -92,8 +109,28 @@ class DueIndex:
             self.of_shard.setdefault(shard, set()).add(key)
 
     def remove_shard(self, shard: int) -> None:
+        self.names.pop(shard, None)
         for key in self.of_shard.pop(shard, ()):
             self._drop(shard, key)
+
+    def may_hold(self, shard: int, names: tuple[str, ...]) -> bool:
+        """Whether a due row of the shard may have one of these job names."""
+        known = self.names.get(shard)
+        return known is None or not known.isdisjoint(names)
+
+    def holders(self, shards: list[int]) -> tuple[dict[str, list[int]], list[int]]:
+        """Of these shards, those whose due rows may have each job name, and
+        those whose names are unknown."""
+        by_name: dict[str, list[int]] = defaultdict(list)
+        unknown = []
+        for s in shards:
+            known = self.names.get(s)
+            if known is None:
+                unknown.append(s)
+            else:
+                for n in known:
+                    by_name[n].append(s)
+        return by_name, unknown
 
     def take(self, shard: int, key: tuple[Class, int], n: int, gone: bool = False) -> bool:
         """n rows of the cell were claimed (gone: none is left there).

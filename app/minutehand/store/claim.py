@@ -117,13 +117,15 @@ def _claimed_rows(shard: int | None) -> RowFactory:
 
 @dataclass(frozen=True, slots=True)
 class EdgeCell:
-    """Rows due now in one shard's bucket, of one class and team (due_edge)."""
+    """Rows due now in one shard's bucket, of one class and team (due_edge),
+    and the job names among them (None: unknown, due_edges says when)."""
     bucket: dt.datetime
     strict: bool
     priority: int
     team_id: int
     due: int
     oldest: dt.datetime
+    names: list[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
