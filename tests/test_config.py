@@ -19,12 +19,13 @@ from pathlib import Path
 import pytest
 
 from minutehand import envconfig
+from minutehand.client.settings import ClientSettings
 from minutehand.settings import Settings
 from minutehand.worker.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "ops" / "minutehand.example.toml"
-CLASSES = (Settings, WorkerSettings)
+CLASSES = (Settings, WorkerSettings, ClientSettings)
 
 
 def write(tmp_path: Path, text: str) -> Path:

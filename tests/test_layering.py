@@ -1,5 +1,5 @@
 """Who may import whom, read from the source with ast (no module is imported):
-the worker library stands alone, the protocol is a leaf both sides share,
+the worker library and the client stand alone, the protocol is a leaf both sides share,
 the API and the admin UI are siblings over minutehand.web and the rules
 (which know no HTTP), the CLI uses neither app, dev-only code stays out of
 the runtime, and packages import no cycle.
@@ -88,10 +88,33 @@ def test_the_worker_library_imports_only_itself_the_protocol_leaves_and_its_libr
             ok = (under(n, "minutehand.worker") or under(n, "minutehand.protocol") or n in LEAVES
                   or top in stdlib or top in allowed_third_party or n == "__future__"
                   # job.once drives the caller's own psycopg connection (imported only when used)
-                  or (m == "minutehand.worker.effects" and top == "psycopg"))
+                  or (m == "minutehand.worker.effects" and top == "psycopg")
+                  # the handler's span, only with the `otel` extra installed
+                  or (m == "minutehand.worker.traces" and top == "opentelemetry"))
             if not ok:
                 bad.setdefault(m, []).append(n)
     assert not bad, bad
+
+
+def test_the_client_imports_only_itself_the_protocol_leaves_and_its_libraries():
+    # psycopg and SQLAlchemy connections are the caller's: used, never imported
+    stdlib = sys.stdlib_module_names
+    bad = {}
+    for m, names in of("minutehand.client").items():
+        for n in names:
+            top = n.partition(".")[0]
+            ok = (under(n, "minutehand.client") or under(n, "minutehand.protocol") or n in LEAVES
+                  or top in stdlib or top in {"httpx", "msgspec"} or n == "__future__"
+                  # traces: the caller's trace context, only with the `otel` extra installed
+                  or (m == "minutehand.client.traces" and top == "opentelemetry"))
+            if not ok:
+                bad.setdefault(m, []).append(n)
+    assert not bad, bad
+
+
+def test_the_worker_and_the_client_import_neither_each_other_nor_the_server():
+    assert not offenders("minutehand.worker", ("minutehand.client",))
+    assert not offenders("minutehand.client", ("minutehand.worker",))
 
 
 def test_the_protocol_and_the_leaves_import_no_minutehand_module():
@@ -246,6 +269,42 @@ BLOCKED_WORKER = textwrap.dedent(f"""
 
 def test_the_worker_imports_and_runs_a_handler_without_the_server_dependencies():
     out = subprocess.run([sys.executable, "-c", BLOCKED_WORKER], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+BLOCKED_CLIENT = textwrap.dedent(f"""
+    import sys
+
+    class Blocked:
+        def find_spec(self, name, path=None, target=None):
+            if name.partition(".")[0] in {SERVER_ONLY!r} + ("opentelemetry",):
+                raise ImportError("blocked: " + name)
+
+    sys.meta_path.insert(0, Blocked())
+    import dataclasses
+    import minutehand.client
+    from minutehand.client import Client, job, task, traces
+    from minutehand.cli import main
+
+    @dataclasses.dataclass
+    class Invoice:
+        number: int
+
+    send_invoice = task("send_invoice", Invoice)
+    assert send_invoice.decode({{"number": 42}}) == Invoice(42)
+    assert bytes(job("send_invoice", Invoice(42)).payload) == b'{{"number":42}}'
+    assert traces.headers() == {{}}
+    Client("http://127.0.0.1:9", token="t").close()
+    main.build_parser().parse_args(["submit", "x", "--payload", "{{}}"])
+    assert main.settings_class("submit").__name__ == "ClientSettings"
+    assert not [m for m in sys.modules if m.partition(".")[0] in {SERVER_ONLY!r}]
+    print("ok")
+""")
+
+
+def test_the_client_and_its_commands_import_without_the_server_dependencies_or_opentelemetry():
+    out = subprocess.run([sys.executable, "-c", BLOCKED_CLIENT], cwd=ROOT, capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 

@@ -39,7 +39,7 @@ import msgspec
 T = TypeVar("T")
 
 # The tables a configuration file may hold, one per settings class (its CONFIG_SECTION).
-SECTIONS = ("server", "worker")
+SECTIONS = ("server", "worker", "client")
 CONFIG_ENV = "MINUTEHAND_CONFIG"
 
 

@@ -18,13 +18,13 @@ import re
 import urllib.parse
 import zoneinfo
 
+from minutehand.protocol.api import SECRET_LENGTHS, SECRET_PATTERN, TEAM_NAME_PATTERN
 from minutehand.settings import RETENTION_MAX_S, RETENTION_MIN_S
 from minutehand.store import repeat as repeats
 from minutehand.store.records import Repeat
 from minutehand.store.series import SeriesDetail
 
 # ---------------------------------------------------------------- teams
-TEAM_NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
 
 
 def retention_problem(retention_s: int | None) -> str | None:
@@ -38,9 +38,6 @@ def retention_problem(retention_s: int | None) -> str | None:
 
 
 # ---------------------------------------------------------------- webhooks
-SECRET_LENGTHS = (16, 200)
-# Printable ASCII without spaces: what secret_problem accepts, and the API's schema says.
-SECRET_PATTERN = r"^[\x21-\x7e]{%d,%d}$" % SECRET_LENGTHS
 
 
 def url_problem(url: str) -> str | None:

@@ -3,7 +3,7 @@ from components it is given (the process is built in app/minutehand/serve.py).
 
 Routes live in jobs.py, teams.py, series.py, dead.py (dead jobs and the
 events feed), webhooks.py and health.py; authentication in auth.py;
-errors in problems.py; bodies and responses in schemas.py. What the admin
+errors in problems.py; bodies and responses in minutehand.protocol.api. What the admin
 UI shares with them (the Context, the Principal, the kinds of problem) is
 in app/minutehand/web/, the rules in app/minutehand/rules.py. The OpenAPI
 schema is served at /schema/openapi.json (and browsable at /schema/swagger,

@@ -32,7 +32,7 @@ from litestar.plugins import OpenAPISchemaPlugin
 from litestar.typing import FieldDefinition
 
 from minutehand import protocol
-from minutehand.api.schemas import decoder
+from minutehand.protocol.api import decoder
 
 
 _DECODE = "minutehand.decode_body"

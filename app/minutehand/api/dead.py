@@ -27,7 +27,7 @@ from litestar.params import FromPath, JSONBody, QueryParameter
 from minutehand.api import problems
 from minutehand.api.jobs import JobIdParam, TeamParam
 from minutehand.api.problems import ADMISSION, COMMON
-from minutehand.api.schemas import (BUDGET_DOC, INT32_MAX, INT32_MIN, DeadDiscardedOut, DeadDiscardIn,
+from minutehand.protocol.api import (BUDGET_DOC, INT32_MAX, INT32_MIN, DeadDiscardedOut, DeadDiscardIn,
                                     DeadRequeuedOut, DeadRequeueIn, EventOut, EventPageOut, SettledOut)
 from minutehand.protocol import JobId
 from minutehand.rules import EVENTS_START, NOT_AN_EVENTS_CURSOR, decode_events_cursor, encode_events_cursor

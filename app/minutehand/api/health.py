@@ -10,7 +10,7 @@ from litestar import get
 from litestar.handlers import HTTPRouteHandler
 
 from minutehand.api import problems
-from minutehand.api.schemas import HealthOut, ReadyOut
+from minutehand.protocol.api import HealthOut, ReadyOut
 from minutehand.dispatch.dispatcher import Dispatcher
 from minutehand.version import VERSION
 from minutehand.web.context import Context

@@ -33,7 +33,7 @@ from litestar.params import HeaderParameter, JSONBody, PathParameter, QueryParam
 from minutehand.api import problems
 from minutehand.api.bodies import RawBody
 from minutehand.api.problems import ADMISSION, COMMON
-from minutehand.api.schemas import (KEY_RULE, KEY_SCHEMA, BatchIn, BatchItemOut, BatchJobIn, BatchOut, CancelledOut,
+from minutehand.protocol.api import (KEY_RULE, KEY_SCHEMA, BatchIn, BatchItemOut, BatchJobIn, BatchOut, CancelledOut,
                                     JobCreated, JobIn, JobOut, JobPageOut, JobSummaryOut, Repeat, State, decoder,
                                     key_problem, text_problem)
 from minutehand.protocol import JobId
@@ -181,13 +181,15 @@ def batch_items(body: bytes, limit: int) -> list[msgspec.Raw]:
         shape = problems.decode(SHAPE, body)     # the shape's own 422, if that was it
         if bytes(memoryview(shape.jobs)[:1]) != b"[":
             raise ApiProblem(INVALID, f"request body: {exc}") from None
-        raise ApiProblem(TOO_LARGE, f"a batch holds at most {limit:,} jobs, this one more: split it") from None
+        raise ApiProblem(TOO_LARGE, f"a batch holds at most {limit:,} jobs, this one more: split it",
+                         max_items=limit) from None
     except msgspec.DecodeError as exc:
         raise ApiProblem(MALFORMED, f"request body is not valid JSON: {exc}") from None
     except RecursionError:
         raise problems.too_deep() from None
     if len(items) > limit:
-        raise ApiProblem(TOO_LARGE, f"a batch holds at most {limit:,} jobs, this one {len(items):,}: split it")
+        raise ApiProblem(TOO_LARGE, f"a batch holds at most {limit:,} jobs, this one {len(items):,}: split it",
+                         max_items=limit)
     return items
 
 

@@ -23,7 +23,7 @@ from litestar.exceptions import HTTPException, SerializationException, Validatio
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.plugins.problem_details import ProblemDetailsConfig, ProblemDetailsPlugin
 
-from minutehand.api.schemas import Problem
+from minutehand.protocol.api import Problem
 from minutehand.protocol.jsontext import MAX_JSON_DEPTH
 from minutehand.store import errors
 from minutehand.web.problems import (CONFLICT, FORBIDDEN, INTERNAL, INVALID, KINDS, MALFORMED, METHOD, NOT_FOUND,

@@ -24,7 +24,7 @@ from minutehand import rules
 from minutehand.api import problems
 from minutehand.api.jobs import TeamParam, series_id_out
 from minutehand.api.problems import COMMON
-from minutehand.api.schemas import (SeriesChangeIn, SeriesControlOut, SeriesOut, SeriesPageOut, SeriesRepeat,
+from minutehand.protocol.api import (SeriesChangeIn, SeriesControlOut, SeriesOut, SeriesPageOut, SeriesRepeat,
                                     SeriesRunOut, SeriesSummaryOut, WaitingRunOut, text_problem)
 from minutehand.protocol import JobId
 from minutehand.rules import NEXT_FIRE_TIMES, next_fire_times

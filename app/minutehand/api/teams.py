@@ -13,7 +13,7 @@ from litestar.params import FromPath, JSONBody, QueryParameter
 
 from minutehand.api import problems
 from minutehand.api.problems import COMMON
-from minutehand.api.schemas import (BucketOut, CountsOut, DistributionOut, FleetStatsOut, FleetTeamOut, Integer,
+from minutehand.protocol.api import (BucketOut, CountsOut, DistributionOut, FleetStatsOut, FleetTeamOut, Integer,
                                     NameStatsOut, OtherStatsOut, StatsOut, TeamIn, TeamOut, TeamPageOut,
                                     TeamSettingsIn, TeamTokenOut, text_problem)
 from minutehand.rules import TEAM_NAME_PATTERN, retention_problem

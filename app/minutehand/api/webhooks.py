@@ -21,7 +21,7 @@ from litestar.params import FromPath, JSONBody, QueryParameter
 
 from minutehand.api import problems
 from minutehand.api.problems import COMMON
-from minutehand.api.schemas import DeliveriesOut, DeliveryOut, WebhookIn, WebhookOut, WebhookSetOut
+from minutehand.protocol.api import DeliveriesOut, DeliveryOut, WebhookIn, WebhookOut, WebhookSetOut
 from minutehand.rules import secret_problem, url_problem
 from minutehand.web.auth import Principal
 from minutehand.web.context import Context

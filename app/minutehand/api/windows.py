@@ -22,7 +22,7 @@ from litestar.params import FromPath, JSONBody, PathParameter, QueryParameter
 
 from minutehand.api import problems
 from minutehand.api.problems import COMMON
-from minutehand.api.schemas import WindowIn, WindowOut, WindowPageOut
+from minutehand.protocol.api import WindowIn, WindowOut, WindowPageOut
 from minutehand.protocol import JOB_NAME_PATTERN
 from minutehand.store.spread import FlexDefault
 from minutehand.web.auth import Principal

@@ -6,8 +6,9 @@ and the matching flags, each overriding the one before (app/minutehand/settings.
 `worker`, app/minutehand/worker/settings.py), given after the subcommand:
 `minutehand migrate --database-url URL`.
 
-Each subcommand imports what it needs when it runs: `minutehand worker` needs
-only the worker library's dependencies (`pip install minutehand-scheduler`);
+Each subcommand imports what it needs when it runs: `minutehand worker` and
+the client's `submit`, `status`, `cancel`, `jobs` (settings: client_url,
+client_token) need only the base install (`pip install minutehand-scheduler`);
 the others need the server's (`pip install 'minutehand-scheduler[server]'`).
 """
 from __future__ import annotations
@@ -305,6 +306,60 @@ def cmd_worker(settings, args: argparse.Namespace) -> None:
     worker.run(settings)
 
 
+def _client_call(settings, call):
+    """Run call(client) on a Client of the client settings; print its answer
+    as JSON (a list: one line per item); a refusal exits with its problem."""
+    import msgspec
+    from minutehand.client import Client, MinutehandError
+    from minutehand.protocol import enc_hook
+    try:
+        with Client(settings=settings) as client:
+            answer = call(client)
+            for item in (answer if isinstance(answer, list) else [answer]):
+                print(msgspec.json.encode(item, enc_hook=enc_hook).decode())
+    except MinutehandError as exc:
+        raise SystemExit(f"minutehand: {exc}") from None
+
+
+def cmd_submit(settings, args: argparse.Namespace) -> None:
+    import datetime as dt
+    import msgspec
+    try:
+        payload = msgspec.Raw(msgspec.json.encode(msgspec.json.decode(args.payload))) if args.payload else None
+    except msgspec.DecodeError as exc:
+        raise SystemExit(f"--payload is not JSON: {exc}") from None
+    due_at = None
+    if args.due_at:
+        try:
+            due_at = dt.datetime.fromisoformat(args.due_at)
+        except ValueError:
+            raise SystemExit(f"--due-at {args.due_at!r} is not an RFC 3339 time") from None
+        if due_at.tzinfo is None:
+            raise SystemExit("--due-at needs a UTC offset (like 2030-01-01T09:00:00+00:00)")
+    options = {k: v for k, v in (("due_at", due_at), ("priority", args.priority), ("max_attempts", args.max_attempts),
+                                 ("flex_s", args.flex_s), ("idempotency_key", args.idempotency_key)) if v is not None}
+    if args.count > 1:
+        from minutehand.client import job
+        jobs = [job(args.name, payload, strict=args.strict, **options) for _ in range(args.count)]
+        _client_call(settings, lambda c: c.submit_many(jobs))
+    else:
+        _client_call(settings, lambda c: c.submit(args.name, payload, strict=args.strict, **options))
+
+
+def cmd_status(settings, args: argparse.Namespace) -> None:
+    _client_call(settings, lambda c: c.status(args.job_id))
+
+
+def cmd_cancel(settings, args: argparse.Namespace) -> None:
+    _client_call(settings, lambda c: c.cancel(args.job_id))
+
+
+def cmd_jobs(settings, args: argparse.Namespace) -> None:
+    import itertools
+    _client_call(settings, lambda c: list(itertools.islice(
+        c.jobs(state=args.state, name=args.name, page_size=min(args.limit, 500)), args.limit)))
+
+
 def cmd_dev(settings: Settings, args: argparse.Namespace) -> None:
     import os
     from minutehand import envconfig
@@ -411,6 +466,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--team", required=True)
     p.add_argument("--after", help="the cursor the previous call printed")
     p.add_argument("--limit", type=_bounded(1, 1000), default=100)
+    job_id = _bounded(-(2**63), 2**63 - 1)
+    p = command("submit", cmd_submit, "submit a job through the HTTP API (client_url, client_token); prints "
+                                      "its id and run time as JSON")
+    p.add_argument("name", help="the job's name")
+    p.add_argument("--payload", help="its payload, as JSON (default {})")
+    p.add_argument("--due-at", help="when it is due, RFC 3339 with an offset (default now)")
+    p.add_argument("--flex-s", type=_bounded(0, 86400), help="its flex window in seconds")
+    p.add_argument("--priority", type=_bounded(-100, 100))
+    p.add_argument("--max-attempts", type=_bounded(1, 100))
+    p.add_argument("--strict", action="store_true", help="run at the due time exactly")
+    p.add_argument("--idempotency-key", help="a key of your own (default: one made for the call's retries)")
+    p.add_argument("--count", type=_bounded(1, 1_000_000), default=1, help="submit this many such jobs")
+    command("status", cmd_status, "a job's status record, as JSON").add_argument("job_id", type=job_id)
+    command("cancel", cmd_cancel, "cancel a job that has not started").add_argument("job_id", type=job_id)
+    p = command("jobs", cmd_jobs, "the team's jobs, newest first, one JSON line each")
+    p.add_argument("--state", help="only jobs in this state")
+    p.add_argument("--name", help="only jobs of this name")
+    p.add_argument("--limit", type=_bounded(1, 1_000_000), default=50, help="most jobs listed")
     command("worker", cmd_worker, "run a worker: minutehand worker module.path:worker").add_argument("target")
     p = command("worker-token", cmd_worker_token, "create (or rotate) a worker credential and print its token")
     p.add_argument("action", choices=["create"])
@@ -424,11 +497,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+CLIENT_COMMANDS = ("submit", "status", "cancel", "jobs")
+
+
 def settings_class(command: str) -> type:
-    """The worker reads the worker library's settings; every other command the server's."""
+    """The worker reads the worker library's settings, the client's commands
+    the client's; every other command the server's."""
     if command == "worker":
         from minutehand.worker.settings import WorkerSettings
         return WorkerSettings
+    if command in CLIENT_COMMANDS:
+        from minutehand.client.settings import ClientSettings
+        return ClientSettings
     return Settings
 
 

@@ -114,6 +114,9 @@ class LeasedJob(Struct):
     due_at: dt.datetime
     run_at: dt.datetime
     replay: Replay | None = None
+    # The submitter's W3C trace context, when it sent one: the worker's span
+    # of the handler is its child. Absent from a dispatcher that keeps none.
+    traceparent: str | None = None
 
 
 class LeaseOut(Struct):

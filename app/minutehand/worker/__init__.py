@@ -19,7 +19,8 @@ session.py (one run: its parts started and stopped in order), poller.py (a
 dispatcher's lease loop), runner.py (a job: handler, report),
 heartbeats.py (the running jobs' claims kept alive), outbox.py (outcomes in batches), slots.py (the concurrency limit),
 threads.py (threads for sync handlers), grace.py (the stop deadline),
-client.py (HTTP calls), job.py (Job, NonRetryable), effects.py
+client.py (HTTP calls), job.py (Job, NonRetryable), traces.py (the handler's span, with
+OpenTelemetry installed), effects.py
 (exactly-once database side effects; needs psycopg, imported on use),
 logs.py (JSON log lines).
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import types
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -25,8 +26,13 @@ class NonRetryable(Exception):
 @dataclass(frozen=True)
 class Job:
     """One run of one job. `team` submitted it; `attempt` counts from 1;
-    `payload` is the decoded JSON the submitter sent. `idempotency_key` is
-    the submitter's key, if any."""
+    `payload` is the decoded JSON the submitter sent (for a task's handler,
+    the task's payload type, which a handler may say: `job: Job[Invoice]`).
+    `idempotency_key` is the submitter's key, if any."""
+    # Job[Invoice] holds at runtime too, as list[int] does (not typing.Generic,
+    # which changes how the dataclass is built).
+    __class_getitem__ = classmethod(types.GenericAlias)
+
     id: JobId
     team: str
     name: str

@@ -27,6 +27,7 @@ from minutehand.worker.logs import fields, log
 from minutehand.worker.outbox import Outbox
 from minutehand.worker.slots import Slots
 from minutehand.worker.threads import HandlerThreads
+from minutehand.worker.traces import handler_span
 
 Handler = Callable[[Job], Any]
 
@@ -153,7 +154,8 @@ class JobRunner:
     async def call_handler(self, run: Running, lj: LeasedJob) -> tuple[Completed | Failed, str]:
         try:
             run.job = replace(run.job, payload=msgspec.json.decode(lj.payload))
-            raw = await run_handler(self.handlers.get(lj.name), run.job, self.threads)
+            with handler_span(lj):
+                raw = await run_handler(self.handlers.get(lj.name), run.job, self.threads)
             return Completed(job_id=lj.job_id, lease_token=lj.lease_token, result=raw), "job_succeeded"
         except NonRetryable as exc:
             return Failed(job_id=lj.job_id, lease_token=lj.lease_token, error=error_text(exc),

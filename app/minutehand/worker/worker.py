@@ -27,14 +27,18 @@ How it keeps its invariants (each in its module):
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import os
 import re
 import signal
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 
 from minutehand.protocol import MAX_WAIT_S
+from minutehand.worker.job import Job, NonRetryable
 from minutehand.worker.runner import Handler
 from minutehand.worker.session import Session
 from minutehand.worker.settings import WorkerSettings
@@ -89,6 +93,18 @@ class Worker:
             if name in self.handlers:
                 raise ValueError(f"a handler for {name!r} is already registered")
             self.handlers[name] = fn
+            return fn
+        return register
+
+    def handles(self, task) -> Callable[[Handler], Handler]:
+        """Register the decorated function (sync or async, one Job argument)
+        as the handler of a task's jobs (minutehand.client.task): the job's
+        payload is converted to the task's type first. A payload that does
+        not convert fails the job at once, not retried, with the reason: no
+        attempt can succeed on it. The task is used by its name and decode()
+        alone, so the worker imports nothing of the client."""
+        def register(fn: Handler) -> Handler:
+            self.job(task.name)(typed(task, fn))
             return fn
         return register
 
@@ -171,6 +187,24 @@ class Worker:
             raise ValueError(f"metrics port {self.metrics_port} is not from 0 (no metrics server) to 65535")
         if not 0 <= self.wait_s <= MAX_WAIT_S:
             raise ValueError(f"wait_s must be between 0 and {MAX_WAIT_S}")
+
+
+def typed(task, fn: Handler) -> Handler:
+    """fn, called with the job's payload as the task's type."""
+    def decoded(job: Job) -> Job:
+        try:
+            return replace(job, payload=task.decode(job.payload))
+        except ValueError as exc:            # the task's PayloadError, msgspec's ValidationError
+            raise NonRetryable(str(exc)) from None
+
+    if inspect.iscoroutinefunction(fn):
+        async def handle_async(job: Job):
+            return await fn(decoded(job))
+        return functools.wraps(fn)(handle_async)
+
+    def handle(job: Job):
+        return fn(decoded(job))
+    return functools.wraps(fn)(handle)
 
 
 def _url_list(urls: list[str] | str) -> list[str]:

@@ -1,4 +1,6 @@
-"""Bodies and responses of the HTTP API, as msgspec Structs.
+"""Bodies and responses of the HTTP API, as msgspec Structs: one definition
+for the server's routes (app/minutehand/api/) and the Python client
+(app/minutehand/client/), so that neither needs the other's dependencies.
 
 Request bodies are decoded strictly (app/minutehand/api/bodies.py, jobs.py): unknown
 fields, wrong JSON types, and a due time without a UTC offset are refused
@@ -27,7 +29,12 @@ from msgspec import Meta, Struct
 from minutehand import protocol
 from minutehand.protocol import JobId, JobName
 from minutehand.protocol.jsontext import MAX_JSON_DEPTH
-from minutehand.rules import SECRET_PATTERN, TEAM_NAME_PATTERN
+
+# A team's name, and a webhook's secret (printable ASCII without spaces):
+# what the rules accept (minutehand.rules) and the schema says.
+TEAM_NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
+SECRET_LENGTHS = (16, 200)
+SECRET_PATTERN = r"^[\x21-\x7e]{%d,%d}$" % SECRET_LENGTHS
 
 # RFC 3339 with an offset: a naive time is refused, not guessed.
 AwareTime = Annotated[dt.datetime, Meta(tz=True, description="RFC 3339 date-time with a UTC offset")]
