@@ -1,48 +1,21 @@
-"""What the client's tests share: a real `minutehand serve` with teams and
-their tokens, a worker run in a thread, and a small HTTP server in front of
-the real one that refuses or drops the first requests it is told to
-(`Front`), for the client's retries."""
+"""What the client's tests share: teams and their tokens, and a small HTTP
+server in front of the real one that refuses or drops the first requests it
+is told to (`Front`), for the client's retries."""
 from __future__ import annotations
 
-import contextlib
 import http.server
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
-
-from minutehand.worker import Worker
 
 
 @dataclass
 class Team:
     name: str
     token: str
-
-
-@contextlib.contextmanager
-def running(worker: Worker) -> Iterator[Worker]:
-    """Run a worker in a thread of this process; stop and join it on exit."""
-    errors: list[BaseException] = []
-
-    def main():
-        try:
-            worker.run()
-        except BaseException as exc:              # noqa: BLE001 - re-raised in the test
-            errors.append(exc)
-
-    t = threading.Thread(target=main, daemon=True)
-    t.start()
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        t.join(30)
-        assert not t.is_alive(), "the worker did not stop"
-    if errors:
-        raise errors[0]
 
 
 class Front:

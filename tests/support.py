@@ -2,10 +2,13 @@
 clock, a team, and leases on every shard."""
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import secrets
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -20,6 +23,7 @@ from minutehand.settings import Settings
 from minutehand.store.claim import ClaimRefused, ClaimRequest
 from minutehand.store.store import Store
 from minutehand.store.submit import JobSpec
+from minutehand.worker import Worker
 
 UTC = dt.timezone.utc
 # A fixed instant, 30 s into a minute, for tests that pin the clock.
@@ -248,3 +252,26 @@ async def lease_until(d: Dispatcher, want: int, capacity: int = 100, names: list
     while len(got) < want and time.monotonic() < deadline:
         got += await d.lease("w", capacity, names, 1.0, teams=teams)
     return got
+
+
+@contextlib.contextmanager
+def running(worker: Worker) -> Iterator[Worker]:
+    """Run a worker in a thread of this process; stop and join it on exit."""
+    errors: list[BaseException] = []
+
+    def main():
+        try:
+            worker.run()
+        except BaseException as exc:              # noqa: BLE001 - re-raised in the test
+            errors.append(exc)
+
+    t = threading.Thread(target=main, daemon=True)
+    t.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        t.join(30)
+        assert not t.is_alive(), "the worker did not stop"
+    if errors:
+        raise errors[0]

@@ -21,7 +21,8 @@ import pytest
 from minutehand import client as mh
 from minutehand.client import AsyncClient, Client, Repeat, SeriesRepeat, job
 from minutehand.worker import Job, NonRetryable, Worker
-from tests.client_support import Front, Team, running
+from tests.client_support import Front, Team
+from tests.support import running
 from tests.processes import ROOT, Server, free_port, wait_until
 
 pytestmark = pytest.mark.processes

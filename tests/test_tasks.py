@@ -15,7 +15,7 @@ import pytest
 
 from minutehand.client import Client
 from minutehand.worker import Job, Worker
-from tests.client_support import running
+from tests.support import running
 from tests.invoice_tasks import Invoice, send_invoice
 from tests.processes import ROOT, Server, wait_until
 

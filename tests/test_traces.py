@@ -26,7 +26,7 @@ from minutehand.worker.grace import Grace
 from minutehand.worker.outbox import Outbox
 from minutehand.worker.runner import JobRunner
 from minutehand.worker.slots import Slots
-from tests.client_support import running
+from tests.support import running
 from tests.processes import Server, wait_until
 
 EXPORTER = InMemorySpanExporter()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import datetime as dt
 import json
 import signal
@@ -29,7 +28,7 @@ import pytest
 from minutehand.store.submit import JobSpec
 from minutehand.worker import Job, NonRetryable, Worker, effects
 from tests.processes import ROOT, Server, WorkerProcess, free_port, logs, wait_until
-from tests.support import submit_store
+from tests.support import running, submit_store
 from tests.worker_apps import RUNS_DDL
 
 pytestmark = pytest.mark.processes
@@ -46,29 +45,6 @@ def server(db_dsn, live_store) -> Iterator[Server]:
     s = start_server(db_dsn, "--claim-lease-s", "30")
     yield s
     s.stop()
-
-
-@contextlib.contextmanager
-def running(worker: Worker) -> Iterator[Worker]:
-    """Run a worker in a thread of this process; stop and join it on exit."""
-    errors: list[BaseException] = []
-
-    def main():
-        try:
-            worker.run()
-        except BaseException as exc:              # noqa: BLE001 - re-raised in the test
-            errors.append(exc)
-
-    t = threading.Thread(target=main, daemon=True)
-    t.start()
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        t.join(30)
-        assert not t.is_alive(), "the worker did not stop"
-    if errors:
-        raise errors[0]
 
 
 def submit(store, name: str, payload=None, **kw) -> int:
