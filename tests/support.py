@@ -231,9 +231,14 @@ class StartedDispatcher:
 
 
 def started_dispatcher(store: Store, leases: int = 256, **settings) -> Dispatcher:
-    """Started, once it holds `leases` shard leases."""
+    """Started, once it holds `leases` shard leases. Its claims last 10
+    minutes unless the test says otherwise: the tests lease jobs and never
+    complete them, and on a loaded Citus cluster leasing thousands took longer
+    than the default 30 s, after which its own maintenance gave the first
+    ones out again (at least once, as it should)."""
     dispatcher, parts = dispatcher_parts(
-        Settings(**{"dispatcher_name": f"d-{secrets.token_hex(3)}", "shard_lease_s": 5, **settings}), store)
+        Settings(**{"dispatcher_name": f"d-{secrets.token_hex(3)}", "shard_lease_s": 5, "claim_lease_s": 600,
+                    **settings}), store)
     parts.start()
     d = StartedDispatcher(dispatcher, parts)
     deadline = time.monotonic() + 60
