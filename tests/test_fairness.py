@@ -19,11 +19,13 @@ import pytest
 
 from minutehand.dispatch import dispatcher, fairness
 from minutehand.dispatch.fairness import Budget, DueIndex
+from minutehand.store.claim import MemberSays
 from minutehand.store.outcomes import Complete
 from minutehand.store.records import Repeat
 from minutehand.store.submit import JobSpec
 from tests.processes import wait_until
-from tests.support import T0, lease_all, lease_until, make_store, on_citus, pin, skip_on_citus, started_dispatcher
+from tests.support import (T0, lease_all, lease_until, make_store, on_citus, pin, shard_count, skip_on_citus,
+                           started_dispatcher)
 
 UTC = dt.timezone.utc
 BIG = 10**9
@@ -107,6 +109,35 @@ def test_a_team_behind_by_minutes_gets_its_share_and_no_more():
     assert got == {(older, 1): 25, (STRICT, 2): 10, (P0, 2): 15}
     got = taken(fairness.plan(60, e, {1: Budget(2, BIG), 2: Budget(1, BIG)}, {}))
     assert got == {(older, 1): 40, (STRICT, 2): 10, (P0, 2): 10}
+
+
+def test_a_quota_is_divided_between_the_dispatchers_where_the_team_has_due_rows():
+    """Fleet.headroom: the share follows the due work, by shards, rounded up;
+    jobs running from a dispatcher with none of the team's due rows hold
+    their part of the quota; never past the quota less what the others run."""
+    def says(due=(), running=None):
+        return MemberSays(due=None if due is None else frozenset(due), running=running or {})
+    alone = fairness.Fleet()
+    assert alone.headroom(20, 1, 16, 0) == 20 and alone.headroom(20, 1, 16, 15) == 5
+    # Three dispatchers of 6, 5 and 5 shards, all with due rows of team 1:
+    # 8 + 7 + 7 = 22, the quota + N - 1 at most.
+    fleet = fairness.Fleet([(5, says({1})), (5, says({1}))])
+    assert fleet.headroom(20, 1, 6, 0) == 8
+    assert fairness.Fleet([(6, says({1})), (5, says({1}))]).headroom(20, 1, 5, 0) == 7
+    # Its due rows only here (the others have other teams'): the whole quota here.
+    fleet = fairness.Fleet([(5, says({2})), (5, says({2}))])
+    assert fleet.headroom(5, 1, 6, 2) == 3
+    # Jobs of team 1 still running from one without its due rows hold their part.
+    fleet = fairness.Fleet([(5, says({2}, {1: 2})), (5, says({1}))])
+    assert fleet.headroom(5, 1, 5, 0) == 2                 # ceil((5 - 2) * 5 / 10)
+    # Another without due rows of team 1 runs 4 of its 5: however large the share, 1 more.
+    assert fairness.Fleet([(5, says({2}, {1: 4}))]).headroom(5, 1, 6, 0) == 1
+    # One that has not read its shards yet may have any team's due rows.
+    assert fairness.Fleet([(10, says(None))]).headroom(20, 1, 10, 0) == 10
+    # No shards here: nothing.
+    assert fairness.Fleet([(10, says({1}))]).headroom(20, 1, 0, 0) == 0
+    # What the others say is waiting, together.
+    assert fairness.Fleet([(1, MemberSays(waiting=frozenset({1}))), (1, MemberSays(waiting=frozenset({2})))]).waiting == {1, 2}
 
 
 def test_no_lending_while_a_team_waits_with_headroom_on_another_dispatcher():
@@ -349,6 +380,43 @@ def test_quota_with_two_dispatchers_overshoots_by_at_most_one_each(db_dsn):
         s.close()
     assert 15 <= peak <= 31, peak
 
+
+
+def test_a_team_with_due_rows_on_one_dispatchers_shards_runs_its_whole_quota_there(db_dsn):
+    """Two dispatchers, each half the shards. Team `small` (quota 6) has due
+    rows only on d1's shards, team `filler` (quota 1000) everywhere, so every
+    round's capacity goes within quotas and nothing is lent. The quota
+    follows the due work: small runs 6 from d1, not d1's half of 6, and
+    never more."""
+    s = make_store(db_dsn, clock=None)
+    s.create_team("small", quota=6)
+    s.create_team("filler", quota=1000)
+    d1 = started_dispatcher(s, leases=1, dispatcher_name="d1", shard_lease_s=1)
+    d2 = started_dispatcher(s, leases=1, dispatcher_name="d2", shard_lease_s=1)
+    try:
+        wait_until(lambda: len(d1._leases) + len(d2._leases) == shard_count(s) and d1._leases and d2._leases,
+                   30, "the shards split between d1 and d2")
+        with s.connection() as conn:
+            small = conn.execute("SELECT id FROM teams WHERE name = 'small'").fetchone()["id"]
+            keys = [k for k in (f"k{i}" for i in range(2000))
+                    if conn.execute("SELECT mh_key_shard(%s, %s) AS s", (small, k)).fetchone()["s"] in d1._leases]
+        due = just_due()
+        submit(s, "filler", 2000, due_at=due)
+        for key in keys[:30]:
+            assert s.submit("small", JobSpec(name="j", due_at=due, idempotency_key=key)).job_id
+        # d2 said it has none of small's due rows, and d1 heard it.
+        wait_until(lambda: d1._fleet.headroom(6, small, len(d1._leases), 0) == 6, 30,
+                   "d1 to hear that small's due rows are all its own")
+        ran = []
+        for _ in range(8):
+            jobs = asyncio.run(d1.lease("w", 50, None, 1.0)) + asyncio.run(d2.lease("w", 50, None, 1.0))
+            ran += [j for j in jobs if j.team == "small"]
+            assert len(ran) <= 6, len(ran)
+    finally:
+        d1.stop()
+        d2.stop()
+        s.close()
+    assert len(ran) == 6
 
 # ---------------------------------------------------------------- no job waits for the sweep
 def test_a_shards_first_claim_finds_jobs_due_long_before(db_dsn, db):

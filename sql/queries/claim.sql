@@ -66,9 +66,13 @@ SELECT * FROM claim_planned_shards(%(owner)s::text, %(lease_s)s::real, %(worker)
                                    %(limits)s::int[], %(names)s::text[])
 
 -- name: dispatcher_members
--- Renew this dispatcher's membership and say which teams wait on its
--- shards; the live ones by name, each with the teams it said wait there.
-SELECT name, waiting FROM dispatcher_members(%(name)s::text, %(ttl_s)s::real, %(waiting)s::int[])
+-- Renew this dispatcher's membership with what the quotas need from it:
+-- the teams waiting on its shards, the teams with due rows there (NULL: not
+-- read yet) and the jobs each team runs from there; the live members by
+-- name, each with what it said.
+SELECT name, waiting, due, running_teams, running
+  FROM dispatcher_members(%(name)s::text, %(ttl_s)s::real, %(waiting)s::int[], %(due)s::int[],
+                          %(running_teams)s::int[], %(running)s::int[])
 
 -- name: leave_dispatchers
 -- A dispatcher stopping cleanly leaves at once.

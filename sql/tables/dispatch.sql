@@ -12,12 +12,19 @@ CREATE TABLE worker_tokens (
 -- Each dispatcher renews its row as often as its shard leases; the live
 -- rows are the members the shards are divided between. A member that stops
 -- renewing drops out when its row expires, together with its leases. With
--- each renewal it says which teams wait on its shards with quota headroom:
--- while any does, the others lend no capacity past a quota.
+-- each renewal it says what the quotas need from it: which teams wait on
+-- its shards with headroom (while any does, the others lend no capacity
+-- past a quota), which teams have due rows there (NULL: not read yet, so
+-- any), and how many jobs of each team run from there (running[i] of
+-- running_teams[i]). Each team's quota is divided between the dispatchers
+-- where it has due rows.
 CREATE TABLE dispatchers (
-    name        text PRIMARY KEY,
-    expires_at  timestamptz NOT NULL,
-    waiting     int[] NOT NULL DEFAULT '{}'
+    name           text PRIMARY KEY,
+    expires_at     timestamptz NOT NULL,
+    waiting        int[] NOT NULL DEFAULT '{}',
+    due            int[],
+    running_teams  int[] NOT NULL DEFAULT '{}',
+    running        int[] NOT NULL DEFAULT '{}'
 );
 
 -- A duty for the whole wheel (cascade, sweep) runs in one dispatcher at a

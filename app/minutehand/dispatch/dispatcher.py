@@ -34,14 +34,15 @@ read again when:
   down to nothing.
 It sleeps until the earliest of these, never polling empty buckets.
 
-Quotas: a team's quota is shared between the dispatchers by the fraction of
-the shards each leases, rounded up; each counts the team's jobs running
+Quotas: a team's quota is shared between the dispatchers where it has due
+rows, by their shards, rounded up (fairness.Fleet, from what each said with
+its membership renewal: shards.py); each counts the team's jobs running
 from its own shards (their team_running rows, read every RUNNING_READ_S and
 whenever its shards change) plus what it claimed since. So n dispatchers
 together exceed a quota by at most n - 1 (the rounding), except while
-shards change hands (docs/guides/teams.md, "Who goes first"). Capacity past a quota is lent only
-while no team waits with headroom on any dispatcher: each says which wait
-on its shards with its membership renewal (shards.py; WAITING_S).
+shards change hands (docs/guides/teams.md, "Who goes first"). Capacity past
+a quota is lent only while no team waits with headroom on any dispatcher:
+each says which wait on its shards with its renewal (WAITING_S).
 
 Workers that take only some job names (the worker library names its
 handlers) are planned the same way, their claims limited to those names.
@@ -91,13 +92,13 @@ import psycopg
 
 from minutehand import metrics
 from minutehand.dispatch import fairness
-from minutehand.dispatch.fairness import Budget, Class, DueIndex
+from minutehand.dispatch.fairness import Budget, Class, DueIndex, Fleet
 from minutehand.dispatch.outcomes import OutcomeWriter
 from minutehand.dispatch.shards import ShardKeeper
 from minutehand.futures import settle
 from minutehand.protocol import JobId, LeasedJob, Replay
 from minutehand.settings import Settings
-from minutehand.store.claim import ClaimedJob, ClaimRefused, ClaimRequest, PlannedClaim, TeamTerms
+from minutehand.store.claim import ClaimedJob, ClaimRefused, ClaimRequest, MemberSays, PlannedClaim, TeamTerms
 from minutehand.store.outcomes import Fail, Release
 from minutehand.store.store import Store
 
@@ -199,7 +200,7 @@ class Dispatcher:
         self.claim_s = settings.claim_lease_s
         self.writer = writer
         self.keeper = ShardKeeper(store, self.name, settings.shard_lease_s, self._leases_changed,
-                                  self._waiting_here, self._set_waiting_elsewhere)
+                                  self._says, self._fleet_changed)
         self._cond = threading.Condition()
         # The waiters in queue order. One that timed out stays, marked gone, until the
         # next round or until they are half the queue: tens of thousands of long-polls
@@ -235,7 +236,7 @@ class Dispatcher:
         self._credit: dict[int, float] = {}      # the rotation's carried fractions, per team
         self._waiting_at: dict[int, float] = {}  # team -> when it last waited here with headroom (under _cond)
         self._idle_since: float | None = None    # since when no worker asks while rows are due
-        self._waiting_elsewhere: frozenset[int] = frozenset()   # teams other dispatchers say wait there
+        self._fleet = Fleet()                    # what the other dispatchers said at the last renewal
         self._stopping = threading.Event()
         self._polls_closed = False                # stopping: long-polls are answered at once (under _cond)
         self._threads = [threading.Thread(target=self._dispatch, name="dispatch", daemon=True),
@@ -334,6 +335,8 @@ class Dispatcher:
             self._due = {s: t for s, t in self._due.items() if s in leases}
             self._lost |= self._index.of_shard.keys() - leases.keys()
             self._due.update({s: 0.0 for s in gained})
+            for s in gained:                      # unread until read (again): its due teams unknown
+                self._read_at.pop(s, None)
             self._generation += 1
             self._cond.notify()
 
@@ -531,17 +534,23 @@ class Dispatcher:
         settle((w.future, w.loop, [], None) for w in expired)
 
     # ------------------------------------------------------------ quotas
-    def _waiting_here(self) -> list[int]:
-        """The teams waiting on this dispatcher's shards with headroom, for
-        the others (the shard keeper's thread)."""
+    def _says(self) -> MemberSays:
+        """What this dispatcher tells the others with its renewal (the shard
+        keeper's thread): the teams waiting on its shards with headroom, the
+        teams with due rows there (None until it holds shards and has read
+        each)
+        and each team's jobs running from there."""
         now = time.time()
         with self._cond:
             for t in [t for t, at in self._waiting_at.items() if now - at > WAITING_S]:
                 del self._waiting_at[t]
-            return sorted(self._waiting_at)
+            read = bool(self._leases) and all(s in self._read_at for s in self._leases)
+            running = {t: self._running.get(t, 0) + self._mine.get(t, 0) for t in self._running.keys() | self._mine.keys()}
+            return MemberSays(frozenset(self._waiting_at), frozenset(self._index.teams()) if read else None,
+                              {t: n for t, n in running.items() if n > 0})
 
-    def _set_waiting_elsewhere(self, teams: frozenset[int]) -> None:
-        self._waiting_elsewhere = teams
+    def _fleet_changed(self, fleet: Fleet) -> None:
+        self._fleet = fleet
 
     def _note_idle(self) -> None:
         """No worker has asked for a while and rows are due: the teams with
@@ -552,10 +561,10 @@ class Dispatcher:
             self._waiting_at.update((t, now) for t in self._index.teams() if t in budgets and budgets[t].headroom > 0)
 
     def _budgets(self) -> dict[int, Budget]:
-        """Each team's weight and headroom here: its quota's share by the
-        fraction of the shards this dispatcher leases (rounded up), less the
-        team's jobs running from those shards (as last read, plus what this
-        one claimed since; jobs finished since count until the next read)."""
+        """Each team's weight and headroom here: its quota's share here
+        (fairness.Fleet), less the team's jobs running from this one's shards
+        (as last read, plus what this one claimed since; jobs finished since
+        count until the next read)."""
         now = time.monotonic()
         if now - self._terms_at >= TERMS_READ_S:
             self._terms = {t.id: t for t in self.store.team_terms()}
@@ -563,12 +572,14 @@ class Dispatcher:
             self._terms_at = now
         if now - self._running_at >= RUNNING_READ_S or self._running_on != self._leases.keys():
             self._running_on = set(self._leases)
-            self._running = self.store.teams_running(sorted(self._running_on))
-            self._mine.clear()
+            running = self.store.teams_running(sorted(self._running_on))
+            with self._cond:                      # (read by _says too)
+                self._running = running
+                self._mine.clear()
             self._running_at = now
-        fraction = len(self._leases) / max(1, len(self.keeper.shards))
-        return {t: Budget(terms.weight, math.ceil(terms.quota * fraction) - self._running.get(t, 0)
-                          - self._mine.get(t, 0))
+        fleet, shards = self._fleet, len(self._leases)
+        return {t: Budget(terms.weight, fleet.headroom(terms.quota, t, shards,
+                                                       self._running.get(t, 0) + self._mine.get(t, 0)))
                 for t, terms in self._terms.items()}
 
     # ------------------------------------------------------------ a round
@@ -673,7 +684,7 @@ class Dispatcher:
         names, team_names = filter_
         teams = None if team_names is None else {self._team_ids[n] for n in team_names if n in self._team_ids}
         takes = fairness.plan(sum(w.capacity for w in pool), self._index, budgets, self._credit, teams, shards, taken,
-                              self._waiting_elsewhere, short)
+                              self._fleet.waiting, short)
         for t in takes:
             budgets[t.team] = budgets[t.team].less(t.n)
         queue = deque(fairness.rotate(takes, lambda t: t.cls, lambda t: t.team))

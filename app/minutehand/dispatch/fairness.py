@@ -13,7 +13,7 @@ all the dispatcher's shards (within one class, the shard whose oldest row
 is oldest first; each shard gives its oldest rows first).
 
 Quotas, with lending. A team may hold `headroom` more running jobs (its
-quota's share, less what it runs). Capacity is first shared among the
+quota's share, less what it runs; Fleet.headroom). Capacity is first shared among the
 teams within their headroom; only what is left after that (no team with
 due work wants more within its quota) is lent to teams past their quota,
 and only while no other dispatcher reports a team waiting with headroom
@@ -35,7 +35,10 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from minutehand.store.claim import MemberSays
 
 # A class of due rows: (bucket start, epoch s; strict; priority).
 Class = tuple[float, bool, int]
@@ -171,6 +174,46 @@ class Budget:
     def less(self, n: int) -> Budget:
         """After n more of the team's jobs are asked for."""
         return Budget(self.weight, self.headroom - n)
+
+
+class Fleet:
+    """The other dispatchers, as their last membership renewals said: what a
+    team's share of its quota here depends on.
+
+    A team's quota, less its jobs running from the dispatchers where it has
+    no due rows (they hold that much until those end), is divided between
+    this dispatcher and the others where it has due rows (or that have not
+    read theirs yet), by their shards, rounded up. So its share follows its
+    due work: with its last jobs on one dispatcher's shards it may run its
+    whole quota there. And never more than the quota less what the others
+    said they run (one may not know yet that the team's due work appeared
+    here). Every dispatcher computing the same shares, N of them run at
+    most quota + N - 1 of a team's jobs (the rounding)."""
+
+    def __init__(self, peers: Sequence[tuple[int, MemberSays]] = ()):
+        """peers: each other dispatcher's shards (by the assignment) and what it said."""
+        self.waiting = frozenset(t for _, says in peers for t in says.waiting)
+        self._unread = sum(n for n, says in peers if says.due is None)
+        # team -> (shards of the others with its due rows, its jobs running from the
+        # others without, its jobs running from all the others)
+        self._teams: dict[int, tuple[int, int, int]] = {}
+        for team in {t for _, says in peers for t in (says.due or ())} | {t for _, says in peers for t in says.running}:
+            due = held = running = 0
+            for n, says in peers:
+                runs = says.running.get(team, 0)
+                running += runs
+                if says.due is None or team in says.due:
+                    due += n
+                else:
+                    held += runs
+            self._teams[team] = (due, held, running)
+
+    def headroom(self, quota: int, team: int, shards: int, running: int) -> int:
+        """How many more of the team's jobs this dispatcher may start, with
+        `shards` of its own and `running` of the team's jobs from them."""
+        due, held, elsewhere = self._teams.get(team, (self._unread, 0, 0))
+        share = math.ceil(max(0, quota - held) * shards / (shards + due)) if shards else 0
+        return min(share, quota - elsewhere) - running
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,12 @@ shards whose winner changed move (about S/N), and each member owns about
 S/N. It then takes or renews the leases of its shards and releases the
 ones that now belong to another member (which takes them on its next tick).
 
-The renewal also carries what quotas need from the whole fleet: each
-member says which teams wait on its shards with quota headroom, and learns
-which wait on the others' (on_waiting_elsewhere), so that none lends
-capacity past a quota while a team with headroom waits anywhere.
+The renewal also carries what the quotas need from the whole fleet: each
+member says which teams wait on its shards with quota headroom, which have
+due rows there and how many jobs of each run from there, and learns what
+the others said (fairness.Fleet): so that a team's quota is divided between
+the members where its due work is, and none lends capacity past a quota
+while a team with headroom waits anywhere.
 
 A member that stops renewing drops out when its membership row and its
 leases expire (both one lease period after its last renewal); the others'
@@ -24,9 +26,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections.abc import Callable, Collection, Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 
 from minutehand import metrics
+from minutehand.dispatch.fairness import Fleet
+from minutehand.store.claim import MemberSays
 from minutehand.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -50,15 +55,15 @@ class ShardKeeper:
 
     def __init__(self, store: Store, name: str, lease_s: float,
                  on_change: Callable[[dict[int, int]], None],
-                 waiting: Callable[[], Collection[int]] = tuple,
-                 on_waiting_elsewhere: Callable[[frozenset[int]], None] = lambda teams: None):
+                 says: Callable[[], MemberSays] = MemberSays,
+                 on_fleet: Callable[[Fleet], None] = lambda fleet: None):
         self.store = store
         self.name = name
         self.shards: Sequence[int] = range(0)     # every shard; read at start (building needs no database)
         self.lease_s = lease_s
         self.on_change = on_change
-        self.waiting = waiting
-        self.on_waiting_elsewhere = on_waiting_elsewhere
+        self.says = says
+        self.on_fleet = on_fleet
         self.leases: dict[int, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="shard-keeper", daemon=True)
@@ -91,9 +96,10 @@ class ShardKeeper:
             self._set({s: e for s, e in self.leases.items() if s not in shards})
 
     def tick(self) -> None:
-        members = self.store.dispatcher_members(self.name, self.lease_s, sorted(self.waiting()))
-        self.on_waiting_elsewhere(frozenset(t for m, teams in members.items() if m != self.name for t in teams))
+        members = self.store.dispatcher_members(self.name, self.lease_s, self.says())
         owners = assign(self.shards, list(members))
+        counts = Counter(owners.values())
+        self.on_fleet(Fleet([(counts[m], says) for m, says in members.items() if m != self.name]))
         mine = [s for s, m in owners.items() if m == self.name]
         others = {s: e for s, e in self.leases.items() if owners.get(s) != self.name}
         if others:

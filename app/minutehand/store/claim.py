@@ -137,6 +137,17 @@ class TeamTerms:
     weight: int
 
 
+@dataclass(frozen=True, slots=True)
+class MemberSays:
+    """What a dispatcher says with its membership renewal, for the quotas:
+    the teams waiting on its shards with headroom, the teams with due rows
+    there (None: not read yet, so any) and each team's jobs running from
+    there."""
+    waiting: frozenset[int] = frozenset()
+    due: frozenset[int] | None = None
+    running: dict[int, int] = dataclasses.field(default_factory=dict)
+
+
 @dataclasses.dataclass(slots=True)
 class _ClaimUnit:
     """One claim statement and the requests (indexes) it answers; `many`:
@@ -324,12 +335,17 @@ class ClaimStore(StoreBase):
         return units
 
     # ------------------------------------------------------------ dispatchers
-    def dispatcher_members(self, name: str, ttl_s: float, waiting: Sequence[int] = ()) -> dict[str, list[int]]:
-        """Renew this dispatcher's membership, saying which teams wait on its
-        shards with quota headroom; the live members by name (sorted), each
-        with the teams it said wait there."""
-        return {r["name"]: r["waiting"] for r in self._all("dispatcher_members",
-                                                           {"name": name, "ttl_s": ttl_s, "waiting": list(waiting)})}
+    def dispatcher_members(self, name: str, ttl_s: float, says: MemberSays) -> dict[str, MemberSays]:
+        """Renew this dispatcher's membership with what it says; the live
+        members by name (sorted), each with what it said."""
+        teams = sorted(says.running)
+        rows = self._all("dispatcher_members", {
+            "name": name, "ttl_s": ttl_s, "waiting": sorted(says.waiting),
+            "due": None if says.due is None else sorted(says.due),
+            "running_teams": teams, "running": [says.running[t] for t in teams]})
+        return {r["name"]: MemberSays(frozenset(r["waiting"]), None if r["due"] is None else frozenset(r["due"]),
+                                      dict(zip(r["running_teams"], r["running"])))
+                for r in rows}
 
     def leave_dispatchers(self, name: str) -> None:
         self._one("leave_dispatchers", {"name": name})
