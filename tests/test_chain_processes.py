@@ -97,7 +97,7 @@ def test_sigkill_of_the_process_creating_the_next_runs_never_doubles_or_skips_a_
     # spread evenly over the window (the golden ratio's multiples): on Citus,
     # where a trial takes seconds, fewer trials cover it as well.
     with psycopg.connect(db_dsn) as conn:
-        window_s, trials = (2.0, 80) if on_citus(conn) else (0.25, 200)
+        window_s, trials = (2.0, 50) if on_citus(conn) else (0.25, 200)
     made_by_child = []
     try:
         for k in range(trials):
