@@ -538,8 +538,7 @@ class Dispatcher:
         """What this dispatcher tells the others with its renewal (the shard
         keeper's thread): the teams waiting on its shards with headroom, the
         teams with due rows there (None until it holds shards and has read
-        each)
-        and each team's jobs running from there."""
+        each) and each team's jobs running from there."""
         now = time.time()
         with self._cond:
             for t in [t for t, at in self._waiting_at.items() if now - at > WAITING_S]:
