@@ -54,12 +54,12 @@ BEGIN
         EXECUTE format('GRANT ALL ON %s TO minutehand_service', r.rel);
     END LOOP;
     GRANT EXECUTE ON FUNCTION
-        minutehand.submit_job(text, text, timestamptz, jsonb, int, int, int, boolean, text, real, real),
-        minutehand.submit_job_detail(text, text, timestamptz, jsonb, int, int, int, boolean, text, real, real),
+        minutehand.submit_job(text, text, timestamptz, jsonb, int, int, int, boolean, text, real, real, text),
+        minutehand.submit_job_detail(text, text, timestamptz, jsonb, int, int, int, boolean, text, real, real, text),
         minutehand.submit_jobs(text, text[], timestamptz[], jsonb[], int[], int[], int[], boolean[], text[], real[],
-                               real[]),
+                               real[], text[]),
         minutehand.submit_series(text, text, timestamptz, jsonb, int, int, int, boolean, text, real, real, int, text,
-                                 text, timestamptz, text, timestamptz),
+                                 text, timestamptz, text, timestamptz, text),
         minutehand.cancel(bigint, text),
         minutehand.requeue_job(bigint, text, int),
         minutehand.discard_job(bigint, text),

@@ -634,7 +634,7 @@ def test_submit_jobs_batch_touches_only_the_partitions_of_its_items(conn):
             rows = conn.execute(q("submit_jobs"), {
                 "team": TEAM, "names": ["batch"] * 200, "due_ats": [due] * 200, "payloads": None,
                 "priorities": None, "max_attempts": None, "flex_s": None, "stricts": None,
-                "keys": None, "backoff_base_s": None, "backoff_cap_s": None}).fetchall()
+                "keys": None, "backoff_base_s": None, "backoff_cap_s": None, "traceparents": None}).fetchall()
         assert len(rows) == 200 and all(r[4] is None for r in rows)
         assert ae.due_relations() <= {"due_minutes", "due_hours", "due_far"}
         # (the empty INSERTs into the other levels lock only their parent or due_far itself)
@@ -645,15 +645,18 @@ def test_submit_jobs_batch_touches_only_the_partitions_of_its_items(conn):
 
 def test_submit_jobs_batch_calls_no_function_once_per_job(conn):
     """The helpers a batch applies to each job (ids, wheel slots, the checks of
-    each item) are inlined into its statements, not called per row: a SQL
-    function declared more immutable than its body is never inlined, and
-    then costs a function call per job (counted here by track_functions)."""
+    each item, a traceparent's) are inlined into its statements, not called
+    per row: a SQL function declared more immutable than its body is never
+    inlined, and then costs a function call per job (counted here by
+    track_functions)."""
     with conn.transaction(force_rollback=True):
         conn.execute("SET LOCAL track_functions = 'all'")
         conn.execute(q("submit_jobs"), {
             "team": TEAM, "names": ["batch"] * 200, "due_ats": [T0 + dt.timedelta(seconds=i) for i in range(200)],
             "payloads": [json.dumps({"n": i}) for i in range(200)], "priorities": None, "max_attempts": None,
-            "flex_s": None, "stricts": None, "keys": None, "backoff_base_s": None, "backoff_cap_s": None}).fetchall()
+            "flex_s": None, "stricts": None, "keys": None, "backoff_base_s": None, "backoff_cap_s": None,
+            "traceparents": [f"00-{i + 1:032x}-{i + 1:016x}-01" for i in range(200)]}).fetchall()
+        assert conn.execute("SELECT count(traceparent) FROM jobs WHERE name = 'batch'").fetchone()[0] == 200
         calls = conn.execute("""SELECT p.proname, pg_stat_get_xact_function_calls(p.oid) FROM pg_proc p
                                  WHERE p.pronamespace = 'minutehand'::regnamespace
                                    AND pg_stat_get_xact_function_calls(p.oid) >= 100""").fetchall()

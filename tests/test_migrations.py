@@ -315,6 +315,32 @@ def test_0021_keeps_each_teams_50_names_of_most_volume_and_adds_up_the_rest(empt
             ("few", "new"), ("many", "(other)")]
 
 
+def test_0023_a_jobs_traceparent_is_kept_claimed_and_goes_with_the_downgrade(empty_dsn):
+    """Revision 0023 adds jobs.traceparent: a job submitted with one is
+    claimed with it; downgrading below 0023 drops the column and keeps the
+    job, which after the upgrade again has none and is claimed so."""
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    claim = ("SELECT c.job_id, c.traceparent FROM claim_due(mh_shard_of(%(id)s), 10, 'd1',"
+             " take_shard_lease(mh_shard_of(%(id)s), 'd1', 3600), 30) c")
+    migrate.upgrade(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute("SET minutehand.now = '2030-01-01 12:00:30+00'")
+        c.execute("INSERT INTO teams (name) VALUES ('traced')")
+        kept = c.execute("SELECT submit_job('traced', 'a', p_traceparent => %s)", (traceparent,)).fetchone()[0]
+        assert c.execute(claim, {"id": kept}).fetchall() == [(kept, traceparent)]
+        older = c.execute("SELECT submit_job('traced', 'b', p_traceparent => %s)", (traceparent,)).fetchone()[0]
+    migrate.downgrade(empty_dsn, "0022")
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        assert c.execute("SELECT count(*) FROM information_schema.columns WHERE table_schema = 'minutehand'"
+                         " AND table_name = 'jobs' AND column_name = 'traceparent'").fetchone()[0] == 0
+        assert c.execute("SELECT state::text FROM minutehand.jobs WHERE id = %s", (older,)).fetchone()[0] == \
+            "scheduled"
+    migrate.upgrade(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute("SET minutehand.now = '2030-01-01 12:00:30+00'")
+        assert c.execute(claim, {"id": older}).fetchall() == [(older, None)]
+
+
 @pytest.mark.processes
 def test_two_migrates_at_once_wait_for_each_other(empty_dsn):
     """Processes (Alembic's context is one per process)."""

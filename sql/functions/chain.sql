@@ -193,6 +193,12 @@ BEGIN
                 v_run := v_at;
             END IF;
         END IF;
+        -- No traceparent: only the first run, made by the submission, is
+        -- part of the submitter's trace. Each later run is caused by the
+        -- clock, not by that request; carried on, a daily series would
+        -- hang a year of handler spans on one trace whose root ended long
+        -- before (most tracing backends keep a trace days, not months), so
+        -- each later run's handler span starts a trace of its own.
         INSERT INTO jobs (shard, id, team_id, name, payload, priority, due_at, flex_s, strict, run_at, state,
                           max_attempts, backoff_base_s, backoff_cap_s, series_id, created_at, updated_at,
                           agreed_at, deadline)

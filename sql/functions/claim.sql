@@ -157,12 +157,15 @@ $$;
 -- payload and replay come as JSON text, handed on as they are. A time no
 -- client can read (before year 1 or after 9999: a row written around the
 -- procedures) comes as NULL, so that the dispatcher fails that job alone
--- instead of failing to read every row of the claim.
+-- instead of failing to read every row of the claim. Each job's traceparent
+-- (NULL: none) comes from the row the claim's update returned, read as it is:
+-- the worker's span of the handler continues the submitter's trace.
 CREATE OR REPLACE FUNCTION mh_take_claimed(p_shard int, p_ids bigint[], p_claimer text, p_lease_s real,
                                            p_now timestamptz)
 RETURNS TABLE (job_id bigint, team text, name text, payload text, attempt int, max_attempts int,
                idempotency_key text, lease_token uuid, claim_expires_at timestamptz,
-               due_at timestamptz, run_at timestamptz, replay text, team_id int, strict boolean, priority smallint)
+               due_at timestamptz, run_at timestamptz, replay text, team_id int, strict boolean, priority smallint,
+               traceparent text)
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
@@ -225,7 +228,8 @@ BEGIN
     RETURN QUERY
     SELECT c.id, t.name, c.name, c.payload::text, c.attempts, c.max_attempts, c.idempotency_key,
            c.lease_token, c.claim_expires_at, mh_readable(c.due_at), mh_readable(c.run_at),
-           CASE WHEN k.key IS NOT NULL THEN coalesce(k.result::text, 'null') END, c.team_id, c.strict, c.priority
+           CASE WHEN k.key IS NOT NULL THEN coalesce(k.result::text, 'null') END, c.team_id, c.strict, c.priority,
+           c.traceparent
       FROM unnest(v_claimed) WITH ORDINALITY AS c
       JOIN teams t ON t.id = c.team_id
       LEFT JOIN unnest(v_keys) k ON k.team_id = c.team_id AND k.key = c.idempotency_key AND k.job_id = c.id
@@ -264,7 +268,7 @@ CREATE OR REPLACE FUNCTION claim_due(p_shard int, p_limit int, p_owner text, p_e
                                      p_teams text[] DEFAULT NULL)
 RETURNS TABLE (job_id bigint, team text, name text, payload text, attempt int, max_attempts int,
                idempotency_key text, lease_token uuid, claim_expires_at timestamptz,
-               due_at timestamptz, run_at timestamptz, replay text, refused text)
+               due_at timestamptz, run_at timestamptz, replay text, traceparent text, refused text)
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
@@ -279,7 +283,8 @@ DECLARE
 BEGIN
     IF v_problem IS NOT NULL THEN
         RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::int, NULL::int, NULL::text,
-                            NULL::uuid, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::text, v_problem;
+                            NULL::uuid, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::text,
+                            NULL::text, v_problem;
         RETURN;
     END IF;
     IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 10000 THEN
@@ -304,7 +309,7 @@ BEGIN
             END IF;
             RETURN QUERY
             SELECT c.job_id, c.team, c.name, c.payload, c.attempt, c.max_attempts, c.idempotency_key, c.lease_token,
-                   c.claim_expires_at, c.due_at, c.run_at, c.replay, NULL::text
+                   c.claim_expires_at, c.due_at, c.run_at, c.replay, c.traceparent, NULL::text
               FROM mh_take_claimed(p_shard, v_ids, coalesce(p_worker, p_owner), p_lease_s, v_now) c;
             GET DIAGNOSTICS v_got = ROW_COUNT;
             v_left := v_left - v_got;
@@ -328,7 +333,7 @@ CREATE OR REPLACE FUNCTION claim_planned(p_shard int, p_owner text, p_epoch bigi
 RETURNS TABLE (job_id bigint, team text, name text, payload text, attempt int, max_attempts int,
                idempotency_key text, lease_token uuid, claim_expires_at timestamptz,
                due_at timestamptz, run_at timestamptz, replay text, team_id int, strict boolean, priority smallint,
-               refused text)
+               traceparent text, refused text)
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
@@ -340,7 +345,7 @@ BEGIN
     IF v_problem IS NOT NULL THEN
         RETURN QUERY SELECT NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::int, NULL::int, NULL::text,
                             NULL::uuid, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::text,
-                            NULL::int, NULL::boolean, NULL::smallint, v_problem;
+                            NULL::int, NULL::boolean, NULL::smallint, NULL::text, v_problem;
         RETURN;
     END IF;
     IF p_bucket IS NULL OR v_n IS NULL OR cardinality(p_stricts) IS DISTINCT FROM v_n
@@ -397,7 +402,8 @@ CREATE OR REPLACE FUNCTION mh_take_claimed_shards(p_shards int[], p_ids bigint[]
                                                   p_now timestamptz)
 RETURNS TABLE (shard int, job_id bigint, team text, name text, payload text, attempt int, max_attempts int,
                idempotency_key text, lease_token uuid, claim_expires_at timestamptz,
-               due_at timestamptz, run_at timestamptz, replay text, team_id int, strict boolean, priority smallint)
+               due_at timestamptz, run_at timestamptz, replay text, team_id int, strict boolean, priority smallint,
+               traceparent text)
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
@@ -447,7 +453,8 @@ BEGIN
     RETURN QUERY
     SELECT c.shard::int, c.id, t.name, c.name, c.payload::text, c.attempts, c.max_attempts, c.idempotency_key,
            c.lease_token, c.claim_expires_at, mh_readable(c.due_at), mh_readable(c.run_at),
-           CASE WHEN k.key IS NOT NULL THEN coalesce(k.result::text, 'null') END, c.team_id, c.strict, c.priority
+           CASE WHEN k.key IS NOT NULL THEN coalesce(k.result::text, 'null') END, c.team_id, c.strict, c.priority,
+           c.traceparent
       FROM unnest(v_claimed) WITH ORDINALITY AS c
       JOIN teams t ON t.id = c.team_id
       LEFT JOIN unnest(v_keys) k ON k.shard = c.shard AND k.team_id = c.team_id AND k.key = c.idempotency_key
@@ -477,7 +484,7 @@ CREATE OR REPLACE FUNCTION claim_planned_shards(p_owner text, p_lease_s real, p_
 RETURNS TABLE (shard int, job_id bigint, team text, name text, payload text, attempt int, max_attempts int,
                idempotency_key text, lease_token uuid, claim_expires_at timestamptz,
                due_at timestamptz, run_at timestamptz, replay text, team_id int, strict boolean, priority smallint,
-               refused text)
+               traceparent text, refused text)
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
@@ -505,7 +512,7 @@ BEGIN
     RETURN QUERY
     SELECT u.shard, NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::int, NULL::int, NULL::text,
            NULL::uuid, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::text,
-           NULL::int, NULL::boolean, NULL::smallint,
+           NULL::int, NULL::boolean, NULL::smallint, NULL::text,
            format('shard %s: %L does not hold a current lease with epoch %s', u.shard, p_owner, u.epoch)
       FROM unnest(p_shards, p_epochs) AS u(shard, epoch) WHERE u.shard = ANY (v_stale);
     SELECT array_agg(k.shard), array_agg(k.strict), array_agg(k.priority), array_agg(k.team_id), array_agg(k.lim)

@@ -68,7 +68,10 @@ $$;
 -- submitted: a job that ends again is counted again), for the caller to add
 -- once it has locked every job it settles: counter rows are taken after job
 -- rows, never between them (a bulk requeue holding a counter row while it
--- waits for a job would deadlock with a single requeue of that job).
+-- waits for a job would deadlock with a single requeue of that job). The
+-- job keeps its traceparent: it is the same job, so its new runs are
+-- children of the submit that made it, as its earlier attempts were (the
+-- requeue is an operator's act, in a trace of its own if any).
 CREATE OR REPLACE FUNCTION mh_requeue_locked(p_shard smallint, p_ids bigint[], p_max_attempts int,
                                              p_now timestamptz) RETURNS stats_delta[]
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$

@@ -79,6 +79,11 @@ $$;
 -- due + mh_series_offset(series, flex_s), a stable offset from the series
 -- id (never before now); its runs are counted in the planned load all the same.
 --
+-- p_traceparent: the caller's W3C trace context, as submit_job_detail's. The
+-- first run keeps it (it is what this submission made); the runs the chain
+-- makes later do not (sql/functions/chain.sql says why), and the series row
+-- has no place for it.
+--
 -- Returns the series id, the first run's job id and run time, and whether
 -- they were created (false: the idempotency key named an earlier series,
 -- whose first run is returned).
@@ -89,6 +94,7 @@ CREATE OR REPLACE FUNCTION submit_series(
     p_backoff_base_s real DEFAULT 1, p_backoff_cap_s real DEFAULT 3600,
     p_every_s int DEFAULT NULL, p_cron text DEFAULT NULL, p_timezone text DEFAULT NULL,
     p_first_due_at timestamptz DEFAULT NULL, p_misfire text DEFAULT 'run_once', p_deadline timestamptz DEFAULT NULL,
+    p_traceparent text DEFAULT NULL,
     OUT series_id bigint, OUT job_id bigint, OUT run_at timestamptz, OUT created boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = minutehand, pg_temp AS $$
 #variable_conflict use_column
@@ -168,10 +174,10 @@ BEGIN
             v_first, v_now, v_now, p_misfire);
     INSERT INTO jobs (shard, id, team_id, name, payload, priority, due_at, flex_s, strict, run_at, state,
                       max_attempts, backoff_base_s, backoff_cap_s, idempotency_key, series_id, created_at, updated_at,
-                      agreed_at, deadline)
+                      agreed_at, deadline, traceparent)
     VALUES (v_shard, job_id, v_team, p_name, v_payload, p_priority, v_first, v_flex, p_strict, run_at, 'scheduled',
             p_max_attempts, p_backoff_base_s, p_backoff_cap_s, p_idempotency_key, series_id, v_now, v_now, run_at,
-            CASE WHEN p_misfire = 'skip' THEN p_deadline END);
+            CASE WHEN p_misfire = 'skip' THEN p_deadline END, mh_traceparent(p_traceparent));
     PERFORM mh_enqueue(v_shard, job_id, run_at, p_strict, p_priority::smallint, v_team, v_now);
     PERFORM mh_add_stats(v_now, ARRAY[mh_submitted(v_shard, v_team, p_name)]);
     PERFORM mh_count_load(v_team, ARRAY[run_at]);

@@ -29,6 +29,25 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT p_name IS NOT NULL AND length(p_name) BETWEEN 1 AND 200 AND p_name !~ '[^A-Za-z0-9_.:/-]'
 $$;
 
+-- A W3C traceparent as a job keeps it (sql/tables/jobs.sql), or NULL: the
+-- four fields version-traceid-parentid-flags in lowercase hex (2, 32, 16
+-- and 2 digits), version not ff, neither id all zeros. Anything else is
+-- ignored, never refused, as W3C Trace Context says of a traceparent that
+-- cannot be parsed: the job is submitted with none. No regex with bounds
+-- (see mh_name_ok): a batch checks one per job.
+CREATE OR REPLACE FUNCTION mh_traceparent(p_traceparent text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    -- 55 characters of hex digits and dashes, with exactly its three dashes
+    -- (52 others) at their places: the four fields, each all hex.
+    SELECT CASE WHEN length(p_traceparent) = 55 AND p_traceparent !~ '[^0-9a-f-]'
+                 AND length(replace(p_traceparent, '-', '')) = 52
+                 AND substr(p_traceparent, 3, 1) = '-' AND substr(p_traceparent, 36, 1) = '-'
+                 AND substr(p_traceparent, 53, 1) = '-' AND left(p_traceparent, 2) <> 'ff'
+                 AND substr(p_traceparent, 4, 32) <> '00000000000000000000000000000000'
+                 AND substr(p_traceparent, 37, 16) <> '0000000000000000'
+                THEN p_traceparent END
+$$;
+
 -- NULL when acceptable, else a reason a person can act on. (The problem
 -- functions are STABLE, as format() is, so that they are inlined into the
 -- batch's statement instead of called per row.)
@@ -128,18 +147,22 @@ BEGIN
 END $$;
 
 -- A validated job becomes a record and a row on the wheel, at p_run_at
--- (NULL: placed now, mh_run_at). The caller counts it (mh_count_load).
+-- (NULL: placed now, mh_run_at), with the traceparent it was submitted
+-- under (checked by the caller: mh_traceparent). The caller counts it
+-- (mh_count_load).
 CREATE OR REPLACE FUNCTION mh_write_job(p_shard smallint, p_id bigint, p_team int, p_name text,
                                         p_due_at timestamptz, p_payload jsonb, p_priority int, p_max_attempts int,
                                         p_flex_s int, p_strict boolean, p_key text, p_base real, p_cap real,
-                                        p_now timestamptz, p_run_at timestamptz DEFAULT NULL)
+                                        p_now timestamptz, p_run_at timestamptz DEFAULT NULL,
+                                        p_traceparent text DEFAULT NULL)
 RETURNS timestamptz LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE v_run_at timestamptz := coalesce(p_run_at, mh_run_at(p_due_at, p_flex_s, p_strict, p_now));
 BEGIN
     INSERT INTO jobs (shard, id, team_id, name, payload, priority, due_at, flex_s, strict, run_at, state,
-                      max_attempts, backoff_base_s, backoff_cap_s, idempotency_key, created_at, updated_at, agreed_at)
+                      max_attempts, backoff_base_s, backoff_cap_s, idempotency_key, created_at, updated_at, agreed_at,
+                      traceparent)
     VALUES (p_shard, p_id, p_team, p_name, p_payload, p_priority, coalesce(p_due_at, p_now), p_flex_s, p_strict,
-            v_run_at, 'scheduled', p_max_attempts, p_base, p_cap, p_key, p_now, p_now, v_run_at);
+            v_run_at, 'scheduled', p_max_attempts, p_base, p_cap, p_key, p_now, p_now, v_run_at, p_traceparent);
     PERFORM mh_enqueue(p_shard, p_id, v_run_at, p_strict, p_priority::smallint, p_team, p_now);
     RETURN v_run_at;
 END $$;
@@ -200,11 +223,13 @@ END $$;
 -- within 24 h names the first job (created false) and writes nothing; with a
 -- different request it is a conflict (job_id NULL). p_flex_s is the window
 -- the job gets, p_sent_flex_s the one sent (NULL: omitted), which the key
--- compares; p_run_at the run time placed for it (NULL: placed here).
+-- compares; p_run_at the run time placed for it (NULL: placed here). The
+-- traceparent is no part of the request the key compares: a retry from
+-- another span is the same request, and names the first job as it was.
 CREATE OR REPLACE FUNCTION mh_submit_keyed(p_team int, p_name text, p_due_at timestamptz, p_payload jsonb,
                                            p_priority int, p_max_attempts int, p_flex_s int, p_strict boolean,
                                            p_key text, p_base real, p_cap real, p_now timestamptz,
-                                           p_sent_flex_s int, p_run_at timestamptz,
+                                           p_sent_flex_s int, p_run_at timestamptz, p_traceparent text,
                                            OUT job_id bigint, OUT run_at timestamptz, OUT created boolean,
                                            OUT conflict text)
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
@@ -228,18 +253,21 @@ BEGIN
     END IF;
     created := true;
     run_at := mh_write_job(v_shard, job_id, p_team, p_name, p_due_at, p_payload, p_priority, p_max_attempts,
-                           p_flex_s, p_strict, p_key, p_base, p_cap, p_now, p_run_at);
+                           p_flex_s, p_strict, p_key, p_base, p_cap, p_now, p_run_at, p_traceparent);
 END $$;
 
 -- One job. Returns its id, assigned run time, and whether it was created
 -- (false: the idempotency key named an earlier job, whose id is returned).
 -- p_flex_s omitted (NULL) and not strict: the default window of its name
--- (mh_default_flex).
+-- (mh_default_flex). p_traceparent: the W3C trace context of the caller
+-- (its `traceparent`), kept with the job so that the worker's span of the
+-- handler continues that trace; one that is not a valid traceparent is
+-- ignored (mh_traceparent), as is NULL.
 CREATE OR REPLACE FUNCTION submit_job_detail(
     p_team text, p_name text, p_due_at timestamptz DEFAULT NULL, p_payload jsonb DEFAULT '{}',
     p_priority int DEFAULT 0, p_max_attempts int DEFAULT 3, p_flex_s int DEFAULT NULL,
     p_strict boolean DEFAULT false, p_idempotency_key text DEFAULT NULL,
-    p_backoff_base_s real DEFAULT 1, p_backoff_cap_s real DEFAULT 3600,
+    p_backoff_base_s real DEFAULT 1, p_backoff_cap_s real DEFAULT 3600, p_traceparent text DEFAULT NULL,
     OUT job_id bigint, OUT run_at timestamptz, OUT created boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = minutehand, pg_temp AS $$
 DECLARE
@@ -266,14 +294,16 @@ BEGIN
         job_id := mh_new_id(v_shard);
         created := true;
         run_at := mh_write_job(v_shard, job_id, v_team, p_name, p_due_at, v_payload, p_priority, p_max_attempts,
-                               v_flex, p_strict, NULL, p_backoff_base_s, p_backoff_cap_s, v_now);
+                               v_flex, p_strict, NULL, p_backoff_base_s, p_backoff_cap_s, v_now, NULL,
+                               mh_traceparent(p_traceparent));
         PERFORM mh_add_stats(v_now, ARRAY[mh_submitted(v_shard, v_team, p_name)]);
         PERFORM mh_count_load(v_team, ARRAY[run_at]);
         RETURN;
     END IF;
     SELECT * INTO v_keyed FROM mh_submit_keyed(v_team, p_name, p_due_at, v_payload, p_priority, p_max_attempts,
                                                v_flex, p_strict, p_idempotency_key, p_backoff_base_s,
-                                               p_backoff_cap_s, v_now, p_flex_s, NULL);
+                                               p_backoff_cap_s, v_now, p_flex_s, NULL,
+                                               mh_traceparent(p_traceparent));
     IF v_keyed.conflict IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'MH409', MESSAGE = v_keyed.conflict;
     END IF;
@@ -284,15 +314,17 @@ BEGIN
     END IF;
 END $$;
 
--- The SQL-level interface: enqueue inside your own transaction, get the id.
+-- The SQL-level interface: enqueue inside your own transaction, get the id
+-- (p_traceparent: as submit_job_detail's).
 CREATE OR REPLACE FUNCTION submit_job(
     p_team text, p_name text, p_due_at timestamptz DEFAULT NULL, p_payload jsonb DEFAULT '{}',
     p_priority int DEFAULT 0, p_max_attempts int DEFAULT 3, p_flex_s int DEFAULT NULL,
     p_strict boolean DEFAULT false, p_idempotency_key text DEFAULT NULL,
-    p_backoff_base_s real DEFAULT 1, p_backoff_cap_s real DEFAULT 3600)
+    p_backoff_base_s real DEFAULT 1, p_backoff_cap_s real DEFAULT 3600, p_traceparent text DEFAULT NULL)
 RETURNS bigint LANGUAGE sql SECURITY DEFINER SET search_path = minutehand, pg_temp AS $$
     SELECT (submit_job_detail(p_team, p_name, p_due_at, p_payload, p_priority, p_max_attempts, p_flex_s,
-                              p_strict, p_idempotency_key, p_backoff_base_s, p_backoff_cap_s)).job_id
+                              p_strict, p_idempotency_key, p_backoff_base_s, p_backoff_cap_s,
+                              p_traceparent)).job_id
 $$;
 
 -- The default flex windows by job name a batch of team p_team gets (the
@@ -349,12 +381,14 @@ $$;
 -- table, no loop); keyed ones one by one through the same path as
 -- submit_job_detail, taking their key rows in (shard, key) order, the order
 -- every procedure locks keys in. Every job created is added to the counters
--- and to the planned load, one upsert each.
+-- and to the planned load, one upsert each. p_traceparents: each job's
+-- traceparent, as submit_job_detail's p_traceparent (one per job, not one
+-- per call: the API sends single submissions of many requests as one batch).
 CREATE OR REPLACE FUNCTION submit_jobs(
     p_team text, p_names text[], p_due_ats timestamptz[] DEFAULT NULL, p_payloads jsonb[] DEFAULT NULL,
     p_priorities int[] DEFAULT NULL, p_max_attempts int[] DEFAULT NULL, p_flex_s int[] DEFAULT NULL,
     p_stricts boolean[] DEFAULT NULL, p_keys text[] DEFAULT NULL,
-    p_backoff_base_s real[] DEFAULT NULL, p_backoff_cap_s real[] DEFAULT NULL)
+    p_backoff_base_s real[] DEFAULT NULL, p_backoff_cap_s real[] DEFAULT NULL, p_traceparents text[] DEFAULT NULL)
 RETURNS SETOF submit_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = minutehand, pg_temp AS $$
 DECLARE
@@ -377,7 +411,8 @@ BEGIN
                    ('priorities', cardinality(p_priorities)), ('max_attempts', cardinality(p_max_attempts)),
                    ('flex_s', cardinality(p_flex_s)), ('stricts', cardinality(p_stricts)),
                    ('keys', cardinality(p_keys)), ('backoff_base_s', cardinality(p_backoff_base_s)),
-                   ('backoff_cap_s', cardinality(p_backoff_cap_s))) AS a(label, n)
+                   ('backoff_cap_s', cardinality(p_backoff_cap_s)),
+                   ('traceparents', cardinality(p_traceparents))) AS a(label, n)
      WHERE a.n IS NOT NULL AND a.n <> v_n
      LIMIT 1;
     IF v_label IS NOT NULL THEN
@@ -406,9 +441,11 @@ BEGIN
           FROM sharded s JOIN placed p ON p.idx = s.idx
     ), new_jobs AS (
         INSERT INTO jobs (shard, id, team_id, name, payload, priority, due_at, flex_s, strict, run_at, state,
-                          max_attempts, backoff_base_s, backoff_cap_s, created_at, updated_at, agreed_at)
+                          max_attempts, backoff_base_s, backoff_cap_s, created_at, updated_at, agreed_at,
+                          traceparent)
         SELECT f.shard, f.id, v_team, f.name, f.payload, f.priority, coalesce(f.due_at, v_now), f.flex_s, f.is_strict,
-               f.run_at, 'scheduled', f.max_attempts, f.base, f.cap, v_now, v_now, f.run_at
+               f.run_at, 'scheduled', f.max_attempts, f.base, f.cap, v_now, v_now, f.run_at,
+               mh_traceparent(p_traceparents[f.idx + 1])
           FROM fresh f
     )
     SELECT (SELECT array_agg(ROW(f.shard, f.is_strict, f.priority, f.run_at, f.id, v_team)::due_row ORDER BY f.id)
@@ -434,7 +471,8 @@ BEGIN
         LOOP
             SELECT * INTO v_keyed FROM mh_submit_keyed(v_team, r.name, r.due_at, r.payload, r.priority,
                                                        r.max_attempts, r.flex_s, r.is_strict, r.key, r.base, r.cap,
-                                                       v_now, r.sent_flex_s, v_placed[r.idx + 1]);
+                                                       v_now, r.sent_flex_s, v_placed[r.idx + 1],
+                                                       mh_traceparent(p_traceparents[r.idx + 1]));
             IF v_keyed.created THEN
                 v_stats := v_stats || mh_submitted(mh_shard_of(v_keyed.job_id), v_team, r.name);
                 v_load := v_load || v_keyed.run_at;

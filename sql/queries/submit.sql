@@ -6,14 +6,16 @@
 SELECT job_id, run_at, created
   FROM submit_job_detail(%(team)s::text, %(name)s::text, %(due_at)s::timestamptz, %(payload)s::jsonb,
                          %(priority)s::int, %(max_attempts)s::int, %(flex_s)s::int, %(strict)s::boolean,
-                         %(idempotency_key)s::text, %(backoff_base_s)s::real, %(backoff_cap_s)s::real)
+                         %(idempotency_key)s::text, %(backoff_base_s)s::real, %(backoff_cap_s)s::real,
+                         %(traceparent)s::text)
 
 -- name: submit_jobs
 -- Many jobs of one team, as parallel arrays; one row per item.
 SELECT idx, job_id, run_at, created, error
   FROM submit_jobs(%(team)s::text, %(names)s::text[], %(due_ats)s::timestamptz[], %(payloads)s::jsonb[],
                    %(priorities)s::int[], %(max_attempts)s::int[], %(flex_s)s::int[], %(stricts)s::boolean[],
-                   %(keys)s::text[], %(backoff_base_s)s::real[], %(backoff_cap_s)s::real[])
+                   %(keys)s::text[], %(backoff_base_s)s::real[], %(backoff_cap_s)s::real[],
+                   %(traceparents)s::text[])
 
 -- name: submit_series
 -- A repeating job: its series and first run; the series id, the run's id and run time, whether created.
@@ -22,4 +24,4 @@ SELECT series_id, job_id, run_at, created
                      %(priority)s::int, %(max_attempts)s::int, %(flex_s)s::int, %(strict)s::boolean,
                      %(idempotency_key)s::text, %(backoff_base_s)s::real, %(backoff_cap_s)s::real,
                      %(every_s)s::int, %(cron)s::text, %(timezone)s::text, %(first_due_at)s::timestamptz,
-                     %(misfire)s::text, %(deadline)s::timestamptz)
+                     %(misfire)s::text, %(deadline)s::timestamptz, %(traceparent)s::text)

@@ -75,6 +75,9 @@ CREATE TABLE jobs (
     -- a cancel that reached the job while a worker held it (claimed, start
     -- not reported): it applies to that claim (at or after claimed_at)
     cancel_requested_at timestamptz,
+    -- the W3C trace context (traceparent) the job was submitted under, when
+    -- the submitter sent one: the worker's span of the handler is its child
+    traceparent      text,
     PRIMARY KEY (shard, id)
 ) WITH (fillfactor = 30);
 -- No index covers a column that claim, start, heartbeat, complete or fail

@@ -25,7 +25,7 @@ from litestar.template.config import TemplateConfig
 from litestar.types import BeforeMessageSendHookHandler
 
 from minutehand import protocol
-from minutehand.api import dead, explorer, health, jobs, metrics, problems, series, teams, webhooks, windows
+from minutehand.api import dead, explorer, health, jobs, metrics, problems, series, teams, traces, webhooks, windows
 from minutehand.api import workers as worker_routes
 from minutehand.api.auth import authenticator, checked_before_body
 from minutehand.api.bodies import JobIdSchema, StrictBody
@@ -83,7 +83,8 @@ def create_app(settings: Settings, store: Store, *, head: str | None = None, sub
         dto=StrictBody, return_dto=None,
         type_encoders={JobId: protocol.enc_hook},  # a job id is a decimal string in JSON          # bodies: msgspec decodes them (bodies.py)
         dependencies={"principal": principal}, before_request=check_first,
-        plugins=[problems.plugin(settings.api_retry_after_s, ctx.database_unreachable), JobIdSchema()],
+        plugins=[problems.plugin(settings.api_retry_after_s, ctx.database_unreachable), JobIdSchema(),
+                 *traces.plugins()],         # a span per request, with OpenTelemetry's ASGI instrumentation
         openapi_config=OpenAPIConfig(
             title="minutehand", version=VERSION,
             description="Submit, inspect, cancel and list jobs; read, list, pause, resume, cancel and change "

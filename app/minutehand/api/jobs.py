@@ -15,6 +15,10 @@ as BatchIn) and reads them in two steps: its `jobs` array as raw items first
 before any work per item; then item by item, so that an item that cannot be
 decoded is reported in its place while the others are submitted. Large
 batches are read in a worker thread, off the event loop.
+
+Each job submitted keeps the trace context of its request (traces.py: the
+request's span, else a valid `traceparent` header; an invalid one is
+ignored), a batch's jobs all the same one.
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import HeaderParameter, JSONBody, PathParameter, QueryParameter
 
-from minutehand.api import problems
+from minutehand.api import problems, traces
 from minutehand.api.bodies import RawBody
 from minutehand.api.problems import ADMISSION, COMMON
 from minutehand.protocol.api import (KEY_RULE, KEY_SCHEMA, BatchIn, BatchItemOut, BatchJobIn, BatchOut, CancelledOut,
@@ -96,7 +100,7 @@ def check_repeat(repeat: Repeat | None) -> str | None:
     return repeat_problem(to_repeat(repeat))
 
 
-def to_spec(job: JobIn, key: str | None) -> JobSpec | str:
+def to_spec(job: JobIn, key: str | None, traceparent: str | None = None) -> JobSpec | str:
     """The job to submit, or why it cannot be (what the database could not
     store, a bad idempotency key or repeat spec)."""
     if job.payload is msgspec.UNSET:
@@ -117,7 +121,7 @@ def to_spec(job: JobIn, key: str | None) -> JobSpec | str:
                    max_attempts=int(job.max_attempts),
                    flex_s=None if job.flex_s is None else int(job.flex_s), strict=job.strict,
                    idempotency_key=key, backoff_base_s=job.backoff_base_s, backoff_cap_s=job.backoff_cap_s,
-                   repeat=to_repeat(job.repeat) if job.repeat is not None else None)
+                   repeat=to_repeat(job.repeat) if job.repeat is not None else None, traceparent=traceparent)
 
 
 def header_key(request: Request) -> str:
@@ -201,8 +205,9 @@ def _item_error(i: int, exc: Exception) -> str:
     return f"{text} - at `$.jobs[{i}]`"
 
 
-def parse_batch(body: bytes, limit: int) -> list[JobSpec | str]:
-    """Each job of a batch as its JobSpec, or why it is refused.
+def parse_batch(body: bytes, limit: int, traceparent: str | None = None) -> list[JobSpec | str]:
+    """Each job of a batch as its JobSpec (each with this traceparent), or
+    why it is refused.
 
     Fewer commas than `limit` prove at most `limit` items, so the whole
     batch is first decoded at once (the fastest way, and what nearly every
@@ -214,7 +219,7 @@ def parse_batch(body: bytes, limit: int) -> list[JobSpec | str]:
         except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
             pass                                 # item by item below: whose error, or the envelope's
         else:
-            return [to_spec(job, job.idempotency_key) for job in batch.jobs]
+            return [to_spec(job, job.idempotency_key, traceparent) for job in batch.jobs]
     parsed: list[JobSpec | str] = []
     for i, raw in enumerate(batch_items(body, limit)):
         try:
@@ -225,7 +230,7 @@ def parse_batch(body: bytes, limit: int) -> list[JobSpec | str]:
         except RecursionError:
             parsed.append(f"jobs[{i}] is nested too deeply to read")
             continue
-        parsed.append(to_spec(job, job.idempotency_key))
+        parsed.append(to_spec(job, job.idempotency_key, traceparent))
     return parsed
 
 
@@ -281,7 +286,8 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
                      **problems.responses(*COMMON, CONFLICT, TOO_LARGE, INVALID, NOT_FOUND, *ADMISSION)})
     async def submit_job(request: Request, data: JSONBody[JobIn], principal: NamedDependency[Principal],
                          idempotency_key: IdempotencyKey = None, team: TeamParam = None) -> Response[JobCreated]:
-        spec = to_spec(data, header_key(request) if idempotency_key is not None else None)
+        spec = to_spec(data, header_key(request) if idempotency_key is not None else None,
+                       traces.traceparent(request))
         if isinstance(spec, str):
             raise ApiProblem(INVALID, spec)
         owner = principal.own_team(team)
@@ -303,13 +309,15 @@ def routes(ctx: Context) -> list[HTTPRouteHandler]:
                       "count against the team's submission rate and pending ceiling all together: over "
                       "either, 429 and nothing is written (over the rate: Retry-After).",
           responses=problems.responses(*COMMON, TOO_LARGE, INVALID, NOT_FOUND, *ADMISSION))
-    async def submit_batch(data: JSONBody[BatchBody], principal: NamedDependency[Principal], team: TeamParam = None) -> BatchOut:
+    async def submit_batch(request: Request, data: JSONBody[BatchBody], principal: NamedDependency[Principal],
+                           team: TeamParam = None) -> BatchOut:
         owner = principal.own_team(team)
         body = data.raw
+        traceparent = traces.traceparent(request)
         if len(body) > BATCH_INLINE_BYTES:
-            parsed = await anyio.to_thread.run_sync(parse_batch, body, settings.api_max_batch)
+            parsed = await anyio.to_thread.run_sync(parse_batch, body, settings.api_max_batch, traceparent)
         else:
-            parsed = parse_batch(body, settings.api_max_batch)
+            parsed = parse_batch(body, settings.api_max_batch, traceparent)
         del body, data
         send = [i for i, p in enumerate(parsed) if not isinstance(p, str)]
         # Admitted all together or none (429: nothing written).

@@ -11,6 +11,9 @@ The driver is never imported here: the connection's own methods are used
 (SQLAlchemy's exec_driver_sql, so that its transaction is the one written in).
 There is no admission (rate limit, pending ceiling) on this path, as for
 any caller of the procedures; a repeating job is submitted over HTTP.
+With OpenTelemetry installed (the `otel` extra), the current span's W3C
+traceparent goes with each job (client/traces.py), as the HTTP client sends
+it in a header: the worker's span of the handler continues that trace.
 
 The statements are in sql/queries/client.sql."""
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 
 import msgspec
 
-from minutehand.client import errors
+from minutehand.client import errors, traces
 from minutehand.client.jobs import job
 from minutehand.protocol import JobId
 from minutehand.protocol.api import BatchItemOut, BatchJobIn, BatchOut, JobCreated
@@ -48,17 +51,21 @@ def _one_params(team: str, item: BatchJobIn) -> dict[str, Any]:
     return {"team": team, "name": item.name, "due_at": item.due_at, "payload": _text(item.payload),
             "priority": item.priority, "max_attempts": item.max_attempts, "flex_s": item.flex_s,
             "strict": item.strict, "idempotency_key": item.idempotency_key,
-            "backoff_base_s": item.backoff_base_s, "backoff_cap_s": item.backoff_cap_s}
+            "backoff_base_s": item.backoff_base_s, "backoff_cap_s": item.backoff_cap_s,
+            "traceparent": traces.traceparent()}
 
 
 def _many_params(team: str, items: list[BatchJobIn]) -> dict[str, Any]:
     for item in items:
-        _one_params(team, item)
+        if item.repeat is not None:
+            _one_params(team, item)              # its refusal
+    traceparent = traces.traceparent()
     return {"team": team, "names": [i.name for i in items], "due_ats": [i.due_at for i in items],
             "payloads": [_text(i.payload) for i in items], "priorities": [i.priority for i in items],
             "max_attempts": [i.max_attempts for i in items], "flex_s": [i.flex_s for i in items],
             "stricts": [i.strict for i in items], "keys": [i.idempotency_key for i in items],
-            "backoff_base_s": [i.backoff_base_s for i in items], "backoff_cap_s": [i.backoff_cap_s for i in items]}
+            "backoff_base_s": [i.backoff_base_s for i in items], "backoff_cap_s": [i.backoff_cap_s for i in items],
+            "traceparents": None if traceparent is None else [traceparent] * len(items)}
 
 
 def _created(row) -> JobCreated:

@@ -856,4 +856,4 @@ def _leased(job: ClaimedJob, claim_s: float) -> LeasedJob:
                      attempt=job.attempt, max_attempts=job.max_attempts,
                      idempotency_key=job.idempotency_key, lease_token=job.lease_token,
                      claim_expires_at=job.claim_expires_at, claim_s=claim_s, due_at=job.due_at,
-                     run_at=job.run_at, replay=replay)
+                     run_at=job.run_at, replay=replay, traceparent=job.traceparent)

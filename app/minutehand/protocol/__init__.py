@@ -114,8 +114,9 @@ class LeasedJob(Struct):
     due_at: dt.datetime
     run_at: dt.datetime
     replay: Replay | None = None
-    # The submitter's W3C trace context, when it sent one: the worker's span
-    # of the handler is its child. Absent from a dispatcher that keeps none.
+    # The W3C trace context the job was submitted under (jobs.traceparent),
+    # when it has one: the worker's span of the handler is its child. Absent
+    # from a dispatcher older than schema revision 0023.
     traceparent: str | None = None
 
 

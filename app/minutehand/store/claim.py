@@ -58,7 +58,8 @@ class ClaimedJob:
     and a replayed result as JSON text, handed on as they are; due_at and
     run_at None where no client could read them), its shard, and, from a
     planned claim, the cell it came from (bucket as Unix time, strict,
-    priority, team id) that rotation orders by."""
+    priority, team id) that rotation orders by; and the W3C traceparent it
+    was submitted under (None: none), which the worker's span continues."""
     job_id: int
     team: str
     name: str
@@ -76,6 +77,7 @@ class ClaimedJob:
     strict: bool | None = None
     priority: int | None = None
     bucket: float | None = None
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

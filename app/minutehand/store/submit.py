@@ -31,7 +31,10 @@ class JobSpec:
     """One job to submit (defaults as in submit_job). payload: any JSON value,
     or its JSON text already encoded, as bytes. With repeat: a series, stored
     with its first run (submit_series); due_at is then the first run's due
-    time (every_s) or the earliest start (cron)."""
+    time (every_s) or the earliest start (cron). traceparent: the W3C trace
+    context it is submitted under, kept with the job (with a series, with
+    its first run) so that the handler's span continues that trace; the
+    procedures ignore one that is not valid."""
     name: str
     due_at: dt.datetime | None = None
     payload: Any = field(default_factory=dict)
@@ -43,6 +46,7 @@ class JobSpec:
     backoff_base_s: float = 1.0
     backoff_cap_s: float = 3600.0
     repeat: Repeat | None = None
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,7 @@ def _batch_params(team: str, jobs: Sequence[JobSpec]) -> dict[str, Any]:
         "priorities": column("priority"), "max_attempts": column("max_attempts"),
         "flex_s": column("flex_s"), "stricts": column("strict"), "keys": column("idempotency_key"),
         "backoff_base_s": column("backoff_base_s"), "backoff_cap_s": column("backoff_cap_s"),
+        "traceparents": column("traceparent"),
     }
 
 
@@ -102,7 +107,7 @@ class SubmitStore(StoreBase):
                                        "max_attempts": job.max_attempts, "flex_s": job.flex_s,
                                        "strict": job.strict, "idempotency_key": job.idempotency_key,
                                        "backoff_base_s": job.backoff_base_s,
-                                       "backoff_cap_s": job.backoff_cap_s})
+                                       "backoff_cap_s": job.backoff_cap_s, "traceparent": job.traceparent})
         return Submitted(**row)
 
     def submit_many(self, team: str, jobs: Sequence[JobSpec]) -> list[BatchItem]:
@@ -196,6 +201,6 @@ class SubmitStore(StoreBase):
             "strict": job.strict, "idempotency_key": job.idempotency_key,
             "backoff_base_s": job.backoff_base_s, "backoff_cap_s": job.backoff_cap_s,
             "every_s": r.every_s, "cron": r.cron, "timezone": r.timezone, "first_due_at": first[0],
-            "misfire": r.misfire, "deadline": first[1],
+            "misfire": r.misfire, "deadline": first[1], "traceparent": job.traceparent,
         }).fetchone()
         return Submitted(**row)
