@@ -2,7 +2,8 @@
 serve`: a block tagged `python file=NAME.py` is written as that file (a
 module the others import; worker.py is started as a worker process), and
 the plain `python` blocks run in order, as one script, with the client's
-settings in the environment and DATABASE_URL naming the database."""
+settings in the environment and DATABASE_URL naming the database (a block
+marked illustrative, as tests/test_docs.py knows them, is left out)."""
 from __future__ import annotations
 
 import os
@@ -22,8 +23,14 @@ BLOCK = re.compile(r"^```python( file=(?P<file>[\w.]+))?\n(?P<code>.*?)^```$", r
 
 
 def blocks(path: Path) -> tuple[dict[str, str], list[str]]:
+    """The page's file blocks by name and its script blocks in order; a block
+    marked `<!-- illustrative -->` on the line before its fence is neither
+    (tests/test_docs.py)."""
     files, script = {}, []
-    for m in BLOCK.finditer(path.read_text()):
+    text = path.read_text()
+    for m in BLOCK.finditer(text):
+        if text[:m.start()].endswith("<!-- illustrative -->\n"):
+            continue
         if m["file"]:
             files[m["file"]] = m["code"]
         else:
