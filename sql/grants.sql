@@ -57,7 +57,7 @@ BEGIN
         minutehand.submit_job(text, text, timestamptz, jsonb, int, int, int, boolean, text, real, real, text),
         minutehand.submit_job_detail(text, text, timestamptz, jsonb, int, int, int, boolean, text, real, real, text),
         minutehand.submit_jobs(text, text[], timestamptz[], jsonb[], int[], int[], int[], boolean[], text[], real[],
-                               real[], text[]),
+                               real[], text[], smallint[]),
         minutehand.submit_series(text, text, timestamptz, jsonb, int, int, int, boolean, text, real, real, int, text,
                                  text, timestamptz, text, timestamptz, text),
         minutehand.cancel(bigint, text),

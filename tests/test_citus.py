@@ -9,6 +9,7 @@ import psycopg
 import pytest
 
 from minutehand.store import citus
+from minutehand.store.queries import q
 from tests.support import T0, due_rows, on_citus
 
 NOT_CITUS = "needs a Citus coordinator: MINUTEHAND_TEST_DSN and MINUTEHAND_TEST_CITUS_WORKERS (tests/fixtures/citus.py)"
@@ -245,7 +246,12 @@ OUTCOME_CALLS = {
 def claimed_on_many_shards(db: psycopg.Connection, jobs: int = 24) -> dict[int, object]:
     """{job id: lease token} of jobs claimed on many shards, several per Citus shard."""
     db.execute("INSERT INTO teams (name) VALUES ('t')")
-    db.execute("SELECT submit_jobs('t', array_fill('probe'::text, ARRAY[%s]))", (jobs,))
+    members: dict[int, list[int]] = {}
+    for shard, group in citus_shard_of(db).items():
+        members.setdefault(group, []).append(shard)
+    for shards in members.values():          # (a call's keyless jobs go to one Citus shard)
+        db.execute("SELECT submit_jobs('t', array_fill('probe'::text, ARRAY[%s]), p_shards => %s::smallint[])",
+                    (jobs // len(members), shards))
     tokens = {}
     for (shard,) in db.execute("SELECT DISTINCT shard FROM jobs ORDER BY 1").fetchall():
         epoch = db.execute("SELECT take_shard_lease(%s, 'd1', 600)", (shard,)).fetchone()[0]
@@ -353,3 +359,113 @@ def test_a_request_whose_shard_call_fails_does_not_fail_the_requests_of_other_sh
     assert db.execute("SELECT count(*) FROM jobs WHERE id = ANY (%s) AND state = 'succeeded'", (good,)).fetchone()[0] \
         == len(good)
     assert db.execute("SELECT state FROM jobs WHERE id = %s", (bad,)).fetchone()[0] == "claimed"
+
+
+# ---------------------------------------------------------------- submits and duties: one worker each
+def citus_shard_of(db: psycopg.Connection) -> dict[int, int]:
+    """{logical shard: the Citus shard of jobs holding it}."""
+    return dict(db.execute("SELECT s, get_shard_id_for_distribution_column('minutehand.jobs', s::smallint) "
+                           "FROM generate_series(0, mh_shard_count() - 1) s").fetchall())
+
+
+@pytest.mark.parametrize("jobs", [1, 16, 17, 200])
+def test_a_batch_without_keys_is_written_on_one_worker(citus_db, jobs):
+    """submit_jobs places a call's keyless jobs on the shards of one Citus
+    shard: up to 16 jobs (the common small batches, a single HTTP submit)
+    as router statements with a one-phase commit; more through COPY, which
+    Citus commits in two phases, still on that one worker. Some due now,
+    some later this hour, some days ahead: every wheel level."""
+    db = citus_db
+    db.execute("INSERT INTO teams (name) VALUES ('t')")
+    dues = [f"now() + interval '{(0, 600, 86400 * 3)[i % 3]} seconds'" for i in range(jobs)]
+    sent = remote_commands(db, f"SELECT * FROM submit_jobs('t', array_fill('probe'::text, ARRAY[{jobs}]), "
+                               f"ARRAY[{', '.join(dues)}])")
+    if jobs <= 16:
+        assert_one_worker_one_phase(sent)
+    else:
+        assert len({server for server, _ in sent}) == 1, sent
+    groups = citus_shard_of(db)
+    placed = db.execute("SELECT shard, count(*) FROM jobs GROUP BY 1").fetchall()
+    assert sum(n for _, n in placed) == jobs and len({groups[s] for s, _ in placed}) == 1
+    assert db.execute("""SELECT (SELECT count(*) FROM due_minutes) + (SELECT count(*) FROM due_hours)
+                              + (SELECT count(*) FROM due_far)""").fetchone()[0] == jobs
+
+
+def test_keyless_batches_spread_over_every_citus_shard(citus_db):
+    """Each call goes to one Citus shard, drawn at random: over many calls
+    every Citus shard gets its share, and within each, many logical shards."""
+    db = citus_db
+    db.execute("INSERT INTO teams (name) VALUES ('t')")
+    for _ in range(200):
+        db.execute("SELECT * FROM submit_jobs('t', ARRAY['probe'])").fetchall()
+    groups = citus_shard_of(db)
+    per_group: dict[int, int] = {}
+    for shard, n in db.execute("SELECT shard, count(*) FROM jobs GROUP BY 1").fetchall():
+        per_group[groups[shard]] = per_group.get(groups[shard], 0) + n
+    share = 200 / len(set(groups.values()))
+    assert set(per_group) == set(groups.values()), per_group
+    assert all(0.4 * share <= n <= 1.6 * share for n in per_group.values()), per_group
+    assert db.execute("SELECT count(DISTINCT shard) FROM jobs").fetchone()[0] > 100
+
+
+def test_the_store_sends_a_keyed_batch_as_one_call_per_citus_shard(citus_db, db_dsn):
+    """Keyed jobs live on their key's shard: the store groups a batch by the
+    Citus shard of each key (the keyless items go with the first group), and
+    every call is a transaction on one worker with a one-phase commit. A
+    repeat of the batch names the same jobs."""
+    from minutehand.store.submit import JobSpec
+    from tests.support import make_store
+
+    db = citus_db
+    db.execute("INSERT INTO teams (name) VALUES ('t')")
+    jobs = [JobSpec("probe", idempotency_key=f"k{i}" if i % 3 else None) for i in range(12)]
+    with make_store(db_dsn, clock=None) as store:
+        calls = store._submit_calls("t", jobs)
+        assert len(calls) > 1 and sorted(at for positions, _ in calls for at in positions) == list(range(12))
+        for positions, shards in calls:
+            part = [jobs[at] for at in positions]
+            keys = [j.idempotency_key for j in part]
+            sent = remote_commands(
+                db, "SELECT * FROM submit_jobs('t', %s, p_keys => %s, p_shards => %s::smallint[])",
+                (["probe"] * len(part), keys if any(keys) else None, shards))
+            assert_one_worker_one_phase(sent)
+        assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 12
+        jobs = [JobSpec("probe", idempotency_key=f"s{i}" if i % 3 else None) for i in range(12)]
+        first = store.submit_many("t", jobs)
+        again = store.submit_many("t", jobs)
+    assert [i.idx for i in first] == list(range(12)) and all(i.created and i.error is None for i in first)
+    keyed = [at for at, j in enumerate(jobs) if j.idempotency_key]
+    assert [again[at].job_id for at in keyed] == [first[at].job_id for at in keyed]
+    assert not any(again[at].created for at in keyed)
+    assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 12 + 12 + (12 - len(keyed))
+
+
+def test_expiry_and_retention_run_on_one_worker_with_a_one_phase_commit(citus_db, db_dsn):
+    """The claim duties per shard: the finished reminders dropped (one
+    statement per Citus shard), an expired claim returned to the wheel, a
+    retention pass over a shard: each one worker, one phase."""
+    import time
+
+    from tests.support import make_store
+
+    db = citus_db
+    db.execute("INSERT INTO teams (name) VALUES ('t')")
+    job_id = db.execute("SELECT submit_job('t', 'probe')").fetchone()[0]
+    shard = job_id & 1023
+    epoch = db.execute("SELECT take_shard_lease(%s, 'd1', 600)", (shard,)).fetchone()[0]
+    assert db.execute("SELECT count(*) FROM claim_due(%s, 10, 'd1', %s, 1)", (shard, epoch)).fetchone()[0] == 1
+    time.sleep(2.5)          # the claim (1 s) expired; the job is older than the retention walk's cut (2 s)
+    with make_store(db_dsn, clock=None) as store:
+        parts = store._by_citus_shard(range(256))
+    now = db.execute("SELECT mh_now()").fetchone()[0]
+    for part in parts:
+        sent = remote_commands(db, q("drop_finished_claim_checks"), {"shards": part, "now": now})
+        assert len({server for server, _ in sent}) <= 1 and not [
+            c for _, c in sent if c.startswith(("PREPARE TRANSACTION", "COMMIT PREPARED"))], sent
+    sent = remote_commands(db, "SELECT * FROM expire_claims(%s)", (shard,))
+    assert_one_worker_one_phase(sent)
+    assert db.execute("SELECT state, attempts FROM jobs WHERE id = %s", (job_id,)).fetchone() == ("scheduled", 1)
+    assert db.execute("SELECT count(*) FROM job_attempts WHERE job_id = %s", (job_id,)).fetchone()[0] == 1
+    sent = remote_commands(db, "SELECT * FROM retain_jobs(%s, 1, 500)", (shard,))
+    assert_one_worker_one_phase(sent)
+    assert db.execute("SELECT count(*) FROM retention_checks WHERE job_id = %s", (job_id,)).fetchone()[0] == 1

@@ -634,7 +634,7 @@ def test_submit_jobs_batch_touches_only_the_partitions_of_its_items(conn):
             rows = conn.execute(q("submit_jobs"), {
                 "team": TEAM, "names": ["batch"] * 200, "due_ats": [due] * 200, "payloads": None,
                 "priorities": None, "max_attempts": None, "flex_s": None, "stricts": None,
-                "keys": None, "backoff_base_s": None, "backoff_cap_s": None, "traceparents": None}).fetchall()
+                "keys": None, "backoff_base_s": None, "backoff_cap_s": None, "traceparents": None, "shards": None}).fetchall()
         assert len(rows) == 200 and all(r[4] is None for r in rows)
         assert ae.due_relations() <= {"due_minutes", "due_hours", "due_far"}
         # (the empty INSERTs into the other levels lock only their parent or due_far itself)
@@ -655,7 +655,7 @@ def test_submit_jobs_batch_calls_no_function_once_per_job(conn):
             "team": TEAM, "names": ["batch"] * 200, "due_ats": [T0 + dt.timedelta(seconds=i) for i in range(200)],
             "payloads": [json.dumps({"n": i}) for i in range(200)], "priorities": None, "max_attempts": None,
             "flex_s": None, "stricts": None, "keys": None, "backoff_base_s": None, "backoff_cap_s": None,
-            "traceparents": [f"00-{i + 1:032x}-{i + 1:016x}-01" for i in range(200)]}).fetchall()
+            "traceparents": [f"00-{i + 1:032x}-{i + 1:016x}-01" for i in range(200)], "shards": None}).fetchall()
         assert conn.execute("SELECT count(traceparent) FROM jobs WHERE name = 'batch'").fetchone()[0] == 200
         calls = conn.execute("""SELECT p.proname, pg_stat_get_xact_function_calls(p.oid) FROM pg_proc p
                                  WHERE p.pronamespace = 'minutehand'::regnamespace

@@ -47,6 +47,25 @@ $$;
 -- a keyed submit stays a single-shard transaction.
 CREATE OR REPLACE FUNCTION mh_random_shard() RETURNS smallint
 LANGUAGE sql VOLATILE PARALLEL SAFE AS $$ SELECT floor(random() * mh_shard_count())::smallint $$;
+-- The shards submit_jobs places one call's keyless jobs on (random among
+-- them): on a database distributed by Citus, the logical shards kept in
+-- the Citus shard of a random one, so that the call writes on one worker
+-- node and commits in one phase (over many calls every shard gets its
+-- share); on plain PostgreSQL NULL: any shard.
+CREATE OR REPLACE FUNCTION mh_placement_shards() RETURNS smallint[]
+LANGUAGE plpgsql VOLATILE SET search_path = minutehand, pg_temp AS $$
+DECLARE v_pick smallint := mh_random_shard();
+BEGIN
+    IF NOT mh_on_citus() THEN
+        RETURN NULL;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'jobs'::regclass) THEN
+        RETURN NULL;                     -- (Citus, not distributed yet)
+    END IF;
+    RETURN ARRAY(SELECT s::smallint FROM generate_series(0, mh_shard_count() - 1) s
+                  WHERE get_shard_id_for_distribution_column('jobs', s::smallint)
+                        = get_shard_id_for_distribution_column('jobs', v_pick));
+END $$;
 CREATE OR REPLACE FUNCTION mh_key_shard(p_team int, p_key text) RETURNS smallint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT (abs(hashtextextended(p_team::text || ':' || p_key, 0)) % mh_shard_count())::smallint

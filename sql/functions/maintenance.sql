@@ -31,6 +31,7 @@ LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
     v_now    timestamptz := mh_now();
     v_ids    bigint[];
+    v_expired  bigint[];    -- the claims that expired now
     v_recorded bigint[];    -- expired claims whose result is recorded under the key
     v_rows   due_row[];
     v_names  text[];     -- the job name of each of v_rows
@@ -94,14 +95,10 @@ BEGIN
          WHERE j.shard = p_shard AND j.id = i.id
            AND j.state IN ('claimed', 'running') AND j.claim_expires_at < v_now
         RETURNING j.id, j.state, j.strict, j.priority, j.team_id, j.name, j.started_at, j.attempts, j.max_attempts,
-                  j.last_error, j.claimed_at
-    ), ended AS (             -- the attempt, for its history (job_attempts; its error names the worker)
-        INSERT INTO job_attempts (shard, job_id, attempt, ended_at, claimed_at, started_at, outcome, error)
-        SELECT p_shard, e.id, e.attempts, v_now, e.claimed_at, e.started_at, e.state, e.last_error
-          FROM expired e ORDER BY e.id
-        ON CONFLICT DO NOTHING
+                  j.last_error
     )
-    SELECT array_agg(ROW(p_shard, e.strict, e.priority, v_now, e.id, e.team_id)::due_row ORDER BY e.id)
+    SELECT array_agg(e.id ORDER BY e.id),
+           array_agg(ROW(p_shard, e.strict, e.priority, v_now, e.id, e.team_id)::due_row ORDER BY e.id)
                FILTER (WHERE e.state = 'scheduled'),
            array_agg(e.name ORDER BY e.id) FILTER (WHERE e.state = 'scheduled'),
            count(*) FILTER (WHERE e.state = 'scheduled'),
@@ -118,8 +115,20 @@ BEGIN
            array_agg(e.attempts ORDER BY e.id) FILTER (WHERE e.state = 'dead'),
            array_agg(e.max_attempts ORDER BY e.id) FILTER (WHERE e.state = 'dead'),
            array_agg(e.last_error ORDER BY e.id) FILTER (WHERE e.state = 'dead')
-      INTO v_rows, v_names, returned, dead, v_teams, v_stats, v_dead, v_dteams, v_dnames, v_dattempts, v_dmax, v_derrors
+      INTO v_expired, v_rows, v_names, returned, dead, v_teams, v_stats, v_dead, v_dteams, v_dnames, v_dattempts,
+           v_dmax, v_derrors
       FROM expired e;
+    -- The attempts, for their history (job_attempts; the error names the
+    -- worker), read back from the jobs: an INSERT fed by the UPDATE above
+    -- would be planned on Citus through the coordinator, its rows sent to
+    -- every worker node and committed in two phases; from the jobs of
+    -- this shard it is one statement on their worker.
+    INSERT INTO job_attempts (shard, job_id, attempt, ended_at, claimed_at, started_at, outcome, error)
+    SELECT j.shard, j.id, j.attempts, v_now, j.claimed_at, j.started_at, j.state, j.last_error
+      FROM jobs j
+     WHERE j.shard = p_shard AND j.id = ANY (v_expired)
+     ORDER BY j.id
+    ON CONFLICT DO NOTHING;
     -- Every expired claim leaves claimed/running; a dead one is counted (its
     -- run time too if it had started), and a cancelled one.
     PERFORM mh_not_running(array_fill(p_shard::smallint, ARRAY[coalesce(cardinality(v_teams), 0)]), v_teams);
@@ -129,11 +138,13 @@ BEGIN
     PERFORM mh_record_dead(array_fill(p_shard::smallint, ARRAY[coalesce(cardinality(v_dead), 0)]), v_dead, v_dteams,
                            v_dnames, v_dattempts, v_dmax, v_derrors, v_now);
 
+    -- (grouped by the shard column: on Citus one statement on the shard's
+    -- worker, where an aggregate over no group goes through the coordinator)
     INSERT INTO claim_checks (shard, check_at, job_ids)
-    SELECT p_shard, min(j.claim_expires_at), array_agg(j.id)
+    SELECT j.shard, min(j.claim_expires_at), array_agg(j.id)
       FROM jobs j
      WHERE j.shard = p_shard AND j.id = ANY (v_ids) AND j.state IN ('claimed', 'running')
-    HAVING count(*) > 0;
+     GROUP BY j.shard;
 END $$;
 -- Move jobs down the wheel as the horizon reaches them, in bulk:
 --   due_far   -> hour (or minute) level: rows due before mh_hour_end(now),

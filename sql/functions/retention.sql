@@ -102,9 +102,14 @@ BEGIN
          WHERE d.shard = p_shard AND d.team_id = x.team_id AND d.name = x.name AND d.job_id = x.job_id;
     END IF;
 
+    -- (through the jobs of the shard: on Citus one statement on its worker,
+    -- where rows from arrays alone go through the coordinator and commit in
+    -- two phases)
     INSERT INTO retention_checks AS c (shard, job_id, check_at)
-    SELECT p_shard, l.id, l.at FROM unnest(v_later, v_at) AS l(id, at)
-     ORDER BY l.id
+    SELECT j.shard, j.id, l.at
+      FROM unnest(v_later, v_at) AS l(id, at)
+      JOIN jobs j ON j.shard = p_shard AND j.id = l.id
+     ORDER BY j.id
     ON CONFLICT (shard, job_id) DO UPDATE SET check_at = excluded.check_at;
     deferred := coalesce(cardinality(v_later), 0);
 END $$;

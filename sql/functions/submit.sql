@@ -167,6 +167,36 @@ BEGIN
     RETURN v_run_at;
 END $$;
 
+-- Validated jobs without a key (submit_jobs), written with one INSERT per
+-- table from the array (on Citus, up to mh_values_rows() jobs as literal
+-- VALUES: mh_insert_values) and put on the wheel. The caller counts them.
+CREATE OR REPLACE FUNCTION mh_write_jobs(p_team int, p_jobs new_job[], p_now timestamptz) RETURNS void
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+BEGIN
+    IF p_jobs IS NULL THEN
+        RETURN;
+    END IF;
+    IF mh_on_citus() AND cardinality(p_jobs) <= mh_values_rows() THEN
+        PERFORM mh_insert_values('jobs', 'shard, id, team_id, name, payload, priority, due_at, flex_s, strict, run_at, '
+                                         'state, max_attempts, backoff_base_s, backoff_cap_s, created_at, updated_at, '
+                                         'agreed_at, traceparent',
+                                 ARRAY(SELECT format('(%L,%L,%L,%L,%L,%L,%L,%L,%L,%L,''scheduled'',%L,%L,%L,%L,%L,%L,%L)',
+                                                     j.shard, j.id, p_team, j.name, j.payload, j.priority, j.due_at,
+                                                     j.flex_s, j.strict, j.run_at, j.max_attempts, j.backoff_base_s,
+                                                     j.backoff_cap_s, p_now, p_now, j.run_at, j.traceparent)
+                                         FROM unnest(p_jobs) j));
+    ELSE
+        INSERT INTO jobs (shard, id, team_id, name, payload, priority, due_at, flex_s, strict, run_at, state,
+                          max_attempts, backoff_base_s, backoff_cap_s, created_at, updated_at, agreed_at, traceparent)
+        SELECT j.shard, j.id, p_team, j.name, j.payload, j.priority, j.due_at, j.flex_s, j.strict, j.run_at,
+               'scheduled', j.max_attempts, j.backoff_base_s, j.backoff_cap_s, p_now, p_now, j.run_at, j.traceparent
+          FROM unnest(p_jobs) j;
+    END IF;
+    PERFORM mh_enqueue_many(ARRAY(SELECT ROW(j.shard, j.strict, j.priority, j.run_at, j.id, p_team)::due_row
+                                    FROM unnest(p_jobs) j),
+                            p_now, ARRAY(SELECT j.name FROM unnest(p_jobs) j));
+END $$;
+
 -- A submission row of team_stats for one created job (stripe: shard % 16).
 CREATE OR REPLACE FUNCTION mh_submitted(p_shard smallint, p_team int, p_name text) RETURNS stats_delta
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
@@ -377,30 +407,33 @@ $$;
 -- (error) and written nowhere. idx is the 0-based array position; rows come
 -- in no particular order. The valid items' run times are placed together
 -- (mh_place: flexible ones where the window is least loaded, keyed ones
--- included). Jobs without a key are written set-based (one INSERT per
--- table, no loop); keyed ones one by one through the same path as
--- submit_job_detail, taking their key rows in (shard, key) order, the order
--- every procedure locks keys in. Every job created is added to the counters
--- and to the planned load, one upsert each. p_traceparents: each job's
--- traceparent, as submit_job_detail's p_traceparent (one per job, not one
--- per call: the API sends single submissions of many requests as one batch).
+-- included). Jobs without a key land on random shards among p_shards (NULL:
+-- mh_placement_shards, any shard on plain PostgreSQL, one Citus shard's on
+-- Citus), written set-based (one INSERT per table, no loop); keyed ones one
+-- by one through the same path as submit_job_detail, on their key's shard,
+-- taking their key rows in (shard, key) order, the order every procedure
+-- locks keys in. Every job created is added to the counters and to the
+-- planned load, one upsert each. p_traceparents: each job's traceparent, as
+-- submit_job_detail's p_traceparent (one per job, not one per call: the API
+-- sends single submissions of many requests as one batch).
 CREATE OR REPLACE FUNCTION submit_jobs(
     p_team text, p_names text[], p_due_ats timestamptz[] DEFAULT NULL, p_payloads jsonb[] DEFAULT NULL,
     p_priorities int[] DEFAULT NULL, p_max_attempts int[] DEFAULT NULL, p_flex_s int[] DEFAULT NULL,
     p_stricts boolean[] DEFAULT NULL, p_keys text[] DEFAULT NULL,
-    p_backoff_base_s real[] DEFAULT NULL, p_backoff_cap_s real[] DEFAULT NULL, p_traceparents text[] DEFAULT NULL)
+    p_backoff_base_s real[] DEFAULT NULL, p_backoff_cap_s real[] DEFAULT NULL, p_traceparents text[] DEFAULT NULL,
+    p_shards smallint[] DEFAULT NULL)
 RETURNS SETOF submit_result
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = minutehand, pg_temp AS $$
 DECLARE
     v_now     timestamptz := mh_now();
     v_team    int := mh_team_id(p_team);
     v_n       int := coalesce(cardinality(p_names), 0);
-    v_due     due_row[];
-    v_names   text[];                 -- each due row's job name
+    v_shards  smallint[] := coalesce(p_shards, mh_placement_shards());
+    v_fresh   new_job[];              -- the keyless jobs to create
     v_results submit_result[];
     v_stats   stats_delta[];
-    v_placed  timestamptz[];          -- by idx + 1: the run time placed for each valid item
     v_load    timestamptz[];          -- run times of the jobs created
+    v_placed  timestamptz[];          -- by idx + 1: the run time placed for each valid item
     v_keyed   record;
     v_rules   record;
     v_label   text;
@@ -420,7 +453,16 @@ BEGIN
             MESSAGE = format('p_%s has a different length than p_names (%s): pass one value per job, or NULL',
                              v_label, v_n);
     END IF;
+    IF cardinality(p_shards) = 0 OR EXISTS (SELECT 1 FROM unnest(p_shards) s
+                                             WHERE s IS NULL OR s NOT BETWEEN 0 AND mh_shard_count() - 1) THEN
+        RAISE EXCEPTION USING ERRCODE = 'MH400',
+            MESSAGE = format('p_shards must name shards from 0 to %s, or be NULL', mh_shard_count() - 1);
+    END IF;
     SELECT * INTO v_rules FROM mh_batch_rules(v_team);
+    -- Everything is worked out first, in a statement that reads no table
+    -- (on Citus: run on the coordinator alone), and then written by plain
+    -- INSERTs of the arrays: an INSERT fed by a query would send that
+    -- query's result to every worker node first.
     WITH checked AS (
         SELECT * FROM mh_batch_items(v_rules.names, v_rules.flex, p_names, p_due_ats, p_payloads, p_priorities,
                                      p_max_attempts,
@@ -434,32 +476,28 @@ BEGIN
                             ELSE array_agg(greatest(coalesce(c.due_at, v_now), v_now) ORDER BY c.idx) END AS runs
                   FROM checked c WHERE c.problem IS NULL) a,
                unnest(a.idxs, a.runs) p(idx, run_at)
-    ), sharded AS (
-        SELECT c.*, mh_random_shard() AS shard FROM checked c WHERE c.problem IS NULL AND c.key IS NULL
     ), fresh AS (
-        SELECT s.*, mh_new_id(s.shard) AS id, p.run_at
-          FROM sharded s JOIN placed p ON p.idx = s.idx
-    ), new_jobs AS (
-        INSERT INTO jobs (shard, id, team_id, name, payload, priority, due_at, flex_s, strict, run_at, state,
-                          max_attempts, backoff_base_s, backoff_cap_s, created_at, updated_at, agreed_at,
-                          traceparent)
-        SELECT f.shard, f.id, v_team, f.name, f.payload, f.priority, coalesce(f.due_at, v_now), f.flex_s, f.is_strict,
-               f.run_at, 'scheduled', f.max_attempts, f.base, f.cap, v_now, v_now, f.run_at,
-               mh_traceparent(p_traceparents[f.idx + 1])
-          FROM fresh f
+        SELECT c.*, mh_new_id(s.shard) AS id, s.shard, p.run_at
+          FROM checked c
+          JOIN placed p ON p.idx = c.idx
+          CROSS JOIN LATERAL (SELECT coalesce(v_shards[1 + floor(random() * cardinality(v_shards))::int],
+                                              mh_random_shard()) AS shard
+                               WHERE c.idx IS NOT NULL) s          -- (a volatile draw per item)
+         WHERE c.key IS NULL
     )
-    SELECT (SELECT array_agg(ROW(f.shard, f.is_strict, f.priority, f.run_at, f.id, v_team)::due_row ORDER BY f.id)
+    SELECT (SELECT array_agg(ROW(f.shard, f.id, f.name, f.payload, f.priority, coalesce(f.due_at, v_now),
+                                 f.flex_s, f.is_strict, f.run_at, f.max_attempts, f.base, f.cap,
+                                 mh_traceparent(p_traceparents[f.idx + 1]))::new_job ORDER BY f.id)
               FROM fresh f),
-           (SELECT array_agg(f.name ORDER BY f.id) FROM fresh f),
            (SELECT array_agg(ROW(c.idx, f.id, f.run_at, f.id IS NOT NULL, c.problem)::submit_result)
               FROM checked c LEFT JOIN fresh f ON f.idx = c.idx
              WHERE c.key IS NULL OR c.problem IS NOT NULL),
-           (SELECT array_agg(mh_submitted(f.shard, v_team, f.name)) FROM fresh f),
-           (SELECT array_agg(f.run_at) FROM fresh f),
            (SELECT array_agg(p.run_at ORDER BY c.idx) FROM checked c LEFT JOIN placed p ON p.idx = c.idx
              WHERE EXISTS (SELECT 1 FROM checked k WHERE k.key IS NOT NULL AND k.problem IS NULL))
-      INTO v_due, v_names, v_results, v_stats, v_load, v_placed;
-    PERFORM mh_enqueue_many(v_due, v_now, v_names);
+      INTO v_fresh, v_results, v_placed;
+    PERFORM mh_write_jobs(v_team, v_fresh, v_now);
+    SELECT array_agg(mh_submitted(f.shard, v_team, f.name)), array_agg(f.run_at) INTO v_stats, v_load
+      FROM unnest(v_fresh) f;
     RETURN QUERY SELECT * FROM unnest(v_results);
 
     IF v_placed IS NOT NULL THEN

@@ -13,11 +13,17 @@
 -- the check stays a primary-key probe per job: written as `j.id = ANY
 -- (c.job_ids)` it could be planned as an anti join over a scan of all jobs,
 -- as it was when the planner took a few hundred due reminders for thousands.
-DELETE FROM claim_checks c
- WHERE c.shard = ANY (%(shards)s::int[]) AND c.check_at <= %(now)s::timestamptz
-   AND NOT EXISTS (SELECT 1 FROM unnest(c.job_ids) AS u(id)
-                     JOIN jobs j ON j.shard = c.shard AND j.id = u.id
-                    WHERE j.state IN ('claimed', 'running'))
+-- On Citus the store sends the shards of one Citus shard per statement,
+-- named in the subquery too: without that Citus sends it to every shard.
+WITH dropped AS (
+    DELETE FROM claim_checks c
+     WHERE c.shard = ANY (%(shards)s::int[]) AND c.check_at <= %(now)s::timestamptz
+       AND NOT EXISTS (SELECT 1 FROM unnest(c.job_ids) AS u(id)
+                         JOIN jobs j ON j.shard = c.shard AND j.id = u.id
+                        WHERE j.shard = ANY (%(shards)s::int[]) AND j.state IN ('claimed', 'running'))
+    RETURNING 1
+)
+SELECT count(*) AS dropped FROM dropped
 
 -- name: shards_with_expired_claims
 -- Which of these shards have claims past their expiry (a reminder in

@@ -10,12 +10,20 @@ SELECT job_id, run_at, created
                          %(traceparent)s::text)
 
 -- name: submit_jobs
--- Many jobs of one team, as parallel arrays; one row per item.
+-- Many jobs of one team, as parallel arrays; one row per item. `shards`:
+-- where the keyless ones may go (NULL: the procedure's choice).
 SELECT idx, job_id, run_at, created, error
   FROM submit_jobs(%(team)s::text, %(names)s::text[], %(due_ats)s::timestamptz[], %(payloads)s::jsonb[],
                    %(priorities)s::int[], %(max_attempts)s::int[], %(flex_s)s::int[], %(stricts)s::boolean[],
                    %(keys)s::text[], %(backoff_base_s)s::real[], %(backoff_cap_s)s::real[],
-                   %(traceparents)s::text[])
+                   %(traceparents)s::text[], %(shards)s::smallint[])
+
+-- name: key_shards
+-- The shard of each idempotency key of a team (mh_key_shard), in order: the
+-- store sends a batch's keyed jobs to their Citus shards, one call each.
+SELECT mh_key_shard(mh_team_id(%(team)s::text), u.key) AS shard
+  FROM unnest(%(keys)s::text[]) WITH ORDINALITY AS u(key, o)
+ ORDER BY u.o
 
 -- name: submit_series
 -- A repeating job: its series and first run; the series id, the run's id and run time, whether created.

@@ -120,6 +120,10 @@ CREATE INDEX idempotency_keys_expiry ON idempotency_keys (shard, expires_at);
 -- What submit_jobs answers per item, and every outcome procedure per job.
 CREATE TYPE submit_result AS (idx int, job_id bigint, run_at timestamptz, created boolean, error text);
 CREATE TYPE outcome AS (job_id bigint, ok boolean, state job_state, reason text);
+-- A validated job without a key, as submit_jobs hands it to mh_write_jobs.
+CREATE TYPE new_job AS (shard smallint, id bigint, name text, payload jsonb, priority int, due_at timestamptz,
+                        flex_s int, strict boolean, run_at timestamptz, max_attempts int, backoff_base_s real,
+                        backoff_cap_s real, traceparent text);
 
 -- Attempts that ended without success, one row each: the job's own record
 -- keeps only its latest attempt (worker, claim, start, end, error), so a

@@ -11,7 +11,7 @@ import datetime as dt
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any, Self, TypeVar
@@ -251,6 +251,16 @@ class StoreBase:
             with self.connection() as conn:
                 self._shard_groups = citus.shard_groups(conn)
         return self._shard_groups
+
+    def _by_citus_shard(self, shards: Iterable[int]) -> list[list[int]]:
+        """These logical shards in order, one list per Citus shard holding
+        them (on plain PostgreSQL, one list): a statement naming one list is
+        a router statement committed on one worker."""
+        groups = self._citus_groups()
+        parts: dict[int, list[int]] = {}
+        for s in sorted(shards):
+            parts.setdefault(groups.get(s, -1), []).append(s)
+        return [parts[k] for k in sorted(parts)]
 
     def _all_at_now(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         """The rows of a read that reckons with the clock, given the database's

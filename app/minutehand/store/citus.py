@@ -100,8 +100,8 @@ def shard_groups(conn: psycopg.Connection) -> dict[int, int]:
         if not distributed or not cur.execute("SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = "
                                               "to_regclass(%s))", (lead,)).fetchone()[0]:
             return {}
-        rows = cur.execute("""SELECT s, get_shard_id_for_distribution_column(%s, s::smallint)
-                                FROM generate_series(0, %s) s""", (lead, (1 << SHARD_BITS) - 1)).fetchall()
+        rows = cur.execute(f"""SELECT s, get_shard_id_for_distribution_column(%s, s::smallint)
+                                 FROM generate_series(0, {SCHEMA}.mh_shard_count() - 1) s""", (lead,)).fetchall()
     return dict(rows)
 
 

@@ -203,16 +203,6 @@ class ClaimStore(StoreBase):
             {"shards": part, "owner": owner, "epochs": [leases[s] for s in part]}
             for part in self._by_citus_shard(leases)])
 
-    def _by_citus_shard(self, shards: Iterable[int]) -> list[list[int]]:
-        """These logical shards in order, one list per Citus shard holding
-        them (on plain PostgreSQL, one list): a statement naming one list is
-        a router statement committed on one worker."""
-        groups = self._citus_groups()
-        parts: dict[int, list[int]] = {}
-        for s in sorted(shards):
-            parts.setdefault(groups.get(s, -1), []).append(s)
-        return [parts[k] for k in sorted(parts)]
-
     def due_edges(self, shards: Sequence[int], since: dict[int, dt.datetime] | None = None, cap: int | None = None
                   ) -> dict[int, tuple[list[EdgeCell], dt.datetime | None]]:
         """Per shard, in one statement (due_edges): its cells due now (for the

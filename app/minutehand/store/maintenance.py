@@ -55,16 +55,20 @@ class MaintenanceStore(StoreBase):
 
     def expire_claims(self, shards: Sequence[int]) -> tuple[int, int]:
         """(returned, dead) over the shards: the due reminders whose jobs all
-        left their claim dropped and the shards with a claim past its expiry
-        found (a statement each, over all the shards), then expire_claims on
+        left their claim dropped (one statement per Citus shard, each its own
+        transaction on one worker; on plain PostgreSQL one), the shards with
+        a claim past its expiry found (one statement), then expire_claims on
         each of those in its own transaction (a transaction over several
         shards' claimed jobs could lock them in another order than an outcome
         batch does), all of them in one round trip."""
         with self.connection() as conn:
             # (the clock read first: Citus evaluates no mh_now() in a distributed DELETE's COALESCE)
-            args = {"shards": list(shards), "now": conn.execute(q("db_now")).fetchone()["now"]}
-            conn.execute(q("drop_finished_claim_checks"), args)
-            due = [r["shard"] for r in conn.execute(q("shards_with_expired_claims"), args).fetchall()]
+            now = conn.execute(q("db_now")).fetchone()["now"]
+        self._each_or_raise("drop_finished_claim_checks",
+                            [{"shards": part, "now": now} for part in self._by_citus_shard(shards)])
+        with self.connection() as conn:
+            due = [r["shard"] for r in conn.execute(q("shards_with_expired_claims"),
+                                                    {"shards": list(shards), "now": now}).fetchall()]
         if not due:
             return 0, 0
         rows = self._pipelined("expire_claims", [{"shard": s} for s in due])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -91,7 +92,7 @@ def _batch_params(team: str, jobs: Sequence[JobSpec]) -> dict[str, Any]:
         "priorities": column("priority"), "max_attempts": column("max_attempts"),
         "flex_s": column("flex_s"), "stricts": column("strict"), "keys": column("idempotency_key"),
         "backoff_base_s": column("backoff_base_s"), "backoff_cap_s": column("backoff_cap_s"),
-        "traceparents": column("traceparent"),
+        "traceparents": column("traceparent"), "shards": None,
     }
 
 
@@ -119,8 +120,7 @@ class SubmitStore(StoreBase):
         (error) and written nowhere while the others commit together."""
         metrics.SUBMIT_BATCH.observe(len(jobs))
         if all(j.repeat is None for j in jobs):
-            rows = self._all("submit_jobs", _batch_params(team, jobs))
-            return sorted((BatchItem(**r) for r in rows), key=lambda item: item.idx)
+            return self._submit_plain(team, jobs)
         now = self._db_now() if any(_needs_now(j) for j in jobs) else None
         first_runs: dict[int, FirstRun | errors.StoreError] = {}
         spent_until = time.thread_time() + FIRE_TIME_BUDGET_S
@@ -134,6 +134,54 @@ class SubmitStore(StoreBase):
             else:
                 first_runs[i] = self._first_run(job, now)
         return self.retrying(lambda: self._submit_mixed(team, jobs, first_runs))
+
+    def _submit_plain(self, team: str, jobs: Sequence[JobSpec]) -> list[BatchItem]:
+        """Jobs without repeat, in one submit_jobs call per Citus shard they
+        go to (on plain PostgreSQL, one call): the keyed ones on their
+        key's, the keyless ones with the first of those (or a random one).
+        Each call is then one transaction on one worker node; all are sent
+        in one round trip. If some calls fail and others commit, the items
+        of a failed call are answered with its error, written nowhere."""
+        calls = self._submit_calls(team, jobs)
+        if len(calls) == 1:
+            rows = self._all("submit_jobs", {**_batch_params(team, jobs), "shards": calls[0][1]})
+            return sorted((BatchItem(**r) for r in rows), key=lambda item: item.idx)
+        with self.connection() as conn:
+            results = self.each_alone(conn, q("submit_jobs"), [
+                {**_batch_params(team, [jobs[at] for at in positions]), "shards": shards}
+                for positions, shards in calls])
+        if all(isinstance(r, Exception) for r in results):
+            raise results[0]
+        items: list[BatchItem] = []
+        for (positions, _), rows in zip(calls, results):
+            if isinstance(rows, Exception):
+                reason = rows.message if isinstance(rows, errors.StoreError) else str(rows)
+                items += [BatchItem(at, None, None, False, f"not written ({reason}): submit it again")
+                          for at in positions]
+            else:
+                items += [BatchItem(**{**r, "idx": positions[r["idx"]]}) for r in rows]
+        return sorted(items, key=lambda item: item.idx)
+
+    def _submit_calls(self, team: str, jobs: Sequence[JobSpec]) -> list[tuple[list[int], list[int] | None]]:
+        """(positions, the logical shards of one Citus shard) per call; on
+        plain PostgreSQL one call over every shard (None)."""
+        groups = self._citus_groups()
+        if not groups:
+            return [(list(range(len(jobs))), None)]
+        members: dict[int, list[int]] = {}
+        for shard, group in groups.items():
+            members.setdefault(group, []).append(shard)
+        keyed = [at for at, j in enumerate(jobs) if j.idempotency_key is not None]
+        calls: dict[int, list[int]] = {}
+        if keyed:
+            rows = self._all("key_shards", {"team": team, "keys": [jobs[at].idempotency_key for at in keyed]})
+            for at, r in zip(keyed, rows):
+                calls.setdefault(groups[r["shard"]], []).append(at)
+        keyless = [at for at, j in enumerate(jobs) if j.idempotency_key is None]
+        if keyless:
+            target = next(iter(calls)) if calls else random.choice(sorted(members))
+            calls.setdefault(target, []).extend(keyless)
+        return [(sorted(positions), members[group]) for group, positions in calls.items()]
 
     def _submit_mixed(self, team: str, jobs: Sequence[JobSpec],
                       first_runs: dict[int, FirstRun | errors.StoreError]) -> list[BatchItem]:
