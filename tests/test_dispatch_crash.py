@@ -20,6 +20,7 @@ guarded effects in `side_effects`; here both live in the test's database.
 """
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 import random
 import re
@@ -161,7 +162,14 @@ def test_quotas_hold_through_a_backlog_of_minutes_with_three_dispatchers_one_kil
     before any shard is seen to change hands until the moved jobs have
     ended: the kill, the start, or a dispatcher on a loaded machine late to
     renew), more only by the team's jobs running on the shards that moved.
-    Every job succeeds once."""
+    Every job succeeds once.
+
+    What ran when is counted afterwards from the database's claim and end
+    times of every attempt, at the database time of each sample: a count
+    read while jobs turn over is not an instant (on Citus each shard group
+    is read in its own snapshot, and a read behind a loaded machine spans
+    several 0.3 s jobs), and would count a job that ended and the one that
+    took its slot both."""
     for team, quota in QUOTAS.items():
         fleet.store.create_team(team, quota=quota)
     # The backlog, due minute by minute over the last six, before any dispatcher
@@ -184,9 +192,15 @@ def test_quotas_hold_through_a_backlog_of_minutes_with_three_dispatchers_one_kil
     for i in range(3):
         fleet.worker(urls, concurrency=8, label=f"worker-{i}")
 
-    sample = """SELECT t.name, count(*) FILTER (WHERE j.state IN ('claimed', 'running')),
-                       count(*) FILTER (WHERE j.state IN ('scheduled', 'retrying'))
+    sample = """SELECT t.name, count(*) FILTER (WHERE j.state IN ('scheduled', 'retrying'))
                   FROM jobs j JOIN teams t ON t.id = j.team_id WHERE t.name = ANY (%s) GROUP BY t.name"""
+    # Every attempt's claim and end: the last one's in the job, earlier ones' in its history.
+    attempts = """SELECT t.name, j.claimed_at, j.finished_at FROM jobs j JOIN teams t ON t.id = j.team_id
+                     WHERE t.name = ANY (%(teams)s) AND j.claimed_at IS NOT NULL
+                  UNION ALL
+                  SELECT t.name, a.claimed_at, a.ended_at FROM job_attempts a
+                    JOIN jobs j ON j.shard = a.shard AND j.id = a.job_id JOIN teams t ON t.id = j.team_id
+                   WHERE t.name = ANY (%(teams)s) AND a.claimed_at IS NOT NULL"""
     per_shard = """SELECT j.shard, t.name, count(*) FROM jobs j JOIN teams t ON t.id = j.team_id
                     WHERE j.state IN ('claimed', 'running') GROUP BY 1, 2"""
     owners = "SELECT shard, CASE WHEN lease_expires_at > now() THEN owner END FROM shards"
@@ -194,7 +208,6 @@ def test_quotas_hold_through_a_backlog_of_minutes_with_three_dispatchers_one_kil
     window_s = lease_s + 2 * lease_s / 5 + 1.0          # the shards move, the moved jobs end
     # (from, to, the shards that moved, each team's jobs running on them just before)
     windows: list[tuple[float, float, set[int], Counter]] = []
-    waited_since: dict[str, float] = {}
     samples, checked, peak = [], 0, dict.fromkeys(QUOTAS, 0)
     patience_s = 240.0 * (3 if on_citus(fleet.db) else 1)
     started = time.monotonic()
@@ -203,16 +216,11 @@ def test_quotas_hold_through_a_backlog_of_minutes_with_three_dispatchers_one_kil
     held, running_then = dict(fleet.db.execute(owners).fetchall()), []
     while True:
         at = time.monotonic() - started
-        counts = {name: (running, waiting) for name, running, waiting in fleet.db.execute(sample, (list(QUOTAS),))}
-        if not any(waiting for _, waiting in counts.values()):
+        db_at = fleet.db.execute("SELECT clock_timestamp()").fetchone()[0]
+        waiting = dict(fleet.db.execute(sample, (list(QUOTAS),)).fetchall())
+        if not any(waiting.values()):
             break
-        for team, (running, waiting) in counts.items():
-            if waiting and running < QUOTAS[team]:
-                waited_since.setdefault(team, at)
-            else:
-                waited_since.pop(team, None)
-        samples.append((at, counts, {t for t, since in waited_since.items() if at - since >= CONTENDED_S},
-                        fleet.db.execute(said).fetchall()))
+        samples.append((at, db_at, waiting, fleet.db.execute(said).fetchall()))
         now_held = dict(fleet.db.execute(owners).fetchall())
         moved = {s for s, o in now_held.items() if o != held.get(s)}
         if moved:
@@ -238,7 +246,24 @@ def test_quotas_hold_through_a_backlog_of_minutes_with_three_dispatchers_one_kil
     assert restart is not None, "the backlog drained before the restart"
     restart.join(60)
     assert settled is not None, "the backlog drained before the restarted dispatcher took its shards"
-    for at, counts, contended, _ in samples:
+    starts: dict[str, list[dt.datetime]] = {team: [] for team in QUOTAS}
+    ends: dict[str, list[dt.datetime]] = {team: [] for team in QUOTAS}
+    for team, claimed_at, ended_at in fleet.db.execute(attempts, {"teams": list(QUOTAS)}):
+        starts[team].append(claimed_at)
+        ends[team].append(ended_at)
+    for team in QUOTAS:
+        starts[team].sort()
+        ends[team].sort()
+    waited_since: dict[str, float] = {}
+    for at, db_at, waiting, _ in samples:
+        counts = {team: (bisect.bisect_right(starts[team], db_at) - bisect.bisect_right(ends[team], db_at),
+                         waiting.get(team, 0)) for team in QUOTAS}
+        for team, (running, waits) in counts.items():
+            if waits and running < QUOTAS[team]:
+                waited_since.setdefault(team, at)
+            else:
+                waited_since.pop(team, None)
+        contended = {t for t, since in waited_since.items() if at - since >= CONTENDED_S}
         for team, (running, _) in counts.items():
             if not contended - {team}:
                 continue
@@ -248,8 +273,9 @@ def test_quotas_hold_through_a_backlog_of_minutes_with_three_dispatchers_one_kil
             peak[team] = max(peak[team], running)
             assert running <= bound, (
                 f"{team} ran {running} (bound {bound}) {at:.1f} s in while {contended} waited; handovers "
-                f"{[(round(a, 1), sorted(m)) for a, _, m, _ in windows]}\nsamples then (name, due, running teams, "
-                f"running, waiting):\n" + "\n".join(f"{a:.1f} {c} {d}" for a, c, _, d in samples if abs(a - at) < 2))
+                f"{[(round(a, 1), sorted(m)) for a, _, m, _ in windows]}\nsamples then (waiting; what each "
+                f"dispatcher said: name, due, running teams, running, waiting):\n"
+                + "\n".join(f"{a:.1f} {w} {d}" for a, _, w, d in samples if abs(a - at) < 2))
     print(f"\n{checked} contended samples; peaks {peak} (quotas {QUOTAS}); q0 killed {killed:.1f} s in, "
           f"started again {restarted:.1f} s in, its shards settled {settled:.1f} s in; "
           f"{len(windows)} handovers seen")
