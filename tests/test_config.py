@@ -194,7 +194,7 @@ def test_a_setting_out_of_range_in_the_file_stops_serve_with_its_name_and_range(
     ("serve", "LOG_LEVEL", "NOPE", "setting log_level: 'NOPE' is not one of DEBUG"),
     ("migrate", "POOL_SIZE", "0", "setting pool_size: 0 is not a whole number from 1 to 1000"),
     ("worker", "LOG_LEVEL", "chatty", "setting log_level: 'chatty' is not one of DEBUG"),
-    ("worker", "WORKER_CONCURRENCY", "0", "setting worker_concurrency: 0 is not a whole number from 1 to 10000"),
+    ("worker", "WORKER_CONCURRENCY", "0", "setting worker_concurrency: 0 is not a whole number from 1 to 1000000"),
 ])
 def test_a_setting_out_of_range_in_the_environment_stops_the_command(command: str, name: str, value: str,
                                                                      message: str):

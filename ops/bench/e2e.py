@@ -35,12 +35,11 @@ from collections.abc import Callable
 
 import psycopg
 
-from minutehand.store import migrate, schema
 from minutehand.store.store import Store
 from minutehand.store.submit import JobSpec
 from ops.bench.api import _free_port, start_server, stop_server
-from ops.bench.server import bench_server, citus_database
-from ops.bench.store import _url, floor, recreate
+from ops.bench.server import bench_server, minutehand_database
+from ops.bench.store import floor
 
 TEAM = "bench"
 
@@ -164,16 +163,7 @@ def main() -> None:
 def run(dsn: str, args) -> None:
     fl = floor(dsn, 5 if args.quick else 20)
     floor_rate = fl["floor_claim_delete_batch100_rows_per_s"]
-    workers = [(h, int(p)) for h, _, p in (w.rpartition(":") for w in args.citus_workers.split(",") if w)]
-    if workers:
-        citus_database(dsn, "mh_bench_e2e", workers)
-        url = schema.url(_url(dsn, "mh_bench_e2e"))
-    else:
-        url = schema.url(recreate(dsn, "mh_bench_e2e"))     # raw SQL here finds our objects
-    migrate.upgrade(url)
-    if workers:
-        from minutehand.store import citus
-        print(citus.distribute(url, args.citus_shard_count), flush=True)
+    url = minutehand_database(dsn, "mh_bench_e2e", args.citus_workers, args.citus_shard_count)
     with Store(url) as store:
         store.create_team(TEAM, quota=10**6)
         token = store.create_worker_token("bench")

@@ -34,11 +34,9 @@ import time
 
 from minutehand.serve import dispatcher_parts
 from minutehand.settings import Settings
-from minutehand.store import migrate, schema
 from minutehand.store.store import Store
 from minutehand.store.submit import JobSpec
-from ops.bench.server import bench_server
-from ops.bench.store import recreate
+from ops.bench.server import bench_server, minutehand_database
 
 UTC = dt.timezone.utc
 
@@ -122,8 +120,7 @@ def main() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
     with bench_server(args.dsn, "mh-bench-long-polls-") as dsn:
-        url = schema.url(recreate(dsn, "mh_bench_long_polls"))
-        migrate.upgrade(url)
+        url = minutehand_database(dsn, "mh_bench_long_polls")
         figures = run(url, args.workers, args.names, args.hot, args.jobs, args.interval)
     print(f"{args.workers} long-polls of {args.names} names, {args.jobs} jobs for {args.hot} of them, "
           f"one every {args.interval} s:")

@@ -60,12 +60,12 @@ from pathlib import Path
 import psycopg
 from psycopg.rows import dict_row
 
-from minutehand.store import migrate, schema
+from minutehand.store import schema
 from minutehand.store.store import Store
 from minutehand.store.submit import JobSpec
 from ops.bench.api import _free_port, start_server, stop_server
 from ops.bench.e2e import start_workers, stop_all
-from ops.bench.server import bench_server
+from ops.bench.server import bench_server, minutehand_database
 from ops.bench.store import recreate
 
 FLOOR = Path(__file__).with_name("floor") / "run.sh"
@@ -333,8 +333,7 @@ def run(dsn: str, args, slots: int, capacity: float) -> None:
     fl = None
     if not args.no_floor:
         fl = floor_figure(dsn, 2 if args.quick else 5, 300_000 if args.quick else 600_000)
-    url = schema.url(recreate(dsn, "mh_bench_midnight"))
-    migrate.upgrade(url)
+    url = minutehand_database(dsn, "mh_bench_midnight")
     teams = teams_for(args.jobs, slots)
     with Store(url) as store:
         for t in teams:

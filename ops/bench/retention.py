@@ -32,13 +32,11 @@ import time
 
 import psycopg
 
-from minutehand.store import migrate, schema
 from minutehand.store.store import Store
 from minutehand.store.submit import JobSpec
 from ops.bench.api import _free_port, start_server, stop_server
 from ops.bench.e2e import TEAM, start_workers, stop_all, throughput
-from ops.bench.server import bench_server
-from ops.bench.store import recreate
+from ops.bench.server import bench_server, minutehand_database
 
 TARGET_PER_S = 12_000              # completions per second at a billion jobs a day (with spikes' headroom)
 OFF_S = 315_360_000                # a retention of 10 years: nothing is removed
@@ -222,8 +220,7 @@ def main() -> None:
     e2e_backlog = jobs
     steady_s = 60 if args.quick else args.steady_s
     with bench_server(args.dsn, "mh-bench-retention-") as dsn:
-        url = schema.url(recreate(dsn, "mh_bench_retention"))
-        migrate.upgrade(url)
+        url = minutehand_database(dsn, "mh_bench_retention")
         with Store(url) as store:
             store.create_team(TEAM, quota=10**6)
             token = store.create_worker_token("bench")

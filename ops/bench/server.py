@@ -8,8 +8,12 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
+
+import psycopg
 
 from minutehand.dev.localpg import LocalCluster
+from minutehand.store import migrate, schema
 
 
 @contextmanager
@@ -29,15 +33,39 @@ def bench_server(dsn: str | None, prefix: str) -> Iterator[str]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def url_of(dsn: str, dbname: str) -> str:
+    """The same server URL with another database."""
+    return urlsplit(dsn)._replace(path="/" + dbname).geturl()
+
+
+def recreate(dsn: str, dbname: str) -> str:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{dbname}"')
+    return url_of(dsn, dbname)
+
+
+def minutehand_database(dsn: str, dbname: str, citus_workers: str = "", citus_shard_count: int = 16) -> str:
+    """The database `dbname` made anew and migrated; its URL (with our schema
+    on the search path, so raw SQL finds our objects). With citus_workers
+    (host:port,...; `dsn` a Citus coordinator) it is made on every node and
+    distributed, as `minutehand migrate --citus` does."""
+    workers = [(h, int(p)) for h, _, p in (w.rpartition(":") for w in citus_workers.split(",") if w)]
+    if workers:
+        citus_database(dsn, dbname, workers)
+    url = schema.url(url_of(dsn, dbname) if workers else recreate(dsn, dbname))
+    migrate.upgrade(url)
+    if workers:
+        from minutehand.store import citus
+        print(citus.distribute(url, citus_shard_count), flush=True)
+    return url
+
+
 def citus_database(dsn: str, dbname: str, workers: list[tuple[str, int]]) -> None:
     """The database `dbname` made anew on the Citus coordinator `dsn` and on
     each worker (host, port; same user), with the extension on every node and
     the workers registered (Citus keeps its metadata per database, and does
     not create databases on the workers)."""
-    from urllib.parse import urlsplit
-
-    import psycopg
-
     coordinator = urlsplit(dsn)
     nodes = [(h, p) for h, p in workers] + [(coordinator.hostname, coordinator.port or 5432)]
     for host, port in nodes:

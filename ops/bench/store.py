@@ -23,12 +23,10 @@ import statistics
 import subprocess
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import psycopg
 
-from minutehand.store import migrate, schema
-from ops.bench.server import bench_server
+from ops.bench.server import bench_server, minutehand_database, recreate
 from minutehand.store.claim import ClaimRequest
 from minutehand.store.outcomes import Complete
 from minutehand.store.store import Store
@@ -38,18 +36,6 @@ FLOOR = Path(__file__).with_name("floor") / "run.sh"
 PGBENCH_LIFECYCLE = Path(__file__).with_name("lifecycle.pgbench.sql")
 TEAM = "bench"
 CLIENTS = 4
-
-
-def _url(dsn: str, dbname: str) -> str:
-    """The same server URL with another database."""
-    return urlsplit(dsn)._replace(path="/" + dbname).geturl()
-
-
-def recreate(dsn: str, dbname: str) -> str:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{dbname}"')
-    return _url(dsn, dbname)
 
 
 def floor(dsn: str, seconds: int) -> dict[str, int]:
@@ -218,8 +204,7 @@ def alternate(first, second, repeat: int) -> tuple[float, float]:
 
 
 def new_database(dsn: str, name: str) -> str:
-    url = schema.url(recreate(dsn, name))     # raw SQL and pgbench find our objects
-    migrate.upgrade(url)
+    url = minutehand_database(dsn, name)
     with Store(url) as store:
         store.create_team(TEAM, quota=1_000_000)
     return url

@@ -19,6 +19,8 @@ over the window, or the client unable to offer the rate).
     python -m ops.bench.sustained --step-s 60 --rates 500,1000,2000,4000
     python -m ops.bench.sustained --dispatchers 2
     python -m ops.bench.sustained --dsn URL       # a server of yours (database mh_bench_sustained is recreated)
+    python -m ops.bench.sustained --dsn URL --citus-workers h:p,h:p   # URL a Citus coordinator: the database
+                                                                      # made on every node and distributed
 
 Per step, over the step after --warmup-s (the window), every figure from
 the database or /proc, nothing from the scheduler's own code:
@@ -64,12 +66,11 @@ from pathlib import Path
 
 import psycopg
 
-from minutehand.store import migrate, schema
 from minutehand.store.store import Store
 from ops.bench.api import _free_port, start_server, stop_server
 from ops.bench.e2e import TEAM, start_lag, start_workers, stop_all
-from ops.bench.server import bench_server
-from ops.bench.store import floor, recreate
+from ops.bench.server import bench_server, minutehand_database
+from ops.bench.store import floor
 
 JOB = "midnight.sleep"                # ops/bench/sleep_worker.py: sleeps payload.ms
 TICK_S = 0.1                          # a batch every 100 ms
@@ -398,10 +399,9 @@ def run(dsn: str, args) -> None:
         print(f"floor (pgbench, same server): claim+delete in batches of 100: "
               f"{fl['floor_claim_delete_batch100_rows_per_s']:,} rows/s; single-row enqueue "
               f"{fl['floor_enqueue_single_per_s']:,}/s", flush=True)
-    url = schema.url(recreate(dsn, "mh_bench_sustained"))      # raw SQL here finds our objects
+    url = minutehand_database(dsn, "mh_bench_sustained", args.citus_workers, args.citus_shard_count)
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute(f"ALTER DATABASE mh_bench_sustained SET track_functions = '{args.track_functions}'")
-    migrate.upgrade(url)
     with Store(url) as store:
         team_token = store.create_team(TEAM, quota=10**6)
         token = store.create_worker_token("bench")
@@ -480,6 +480,9 @@ def summary(steps: list[Step]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dsn", help="a PostgreSQL server (superuser); default: a fresh durable local cluster")
+    parser.add_argument("--citus-workers", default="",
+                        help="host:port,... of the Citus workers when --dsn names a Citus coordinator")
+    parser.add_argument("--citus-shard-count", type=int, default=16)
     parser.add_argument("--rates", type=lambda t: [float(x) for x in t.split(",")],
                         default=[500, 1000, 2000, 4000, 6000, 8000, 11574], help="offered jobs/s, one step each")
     parser.add_argument("--step-s", type=int, default=180, help="seconds per step")
