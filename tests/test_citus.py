@@ -410,7 +410,7 @@ def test_keyless_batches_spread_over_every_citus_shard(citus_db):
 
 def test_the_store_sends_a_keyed_batch_as_one_call_per_citus_shard(citus_db, db_dsn):
     """Keyed jobs live on their key's shard: the store groups a batch by the
-    Citus shard of each key (the keyless items go with the first group), and
+    Citus shard of each key (the keyless items go with the first group, up to SPREAD_ROWS of them), and
     every call is a transaction on one worker with a one-phase commit. A
     repeat of the batch names the same jobs."""
     from minutehand.store.submit import JobSpec
@@ -438,6 +438,34 @@ def test_the_store_sends_a_keyed_batch_as_one_call_per_citus_shard(citus_db, db_
     assert [again[at].job_id for at in keyed] == [first[at].job_id for at in keyed]
     assert not any(again[at].created for at in keyed)
     assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 12 + 12 + (12 - len(keyed))
+
+
+def test_the_store_spreads_a_large_keyless_batch_one_citus_shard_per_slice(citus_db, db_dsn):
+    """A batch's keyless jobs go to one Citus shard per SPREAD_ROWS of them
+    (a call each, on one worker): a small batch stays on one, a large one
+    covers the Citus shards evenly instead of piling on one node, and the
+    keyed jobs' Citus shards are filled first."""
+    from minutehand.store.submit import SPREAD_ROWS, JobSpec
+    from tests.support import make_store
+
+    db = citus_db
+    db.execute("INSERT INTO teams (name) VALUES ('t')")
+    groups = citus_shard_of(db)
+    n_groups = len(set(groups.values()))
+    with make_store(db_dsn, clock=None) as store:
+        assert len(store._submit_calls("t", [JobSpec("probe")] * SPREAD_ROWS)) == 1
+        assert len(store._submit_calls("t", [JobSpec("probe")] * (SPREAD_ROWS + 1))) == 2
+        keyed = [JobSpec("probe", idempotency_key="k")] + [JobSpec("probe")] * SPREAD_ROWS
+        calls = store._submit_calls("t", keyed)
+        assert len(calls) == 1 and calls[0][0] == list(range(len(keyed)))
+        n = SPREAD_ROWS * n_groups
+        items = store.submit_many("t", [JobSpec("probe")] * n)
+    assert all(i.created and i.error is None for i in items)
+    per_group: dict[int, int] = {}
+    for shard, count in db.execute("SELECT shard, count(*) FROM jobs GROUP BY 1").fetchall():
+        per_group[groups[shard]] = per_group.get(groups[shard], 0) + count
+    assert sorted(per_group.values()) == [SPREAD_ROWS] * n_groups, per_group
+    assert db.execute("SELECT count(DISTINCT shard) FROM jobs").fetchone()[0] > 200
 
 
 def test_expiry_and_retention_run_on_one_worker_with_a_one_phase_commit(citus_db, db_dsn):

@@ -21,6 +21,10 @@ from minutehand.store.records import Repeat
 
 # CPU one batch may spend finding the first fire times of its cron series.
 FIRE_TIME_BUDGET_S = 1.0
+# On Citus a batch's keyless jobs go to one Citus shard per this many (one
+# worker node each, one call each): a small batch commits on one node, a
+# large one is spread like single submissions, not piled on one node.
+SPREAD_ROWS = 256
 
 # A series' first run: its due time and its deadline (misfire skip), as
 # computed before the transaction; (None, None): the procedure decides.
@@ -164,7 +168,9 @@ class SubmitStore(StoreBase):
 
     def _submit_calls(self, team: str, jobs: Sequence[JobSpec]) -> list[tuple[list[int], list[int] | None]]:
         """(positions, the logical shards of one Citus shard) per call; on
-        plain PostgreSQL one call over every shard (None)."""
+        plain PostgreSQL one call over every shard (None). The keyless jobs
+        go in slices to one Citus shard per SPREAD_ROWS of them: first those
+        the keyed ones go to, then others at random."""
         groups = self._citus_groups()
         if not groups:
             return [(list(range(len(jobs))), None)]
@@ -179,8 +185,10 @@ class SubmitStore(StoreBase):
                 calls.setdefault(groups[r["shard"]], []).append(at)
         keyless = [at for at, j in enumerate(jobs) if j.idempotency_key is None]
         if keyless:
-            target = next(iter(calls)) if calls else random.choice(sorted(members))
-            calls.setdefault(target, []).extend(keyless)
+            spread = min(len(members), -(-len(keyless) // SPREAD_ROWS))
+            targets = (list(calls) + random.sample(sorted(members.keys() - calls.keys()), len(members) - len(calls)))
+            for i, target in enumerate(targets[:spread]):
+                calls.setdefault(target, []).extend(keyless[i::spread])
         return [(sorted(positions), members[group]) for group, positions in calls.items()]
 
     def _submit_mixed(self, team: str, jobs: Sequence[JobSpec],
