@@ -33,7 +33,8 @@ the database or /proc, nothing from the scheduler's own code:
   window from the jobs table;
 - CPU per completed job by process (/proc): each serve/dispatcher, each
   worker, the PostgreSQL server in total (postmaster, its live children and
-  the children it reaped), and the load generator apart;
+  the children it reaped; on Citus each node apart), and the load generator
+  apart;
 - database time per procedure: pg_stat_user_functions deltas (calls/s,
   self and total ms per call, self time as a share of one core), the top
   ones by self time;
@@ -63,9 +64,11 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import psycopg
 
+from minutehand.store import schema
 from minutehand.store.store import Store
 from ops.bench.api import _free_port, start_server, stop_server
 from ops.bench.e2e import TEAM, start_lag, start_workers, stop_all
@@ -234,10 +237,26 @@ class Snapshot:
     functions: dict[str, tuple[int, float, float]]      # name -> calls, total ms, self ms
 
 
-def snapshot(conn: psycopg.Connection, procs: dict[str, int], postmaster: int | None) -> Snapshot:
+def postmasters(url: str, citus_workers: str) -> dict[str, int]:
+    """{label: postmaster pid} of the servers on this machine: the one
+    server, or (citus_workers) the coordinator and each worker node."""
+    nodes = {"postgres (all backends)": url}
+    if citus_workers:
+        nodes = {"postgres coordinator": url}
+        user = urlsplit(url).netloc.rpartition("@")[0]
+        for w in filter(None, citus_workers.split(",")):
+            nodes[f"postgres worker {w}"] = urlsplit(url)._replace(netloc=f"{user}@{w}" if user else w).geturl()
+    found = {}
+    for label, node in nodes.items():
+        with psycopg.connect(schema.conninfo(node)) as c:
+            if (pid := postmaster_of(c)) is not None:
+                found[label] = pid
+    return found
+
+
+def snapshot(conn: psycopg.Connection, procs: dict[str, int], servers: dict[str, int]) -> Snapshot:
     cpu = {label: cpu_seconds(pid) for label, pid in procs.items()}
-    if postmaster is not None:
-        cpu["postgres (all backends)"] = postgres_cpu(postmaster)
+    cpu.update((label, postgres_cpu(pid)) for label, pid in servers.items())
     conn.execute("SELECT pg_stat_clear_snapshot()")
     functions = {name: (calls, total, self_) for name, calls, total, self_ in conn.execute(
         "SELECT funcname, sum(calls)::bigint, sum(total_time), sum(self_time) FROM pg_stat_user_functions GROUP BY 1")}
@@ -299,14 +318,14 @@ class Step:
 
 
 def run_step(rate: float, args, conn: psycopg.Connection, gen: LoadGenerator, procs: dict[str, int],
-             postmaster: int | None, claim_functions: set[str], logs: LogTally) -> Step:
+             servers: dict[str, int], claim_functions: set[str], logs: LogTally) -> Step:
     logs.since_last()
     gen.rate.value = rate
     time.sleep(args.warmup_s)
-    a = snapshot(conn, procs, postmaster)
+    a = snapshot(conn, procs, servers)
     sent_a, refused_a, behind_a = gen.counts()
     time.sleep(args.step_s - args.warmup_s)
-    b = snapshot(conn, procs, postmaster)
+    b = snapshot(conn, procs, servers)
     sent_b, refused_b, behind_b = gen.counts()
     seconds = (b.at - a.at).total_seconds()
     jobs = job_figures(conn, a.at, b.at, dt.datetime.now(dt.timezone.utc))
@@ -439,15 +458,15 @@ def run(dsn: str, args) -> None:
         procs.update({f"dispatcher {i + 2}": s.pid for i, s in enumerate(servers[1:])})
         procs.update({f"worker {i + 1}": w.pid for i, w in enumerate(workers)})
         procs["load generator"] = gen.proc.pid
-        postmaster = postmaster_of(conn)
-        if postmaster is None:
+        pg_servers = postmasters(url, args.citus_workers)
+        if not pg_servers:
             print("(the server is not on this machine: no PostgreSQL CPU figure)")
         claim_functions = set(args.claim_functions.split(","))
         print(f"{args.dispatchers} dispatcher(s), 2 workers x {args.concurrency:,}, jobs of {args.job_s:g} s, "
               f"steps of {args.step_s} s (figures over the last {args.step_s - args.warmup_s} s of each)", flush=True)
         steps = []
         for rate in args.rates:
-            step = run_step(rate, args, conn, gen, procs, postmaster, claim_functions, logs)
+            step = run_step(rate, args, conn, gen, procs, pg_servers, claim_functions, logs)
             steps.append(step)
             report(step, "load generator")
             if not step.keeps_up and not args.keep_going:
