@@ -161,7 +161,8 @@ def test_quotas_hold_through_a_backlog_of_minutes_with_three_dispatchers_one_kil
     rounding its share up); inside a handover window (from a lease period
     before any shard is seen to change hands until the moved jobs have
     ended: the kill, the start, or a dispatcher on a loaded machine late to
-    renew), more only by the team's jobs running on the shards that moved.
+    renew, its lease lapsing: a new epoch), more only by the team's jobs
+    running on the shards that moved.
     Every job succeeds once.
 
     What ran when is counted afterwards from the database's claim and end
@@ -203,7 +204,9 @@ def test_quotas_hold_through_a_backlog_of_minutes_with_three_dispatchers_one_kil
                    WHERE t.name = ANY (%(teams)s) AND a.claimed_at IS NOT NULL"""
     per_shard = """SELECT j.shard, t.name, count(*) FROM jobs j JOIN teams t ON t.id = j.team_id
                     WHERE j.state IN ('claimed', 'running') GROUP BY 1, 2"""
-    owners = "SELECT shard, CASE WHEN lease_expires_at > now() THEN owner END FROM shards"
+    # A lease that lapsed and was taken again, even by the same dispatcher,
+    # has a new epoch: its claims were refused meanwhile, its view read anew.
+    owners = "SELECT shard, (CASE WHEN lease_expires_at > now() THEN owner END, epoch) FROM shards"
     said = "SELECT name, due, running_teams, running, waiting FROM dispatchers WHERE expires_at > now() ORDER BY name"
     window_s = lease_s + 2 * lease_s / 5 + 1.0          # the shards move, the moved jobs end
     # (from, to, the shards that moved, each team's jobs running on them just before)

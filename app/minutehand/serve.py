@@ -109,7 +109,8 @@ def dispatcher_parts(settings: Settings, store: Store | None) -> tuple[Dispatche
                                 backoff_base_s=settings.webhook_backoff_base_s,
                                 backoff_cap_s=settings.webhook_backoff_cap_s, batch=settings.webhook_batch,
                                 concurrency=settings.webhook_concurrency)
-    maintenance = MaintenanceSchedule(store, dispatcher.name, dispatcher.owned_shards, webhooks=webhooks,
+    maintenance = MaintenanceSchedule(store, dispatcher.name, dispatcher.owned_shards,
+                                      claimed=lambda: dispatcher.claimed, webhooks=webhooks,
                                       webhook_every_s=settings.webhook_every_s,
                                       retention_s=settings.job_retention_s,
                                       retention_every_s=settings.retention_every_s,

@@ -232,6 +232,7 @@ class Dispatcher:
         self._running: dict[int, int] = {}       # team -> running on this one's shards, as last read
         self._running_on: set[int] = set()       # the shards it was read for
         self._mine: dict[int, int] = defaultdict(int)    # team -> claimed by this dispatcher since that read
+        self.claimed = 0                         # jobs claimed since start (its maintenance chains after claims)
         self._running_at = -math.inf
         self._credit: dict[int, float] = {}      # the rotation's carried fractions, per team
         self._waiting_at: dict[int, float] = {}  # team -> when it last waited here with headroom (under _cond)
@@ -714,7 +715,9 @@ class Dispatcher:
             return []
         results, refused = self.store.claim(requests, self.name, self.claim_s,
                                             self.settings.claim_synchronous_commit)
-        metrics.CLAIM_BATCH.observe(sum(len(jobs) for jobs in results if isinstance(jobs, list)))
+        claimed = sum(len(jobs) for jobs in results if isinstance(jobs, list))
+        metrics.CLAIM_BATCH.observe(claimed)
+        self.claimed += claimed
         if refused:
             self._drop(refused)
         walked = []

@@ -3,7 +3,10 @@
 Per shard, by the shard's owner only (the shards this dispatcher leases):
 - continue_series four times a second: each repeating series whose newest
   run was claimed gets its next run, admitted against its team's limits
-  (sql/functions/chain.sql);
+  (sql/functions/chain.sql). Marks come from claims (and from a cancel of a
+  series' run, and the chain's own retries of held runs): while the
+  dispatcher claimed nothing and its shards stayed the same, a pass every
+  CHAIN_IDLE_S is enough (on Citus a pass is a statement on every node);
 - expire_claims every second: claims past their expiry go back to the due pool
   (one statement finds the shards that have any; each of those is then its
   own transaction);
@@ -45,6 +48,7 @@ from minutehand.store.store import Store
 
 log = logging.getLogger(__name__)
 CHAIN_BATCH = 1000
+CHAIN_IDLE_S = 2.0
 # APScheduler logs every run of every job at INFO: once a second here.
 logging.getLogger("apscheduler").setLevel(logging.WARNING)
 
@@ -53,6 +57,7 @@ class MaintenanceSchedule:
     """A Service (minutehand.lifecycle): the duties run from start() to stop()."""
 
     def __init__(self, store: Store, owner: str, shards: Callable[[], list[int]], *,
+                 claimed: Callable[[], int] | None = None,
                  expire_every_s: float = 1.0, purge_every_s: float = 60.0, wheel_every_s: float = 30.0,
                  stats_every_s: float = 300.0, chain_every_s: float = 0.25, load_every_s: float = 60.0,
                  webhooks: WebhookDeliverer | None = None, webhook_every_s: float = 1.0,
@@ -67,6 +72,10 @@ class MaintenanceSchedule:
         self.retention_batch = retention_batch
         self.owner = owner
         self.shards = shards
+        self.claimed = claimed            # how many jobs the dispatcher has claimed (None: unknown)
+        self._chained: tuple[int | None, list[int]] | None = None     # (claimed, shards) at the last pass
+        self._chained_at = -float("inf")
+        self._held: dict[str, float] = {}   # duty -> when its lease lapses at the earliest (monotonic)
         self.wheel_every_s = wheel_every_s
         self.stats_every_s = stats_every_s
         self.load_every_s = load_every_s
@@ -84,6 +93,20 @@ class MaintenanceSchedule:
                                                                   self.purge_events)
                                    else _now())
 
+    def _hold(self, duty: str, ttl_s: float) -> bool:
+        """Take or renew the duty's lease (sql/functions/dispatch.sql). One
+        with more than half its time left is held on without a write: on
+        Citus each write of a reference table's row is a two-phase commit
+        on every node, and the webhooks' duty runs every second."""
+        now = time.monotonic()
+        if self._held.get(duty, -float("inf")) - ttl_s / 2 > now:
+            return True
+        if self.store.take_duty(duty, self.owner, ttl_s):
+            self._held[duty] = now + ttl_s          # (counted from before the call: never later than the lease)
+            return True
+        self._held.pop(duty, None)
+        return False
+
     def start(self) -> None:
         self.scheduler.start()
 
@@ -91,6 +114,10 @@ class MaintenanceSchedule:
         self.scheduler.shutdown(wait=True)
 
     def continue_series(self) -> None:
+        seen = (self.claimed() if self.claimed else None, self.shards())
+        if seen[0] is not None and seen == self._chained and time.monotonic() - self._chained_at < CHAIN_IDLE_S:
+            return
+        self._chained, self._chained_at = seen, time.monotonic()
         # At a spike of series, passes of CHAIN_BATCH follow each other at once.
         while (shards := self.shards()) and self.store.continue_series(
                 shards, CHAIN_BATCH, default_ceiling=self.default_ceiling) == CHAIN_BATCH:
@@ -123,7 +150,7 @@ class MaintenanceSchedule:
 
     def turn_wheel(self) -> None:
         # The lease outlives two periods, so a live holder keeps it between runs.
-        if not self.store.take_duty("wheel", self.owner, 3 * self.wheel_every_s):
+        if not self._hold("wheel", 3 * self.wheel_every_s):
             return
         from_far, from_hours = self.store.cascade()
         buckets, carried = self.store.sweep()
@@ -133,7 +160,7 @@ class MaintenanceSchedule:
 
 
     def fold_stats(self) -> None:
-        if not self.store.take_duty("stats", self.owner, 3 * self.stats_every_s):
+        if not self._hold("stats", 3 * self.stats_every_s):
             return
         rolled = self.store.roll_up_stats()
         purged = self.store.purge_stats()
@@ -142,7 +169,7 @@ class MaintenanceSchedule:
 
 
     def purge_load(self) -> None:
-        if not self.store.take_duty("load", self.owner, 3 * self.load_every_s):
+        if not self._hold("load", 3 * self.load_every_s):
             return
         # Bounded per call: a backlog (after an outage) goes in several calls.
         purged = total = self.store.purge_load()
@@ -162,7 +189,7 @@ class MaintenanceSchedule:
         # should it lapse anyway, another holder may send a batch twice (a
         # receiver deduplicates by event_id), never skip one.
         ttl = max(3 * self.webhook_every_s, 2 * self.webhooks.timeout_s + 5)
-        if not self.store.take_duty("webhooks", self.owner, ttl):
+        if not self._hold("webhooks", ttl):
             return
         # Backlogs (many events, or many teams) go in passes that follow each
         # other at once, for up to a period: a slow receiver's POST goes on
