@@ -22,7 +22,7 @@ from minutehand.dispatch.fairness import Budget, DueIndex
 from minutehand.store.claim import MemberSays
 from minutehand.store.outcomes import Complete
 from minutehand.store.records import Repeat
-from minutehand.store.submit import JobSpec
+from minutehand.store.submit import SPREAD_ROWS, JobSpec
 from tests.processes import wait_until
 from tests.support import (T0, lease_all, lease_until, make_store, on_citus, pin, shard_count, skip_on_citus,
                            started_dispatcher)
@@ -543,11 +543,12 @@ def test_a_bulk_submission_wakes_the_dispatchers_with_its_due_rows_counted(db_ds
     s = make_store(db_dsn, clock=T0)
     s.create_team("t")
     later = T0 + dt.timedelta(seconds=20)
+    n_due = SPREAD_ROWS - 1            # with the one due later, one call on Citus too
     with psycopg.connect(db_dsn, autocommit=True) as listener:
         listener.execute(f"LISTEN {dispatcher.CHANNEL}")
         try:
             s.submit_many("t", [JobSpec(name="x", due_at=T0 - dt.timedelta(seconds=5), priority=p % 3,
-                                        strict=p % 2 == 0) for p in range(300)]
+                                        strict=p % 2 == 0) for p in range(n_due)]
                                + [JobSpec(name="x", due_at=later, strict=True)])
             due_now = s.due_edges(list(range(256)))
         finally:
@@ -559,7 +560,7 @@ def test_a_bulk_submission_wakes_the_dispatchers_with_its_due_rows_counted(db_ds
         read = {(sh, ((c.bucket.timestamp(), c.strict, c.priority), c.team_id)): (c.due, c.oldest.timestamp())
                 for sh, (edge, _) in due_now.items() for c in edge}
         counted = {(sh, key): (n, oldest) for sh, on in cells.items() for key, (n, oldest) in on.items()}
-        assert sum(n for n, _ in counted.values()) == 300
+        assert sum(n for n, _ in counted.values()) == n_due
         assert counted.keys() == read.keys()
         for key, (n, oldest) in counted.items():
             assert n == read[key][0] and oldest == pytest.approx(read[key][1], abs=0.001), key

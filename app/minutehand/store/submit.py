@@ -187,8 +187,9 @@ class SubmitStore(StoreBase):
         if keyless:
             spread = min(len(members), -(-len(keyless) // SPREAD_ROWS))
             targets = (list(calls) + random.sample(sorted(members.keys() - calls.keys()), len(members) - len(calls)))
+            size = -(-len(keyless) // spread)       # in order: the calls commit in it (first names first)
             for i, target in enumerate(targets[:spread]):
-                calls.setdefault(target, []).extend(keyless[i::spread])
+                calls.setdefault(target, []).extend(keyless[i * size:(i + 1) * size])
         return [(sorted(positions), members[group]) for group, positions in calls.items()]
 
     def _submit_mixed(self, team: str, jobs: Sequence[JobSpec],
