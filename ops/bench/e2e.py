@@ -38,7 +38,7 @@ import psycopg
 from minutehand.store.store import Store
 from minutehand.store.submit import JobSpec
 from ops.bench.api import _free_port, start_server, stop_server
-from ops.bench.server import bench_server, minutehand_database
+from ops.bench.server import add_server_arguments, bench_server, minutehand_database
 from ops.bench.store import floor
 
 TEAM = "bench"
@@ -148,13 +148,10 @@ def start_lag(url: str, token: str, port: int, rate: int, seconds: float, proces
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dsn", help="a PostgreSQL server (superuser); default: a fresh durable local cluster")
+    add_server_arguments(parser)
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--no-peers", action="store_true", help="skip Procrastinate and PgQueuer")
     parser.add_argument("--quick", action="store_true", help="short floor and lag runs")
-    parser.add_argument("--citus-workers", default="",
-                        help="host:port,... of the Citus workers when --dsn names a Citus coordinator")
-    parser.add_argument("--citus-shard-count", type=int, default=16)
     args = parser.parse_args()
     with bench_server(args.dsn, "mh-bench-e2e-") as dsn:
         run(dsn, args)

@@ -22,7 +22,7 @@ import time
 from minutehand.store.store import Store
 from ops.bench.api import _free_port, start_server, stop_server
 from ops.bench.e2e import TEAM
-from ops.bench.server import bench_server, minutehand_database
+from ops.bench.server import add_server_arguments, bench_server, minutehand_database
 from ops.bench.sustained import cpu_seconds, postgres_cpu, postmasters
 
 
@@ -61,10 +61,7 @@ def run(dsn: str, args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dsn", help="a PostgreSQL server (superuser); default: a fresh durable local cluster")
-    parser.add_argument("--citus-workers", default="",
-                        help="host:port,... of the Citus workers when --dsn names a Citus coordinator")
-    parser.add_argument("--citus-shard-count", type=int, default=16)
+    add_server_arguments(parser)
     parser.add_argument("--settle-s", type=float, default=15.0)
     parser.add_argument("--seconds", type=float, default=60.0)
     args = parser.parse_args()

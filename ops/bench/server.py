@@ -16,6 +16,14 @@ from minutehand.dev.localpg import LocalCluster
 from minutehand.store import migrate, schema
 
 
+def add_server_arguments(parser) -> None:
+    """--dsn, and a Citus coordinator's --citus-workers and --citus-shard-count."""
+    parser.add_argument("--dsn", help="a PostgreSQL server (superuser); default: a fresh durable local cluster")
+    parser.add_argument("--citus-workers", default="",
+                        help="host:port,... of the Citus workers when --dsn names a Citus coordinator")
+    parser.add_argument("--citus-shard-count", type=int, default=16)
+
+
 @contextmanager
 def bench_server(dsn: str | None, prefix: str) -> Iterator[str]:
     """A superuser DSN for the benchmark."""

@@ -72,7 +72,7 @@ from minutehand.store import schema
 from minutehand.store.store import Store
 from ops.bench.api import _free_port, start_server, stop_server
 from ops.bench.e2e import TEAM, start_lag, start_workers, stop_all
-from ops.bench.server import bench_server, minutehand_database
+from ops.bench.server import add_server_arguments, bench_server, minutehand_database
 from ops.bench.store import floor
 
 JOB = "midnight.sleep"                # ops/bench/sleep_worker.py: sleeps payload.ms
@@ -498,10 +498,7 @@ def summary(steps: list[Step]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dsn", help="a PostgreSQL server (superuser); default: a fresh durable local cluster")
-    parser.add_argument("--citus-workers", default="",
-                        help="host:port,... of the Citus workers when --dsn names a Citus coordinator")
-    parser.add_argument("--citus-shard-count", type=int, default=16)
+    add_server_arguments(parser)
     parser.add_argument("--rates", type=lambda t: [float(x) for x in t.split(",")],
                         default=[500, 1000, 2000, 4000, 6000, 8000, 11574], help="offered jobs/s, one step each")
     parser.add_argument("--step-s", type=int, default=180, help="seconds per step")
