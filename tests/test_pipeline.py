@@ -6,6 +6,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from minutehand.dispatch.shards import ShardKeeper
 from minutehand.store.claim import ClaimRefused, ClaimRequest
 from minutehand.store.store import Store
 from minutehand.store.submit import JobSpec
@@ -73,3 +74,16 @@ def test_a_stale_shard_is_refused_alone_and_the_others_claim(db_dsn):
         else:
             assert answer and all(job.job_id & 1023 == job.shard == r.shard and job.team == "t" for job in answer)
     store.close()
+
+
+def test_a_refused_claim_drops_only_the_lease_it_was_made_under():
+    """Claims refused as stale drop their shards from the keeper's leases,
+    but not a lease the keeper took anew (a new epoch) while they were on
+    their way: it is this dispatcher's, and its claims would go on."""
+    changes = []
+    keeper = ShardKeeper(None, "d1", 2.0, on_change=changes.append)
+    keeper.leases = {1: 5, 2: 7, 3: 9}
+    keeper.drop({1: 4, 2: 7})             # 1 was taken again (epoch 5) after a claim under epoch 4
+    assert keeper.leases == {1: 5, 3: 9} and changes == [{1: 5, 3: 9}]
+    keeper.drop({1: 4})
+    assert keeper.leases == {1: 5, 3: 9} and len(changes) == 1

@@ -381,11 +381,13 @@ class Dispatcher:
                 and since >= self._woken_at.get(shard, 0.0) and since >= self._refreshed_at
                 and not since < self._due.get(shard, 0.0) <= now)
 
-    def _drop(self, refused: dict[int, str]) -> None:
+    def _drop(self, refused: dict[int, str], epochs: dict[int, int]) -> None:
+        """Forget the leases the refused claims were made under (epochs: the
+        claims'); one the keeper has taken anew since is kept."""
         log.warning("claims refused on %d shards (another dispatcher owns them now): %s",
                     len(refused), next(iter(refused.values())))
         metrics.STALE_CLAIMS.inc(len(refused))
-        self.keeper.drop(list(refused))
+        self.keeper.drop({s: epochs[s] for s in refused})
 
     # ------------------------------------------------------------ the claim loop
     def _dispatch(self) -> None:
@@ -719,7 +721,7 @@ class Dispatcher:
         metrics.CLAIM_BATCH.observe(claimed)
         self.claimed += claimed
         if refused:
-            self._drop(refused)
+            self._drop(refused, {r.shard: r.epoch for r in requests})
         walked = []
         with self._cond:
             for r, w, cells, rows in zip(requests, goes_to, planned, results):

@@ -90,10 +90,13 @@ class ShardKeeper:
             log.warning("could not release shard leases on stop (they expire by themselves)", exc_info=True)
         self._set({})
 
-    def drop(self, shards: Sequence[int]) -> None:
-        """Forget shards whose claims were refused (another owner took them)."""
-        if any(s in self.leases for s in shards):
-            self._set({s: e for s, e in self.leases.items() if s not in shards})
+    def drop(self, stale: dict[int, int]) -> None:
+        """Forget leases whose claims were refused ({shard: the epoch they
+        were made under}: another owner took them). A lease renewed since
+        under a new epoch (it had lapsed, and this one took it again while
+        those claims were on their way) is still this one's."""
+        if any(self.leases.get(s) == e for s, e in stale.items()):
+            self._set({s: e for s, e in self.leases.items() if stale.get(s) != e})
 
     def tick(self) -> None:
         members = self.store.dispatcher_members(self.name, self.lease_s, self.says())
