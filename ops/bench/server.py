@@ -53,12 +53,17 @@ def recreate(dsn: str, dbname: str) -> str:
     return url_of(dsn, dbname)
 
 
+def citus_nodes(citus_workers: str) -> list[tuple[str, int]]:
+    """host:port,... as (host, port) pairs."""
+    return [(h, int(p)) for h, _, p in (w.rpartition(":") for w in citus_workers.split(",") if w)]
+
+
 def minutehand_database(dsn: str, dbname: str, citus_workers: str = "", citus_shard_count: int = 16) -> str:
     """The database `dbname` made anew and migrated; its URL (with our schema
     on the search path, so raw SQL finds our objects). With citus_workers
     (host:port,...; `dsn` a Citus coordinator) it is made on every node and
     distributed, as `minutehand migrate --citus` does."""
-    workers = [(h, int(p)) for h, _, p in (w.rpartition(":") for w in citus_workers.split(",") if w)]
+    workers = citus_nodes(citus_workers)
     if workers:
         citus_database(dsn, dbname, workers)
     url = schema.url(url_of(dsn, dbname) if workers else recreate(dsn, dbname))

@@ -72,7 +72,7 @@ from minutehand.store import schema
 from minutehand.store.store import Store
 from ops.bench.api import _free_port, start_server, stop_server
 from ops.bench.e2e import TEAM, start_lag, start_workers, stop_all
-from ops.bench.server import add_server_arguments, bench_server, minutehand_database
+from ops.bench.server import add_server_arguments, bench_server, citus_nodes, minutehand_database
 from ops.bench.store import floor
 
 JOB = "midnight.sleep"                # ops/bench/sleep_worker.py: sleeps payload.ms
@@ -244,8 +244,9 @@ def postmasters(url: str, citus_workers: str) -> dict[str, int]:
     if citus_workers:
         nodes = {"postgres coordinator": url}
         user = urlsplit(url).netloc.rpartition("@")[0]
-        for w in filter(None, citus_workers.split(",")):
-            nodes[f"postgres worker {w}"] = urlsplit(url)._replace(netloc=f"{user}@{w}" if user else w).geturl()
+        for host, port in citus_nodes(citus_workers):
+            netloc = f"{user}@{host}:{port}" if user else f"{host}:{port}"
+            nodes[f"postgres worker {host}:{port}"] = urlsplit(url)._replace(netloc=netloc).geturl()
     found = {}
     for label, node in nodes.items():
         with psycopg.connect(schema.conninfo(node)) as c:

@@ -186,7 +186,7 @@ class SubmitStore(StoreBase):
         keyless = [at for at, j in enumerate(jobs) if j.idempotency_key is None]
         if keyless:
             spread = min(len(members), -(-len(keyless) // SPREAD_ROWS))
-            targets = (list(calls) + random.sample(sorted(members.keys() - calls.keys()), len(members) - len(calls)))
+            targets = list(calls) + random.sample(sorted(members.keys() - calls.keys()), max(0, spread - len(calls)))
             size = -(-len(keyless) // spread)       # in order: the calls commit in it (first names first)
             for i, target in enumerate(targets[:spread]):
                 calls.setdefault(target, []).extend(keyless[i * size:(i + 1) * size])
