@@ -14,12 +14,9 @@ import pytest
 from minutehand.dispatch import dispatcher
 from minutehand.dispatch.fairness import DueIndex
 from minutehand.store.submit import JobSpec
-from tests.support import T0, UTC, make_store, on_citus, skip_on_citus, started_dispatcher
+from tests.support import T0, UTC, make_store, skip_on_citus, started_dispatcher
 
 IDLE = 1000
-# Why the tests of a worker behind idle polls skip on Citus.
-NAMES_UNKNOWN_ON_CITUS = ("on Citus due_edges names no job names (every due row is read there: a probe each would "
-                          "cost per row), so named workers are served as before: by probing")
 
 
 # ---------------------------------------------------------------- what the dispatcher keeps
@@ -53,7 +50,7 @@ def test_a_wake_up_names_its_rows_job_names():
 def test_due_edges_name_the_job_names_of_the_rows_they_counted(db_dsn, db):
     """Every cell names the job names of its due rows; a cell counted up
     to the cap, or with more names than mh_edge_names(), names none
-    (unknown). Not on Citus, where every due row is read (unknown)."""
+    (unknown)."""
     s = make_store(db_dsn, clock=T0)
     s.create_team("t")
     try:
@@ -61,7 +58,6 @@ def test_due_edges_name_the_job_names_of_the_rows_they_counted(db_dsn, db):
     finally:
         s.close()
     assert all(i.error is None for i in items)
-    citus = on_citus(db)
     db.execute("SELECT set_config('minutehand.now', %s, false)", (T0.isoformat(),))
     want = {}
     for shard, name in db.execute("SELECT shard, name FROM jobs"):
@@ -74,9 +70,6 @@ def test_due_edges_name_the_job_names_of_the_rows_they_counted(db_dsn, db):
                                             "WHERE team_id IS NOT NULL", (shards, [None] * 256, cap)):
             known = into.get(shard, set())
             into[shard] = None if known is None or names is None else known | set(names)
-    if citus:
-        assert set(got) == set(want) and all(v is None for v in got.values())
-        return
     assert got == want
     # Capped at two rows a cell: a cell of one row names it; one counted up to the cap is unknown.
     rows = dict(db.execute("SELECT shard, count(*) FROM due_minutes GROUP BY shard").fetchall())
@@ -150,7 +143,6 @@ def test_a_job_due_now_reaches_its_worker_past_a_thousand_idle_named_polls(db_ds
     it with its name) goes to the "x" worker, once, and no claim looks for
     the idle workers' names (before, each round tried 32 of them: seconds
     behind 31, tens behind 500)."""
-    skip_on_citus(db, NAMES_UNKNOWN_ON_CITUS)
     s = make_store(db_dsn, clock=None)
     s.create_team("t")
     for _ in range(50):                            # rows of a name nobody waits for: shards stay due
@@ -179,7 +171,6 @@ def test_a_job_coming_due_by_its_run_time_reaches_its_worker_past_idle_polls(db_
     """The job is submitted for 3 s later: it comes due by the clock (the
     dispatcher reads what came due since, with its names) and goes to the
     "x" worker with no claim for the idle names."""
-    skip_on_citus(db, NAMES_UNKNOWN_ON_CITUS)
     s = make_store(db_dsn, clock=None)
     s.create_team("t")
     d = started_dispatcher(s)
@@ -206,7 +197,6 @@ def test_a_job_due_as_the_minute_turns_reaches_its_worker_past_idle_polls(db_dsn
     begins (up to a minute's wait): the minute turning reads every shard
     again, and the job goes to the "x" worker with no claim for the idle
     names."""
-    skip_on_citus(db, NAMES_UNKNOWN_ON_CITUS)
     s = make_store(db_dsn, clock=None)
     s.create_team("t")
     d = started_dispatcher(s)
@@ -238,7 +228,9 @@ def test_a_job_whose_names_the_wake_up_could_not_carry_still_reaches_its_worker(
     (long names over every shard) counts its rows without them: the
     dispatcher does not know the names there, looks as it did before, and
     the "x" job still goes to its worker, once."""
-    skip_on_citus(db, NAMES_UNKNOWN_ON_CITUS)     # (there probing 256 shards a filter took over 90 s, as before)
+    # Where names are unknown a filter probes shard by shard: over 256 shards through a Citus coordinator that
+    # took over 90 s.
+    skip_on_citus(db, "a filter probing 256 shards one by one through the Citus coordinator takes minutes")
     s = make_store(db_dsn, clock=None)
     s.create_team("t")
     d = started_dispatcher(s)

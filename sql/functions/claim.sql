@@ -607,9 +607,8 @@ END $$;
 -- Each cell also names the job names of the rows it counted (`names`, a
 -- primary-key probe of `jobs` per counted row), so that a worker taking only
 -- some names is not served from a shard whose due rows are all of others;
--- NULL (unknown) where the count reached the cap (rows not seen), past
--- mh_edge_names() distinct names, and on Citus (every due row is read there:
--- a probe each would cost per row, not per cell).
+-- NULL (unknown) where the count reached the cap (rows not seen) and past
+-- mh_edge_names() distinct names.
 CREATE OR REPLACE FUNCTION due_edges(p_shards int[], p_since timestamptz[], p_cap int DEFAULT NULL)
 RETURNS TABLE (shard int, bucket timestamptz, strict boolean, priority smallint, team_id int, due int,
                oldest timestamptz, next_at timestamptz, names text[])
@@ -649,14 +648,25 @@ BEGIN
     v_bucket := (SELECT min(t) FROM unnest(v_starts) t);
     WHILE v_bucket <= v_cur LOOP
         RETURN QUERY EXECUTE format(CASE WHEN v_citus THEN
-            $f$SELECT x.shard, $4, d.strict, d.priority, d.team_id, d.due, d.oldest, NULL::timestamptz,
-                      NULL::text[]
+            -- Each shard's due rows counted grouped by shard, the count
+            -- capped after; the names of a cell counted whole probed from
+            -- its ids (a cell counted up to the cap is probed for none).
+            $f$SELECT x.shard, $4, d.strict, d.priority, d.team_id, d.due, d.oldest, NULL::timestamptz, d.names
                  FROM unnest($1::int[], $2::timestamptz[], $3::timestamptz[]) AS x(shard, start, since)
                 CROSS JOIN LATERAL (
-                      SELECT c.strict, c.priority, c.team_id, least(count(*), $6)::int AS due, min(c.run_at) AS oldest
-                        FROM %1$I c
-                       WHERE c.shard = x.shard AND c.run_at <= $5 AND (x.since IS NULL OR c.run_at >= x.since)
-                       GROUP BY c.shard, c.strict, c.priority, c.team_id) d
+                      SELECT k.strict, k.priority, k.team_id, least(k.due, $6)::int AS due, k.oldest, n.names
+                        FROM (SELECT c.shard, c.strict, c.priority, c.team_id, count(*) AS due,
+                                     min(c.run_at) AS oldest, array_agg(c.job_id) AS ids
+                                FROM %1$I c
+                               WHERE c.shard = x.shard AND c.run_at <= $5
+                                 AND (x.since IS NULL OR c.run_at >= x.since)
+                               GROUP BY c.shard, c.strict, c.priority, c.team_id) k
+                        LEFT JOIN LATERAL (
+                              SELECT CASE WHEN count(DISTINCT j.name) <= mh_edge_names()
+                                          THEN array_agg(DISTINCT j.name) END AS names
+                                FROM jobs j
+                               WHERE coalesce(k.due < $6, true) AND j.shard = k.shard AND j.id = ANY (k.ids)) n
+                          ON true) d
                 WHERE x.start <= $4$f$
           ELSE
             -- Each shard's cells found by skipping through the claim index

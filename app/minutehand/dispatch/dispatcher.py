@@ -49,7 +49,7 @@ handlers) are planned the same way, their claims limited to those names.
 The index knows, per shard, the job names its due rows may have, or that
 it does not know them (DueIndex.names): a read names, per cell, the names
 of the rows it counted (unknown where it counted up to the cap, or past a
-few names, and on Citus), replacing the shard's (a read since a time adds
+few names), replacing the shard's (a read since a time adds
 to them), and a bulk submission's wake-up names the names of the rows it
 counts (unknown where its payload could not carry them). A names-filtered
 waiter is not ready for, and claims nothing from, a shard whose names are
