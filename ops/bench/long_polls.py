@@ -4,6 +4,7 @@ worker of its name, and how many claims the dispatcher sends per job.
 
     python -m ops.bench.long_polls                       # a fresh durable local cluster
     python -m ops.bench.long_polls --dsn URL [--workers N --names N --jobs N]
+    python -m ops.bench.long_polls --dsn COORDINATOR_URL --citus-workers HOST:PORT,...
 
 One dispatcher in this process (minutehand.serve.dispatcher_parts, as
 `minutehand dispatcher` builds it) with every shard; `workers` long-polls
@@ -36,7 +37,7 @@ from minutehand.serve import dispatcher_parts
 from minutehand.settings import Settings
 from minutehand.store.store import Store
 from minutehand.store.submit import JobSpec
-from ops.bench.server import bench_server, minutehand_database
+from ops.bench.server import add_server_arguments, bench_server, minutehand_database
 
 UTC = dt.timezone.utc
 
@@ -110,7 +111,7 @@ async def _drive(d, store: Store, requests: list[int], workers: int, names: int,
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dsn", help="a PostgreSQL server of yours (superuser); default: a fresh local cluster")
+    add_server_arguments(p)
     p.add_argument("--workers", type=int, default=10_000, help="long-polling workers (default 10,000)")
     p.add_argument("--names", type=int, default=1_000, help="job names the workers take, one each (default 1,000)")
     p.add_argument("--hot", type=int, default=5, help="names jobs are submitted for (default 5)")
@@ -120,7 +121,7 @@ def main() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
     with bench_server(args.dsn, "mh-bench-long-polls-") as dsn:
-        url = minutehand_database(dsn, "mh_bench_long_polls")
+        url = minutehand_database(dsn, "mh_bench_long_polls", args.citus_workers, args.citus_shard_count)
         figures = run(url, args.workers, args.names, args.hot, args.jobs, args.interval)
     print(f"{args.workers} long-polls of {args.names} names, {args.jobs} jobs for {args.hot} of them, "
           f"one every {args.interval} s:")
