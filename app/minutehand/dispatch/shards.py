@@ -112,6 +112,9 @@ class ShardKeeper:
             gained, lost = held.keys() - self.leases.keys(), self.leases.keys() - held.keys()
             if gained or lost:
                 log.info("shards: %d owned (+%d -%d), %d members", len(held), len(gained), len(lost), len(members))
+            if lapsed := sum(1 for s, e in held.items() if s in self.leases and self.leases[s] != e):
+                # Another took them meanwhile (or they lapsed unseen): claims made under the old epochs are refused.
+                log.warning("shards: %d leases lapsed and were taken again under new epochs", lapsed)
         self._set(held)
 
     def _set(self, leases: dict[int, int]) -> None:
