@@ -6,6 +6,7 @@ app served by uvicorn in a thread (`serving`). The fixtures those tests share
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,6 +21,8 @@ from pathlib import Path
 
 import uvicorn
 
+from minutehand.dev.localpg import LocalCluster
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -27,6 +30,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextmanager
+def local_cluster(prefix: str, **settings: str) -> Iterator[LocalCluster]:
+    """A durable PostgreSQL cluster of the test's own, in a directory removed after it."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    tmp.chmod(0o755)
+    c = LocalCluster(tmp / "pgdata", settings={"shared_buffers": "64MB", **settings})
+    try:
+        c.ensure_started()
+        yield c
+    finally:
+        c.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def wait_until(check: Callable[[], object], timeout_s: float = 20.0, what: str = "condition",

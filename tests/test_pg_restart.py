@@ -17,13 +17,9 @@ which keeps running: what they record does not depend on the restarted server.
 """
 from __future__ import annotations
 
-import contextlib
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import psycopg
@@ -36,27 +32,13 @@ from minutehand.store.outcomes import Complete
 from minutehand.store.schema import SEARCH_PATH
 from minutehand.store.store import Store
 from minutehand.store.submit import JobSpec
-from tests.processes import Server, WorkerProcess, logs, wait_until
+from tests.processes import Server, WorkerProcess, local_cluster, logs, wait_until
 from tests.worker_apps import RUNS_DDL
 
 pytestmark = pytest.mark.processes
 
 RESUME_S = 15.0             # processing resumes within this long of the database being back
 RATE = 100                  # jobs submitted per second (in batches of 10)
-
-
-@contextlib.contextmanager
-def local_cluster(prefix: str, **settings: str) -> Iterator[LocalCluster]:
-    """A durable cluster of the test's own, in a directory removed after it."""
-    tmp = Path(tempfile.mkdtemp(prefix=prefix))
-    tmp.chmod(0o755)
-    c = LocalCluster(tmp / "pgdata", settings={"shared_buffers": "64MB", **settings})
-    try:
-        c.ensure_started()
-        yield c
-    finally:
-        c.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture

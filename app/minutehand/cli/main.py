@@ -49,6 +49,22 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> None:
         print(citus.distribute(settings.database_url, settings.citus_shard_count))
 
 
+def cmd_citus_add_node(settings: Settings, args: argparse.Namespace) -> None:
+    from minutehand.store import citus
+    if not settings.database_url:
+        raise SystemExit("no database: set MINUTEHAND_DATABASE_URL or pass --database-url")
+    host, port = args.node
+    print(citus.add_node(settings.database_url, host, port, rebalance=args.rebalance))
+
+
+def _node(text: str) -> tuple[str, int]:
+    """An argparse type: HOST:PORT."""
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
+    return host, int(port)
+
+
 def cmd_maintain(settings: Settings, args: argparse.Namespace) -> None:
     with _store(settings) as store:
         print(store.maintain())
@@ -387,6 +403,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--citus", action="store_true",
                    help="then distribute the tables over the Citus cluster the database URL names (its "
                         "coordinator): idempotent, and safe again after a later migration")
+    p = command("citus-add-node", cmd_citus_add_node,
+                "add a worker node to the Citus cluster the database URL names (its coordinator): the "
+                "database and settings made on the node first, then citus_add_node")
+    p.add_argument("node", type=_node, help="the new node, HOST:PORT (the same user and database name)")
+    p.add_argument("--rebalance", action="store_true",
+                   help="then move shard groups onto it (citus_rebalance_start, block_writes) and wait")
     command("maintain", cmd_maintain, "run every maintenance duty once over every shard")
     team = command("team", None, "create a team, set its quota and weight, list teams").add_subparsers(
         dest="action", required=True)

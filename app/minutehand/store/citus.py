@@ -12,9 +12,11 @@ statement Citus pushes down to a worker.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import psycopg
+import psycopg.conninfo
 import psycopg.rows
 import psycopg.sql
 
@@ -190,6 +192,52 @@ def worker_settings(conn: psycopg.Connection) -> None:
                           (command,)).fetchall()
     if failed:
         raise RuntimeError(f"citus: {command} failed on {failed}")
+
+
+def add_node(database_url: str, host: str, port: int, rebalance: bool = False) -> str:
+    """A new worker node into the cluster whose coordinator database_url
+    names (the same user and database name on the node). On the node: the
+    database, made if missing, with the citus extension and
+    WORKER_SETTINGS; these first, as Citus copies our types and functions
+    to the node as it joins, and with function bodies checked (the default)
+    a function naming a type not yet copied fails the join. Then
+    citus_add_node on the coordinator. With rebalance, Citus' rebalancer
+    moves shard groups onto it and this waits until it is done
+    (block_writes: the wheel partitions and claim reminders have no replica
+    identity for a logical copy; writes to the one moving shard wait for
+    its copy). Idempotent: a node already in the cluster is left as it is.
+    Returns what it did, for the operator."""
+    from minutehand.store.schema import conninfo
+
+    coordinator = conninfo(database_url)
+    db = psycopg.conninfo.conninfo_to_dict(coordinator).get("dbname") or "postgres"
+    with psycopg.connect(psycopg.conninfo.make_conninfo(coordinator, host=host, port=port, dbname="postgres"),
+                         autocommit=True) as node:
+        if not node.execute("SELECT 1 FROM pg_database WHERE datname = %s", (db,)).fetchone():
+            node.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(db)))
+    with psycopg.connect(psycopg.conninfo.make_conninfo(coordinator, host=host, port=port),
+                         autocommit=True) as node:
+        node.execute("CREATE EXTENSION IF NOT EXISTS citus")
+        node.execute("SET citus.enable_ddl_propagation = off")
+        for k, v in WORKER_SETTINGS.items():
+            node.execute(psycopg.sql.SQL("ALTER DATABASE {} SET {} = {}").format(
+                psycopg.sql.Identifier(db), psycopg.sql.Identifier(k), psycopg.sql.SQL(v)))
+    with psycopg.connect(coordinator, autocommit=True) as conn:
+        done = [f"citus: node {host}:{port} "
+                + ("already in the cluster" if conn.execute("SELECT 1 FROM pg_dist_node WHERE nodename = %s AND "
+                                                            "nodeport = %s", (host, port)).fetchone()
+                   else "added")]
+        conn.execute("SELECT citus_add_node(%s, %s)", (host, port))
+        if rebalance:
+            started = time.monotonic()
+            conn.execute("SELECT citus_rebalance_start(shard_transfer_mode => 'block_writes')")
+            conn.execute("SELECT citus_rebalance_wait()")
+            moved = conn.execute("""SELECT count(DISTINCT s.shardid) FROM pg_dist_placement p
+                                      JOIN pg_dist_shard s USING (shardid) JOIN pg_dist_node n USING (groupid)
+                                     WHERE n.nodename = %s AND n.nodeport = %s AND s.logicalrelid = %s::regclass""",
+                                 (host, port, f"{SCHEMA}.{DISTRIBUTED[0]}")).fetchone()[0]
+            done.append(f"rebalanced in {time.monotonic() - started:.1f} s: {moved} shard groups on it")
+    return "; ".join(done)
 
 
 def _propagate_functions(conn: psycopg.Connection) -> list[str]:
