@@ -81,14 +81,27 @@ def store_round_trips(port: int) -> float:
                if line.startswith("minutehand_db_seconds_count"))
 
 
+def clear(url: str, tables: str) -> None:
+    """TRUNCATE with the server running: on Citus, where it locks every
+    shard on every node, it may meet the dispatcher's statements in a
+    distributed deadlock and be cancelled; then again."""
+    for attempt in range(10):
+        try:
+            with psycopg.connect(url, autocommit=True) as c:
+                c.execute(f"TRUNCATE {tables}")
+            return
+        except psycopg.errors.DeadlockDetected:
+            if attempt == 9:
+                raise
+            time.sleep(1.0)
+
+
 def throughput(url: str, port: int, token: str, jobs: int, processes: int, concurrency: int,
                prepare: Callable[[psycopg.Connection], None] | None = None) -> dict:
     """Submit `jobs` first, then start the workers; jobs/s from first claim to last completion.
     prepare: called after the submission, before the workers start (the retention benchmark
     adds finished jobs there that are neither claimed nor succeeded)."""
-    with psycopg.connect(url, autocommit=True) as c:
-        c.execute("TRUNCATE jobs, claim_checks")
-        c.execute("TRUNCATE due_minutes")
+    clear(url, "jobs, claim_checks, due_minutes")
     with Store(url) as store:
         submit(store, jobs)
     with psycopg.connect(url, autocommit=True) as c:
@@ -120,8 +133,7 @@ def start_lag(url: str, token: str, port: int, rate: int, seconds: float, proces
               concurrency: int) -> dict:
     """Submit `rate` due-now jobs per second (10 batches a second) with workers
     running; lag = claim time - run time of each job."""
-    with psycopg.connect(url, autocommit=True) as c:
-        c.execute("TRUNCATE jobs, claim_checks")
+    clear(url, "jobs, claim_checks")
     workers = start_workers(port, token, processes, concurrency)
     time.sleep(2)
     try:
