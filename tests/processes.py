@@ -33,11 +33,11 @@ def free_port() -> int:
 
 
 @contextmanager
-def local_cluster(prefix: str, **settings: str) -> Iterator[LocalCluster]:
-    """A durable PostgreSQL cluster of the test's own, in a directory removed after it."""
+def local_cluster(prefix: str, fsync: bool = True, **settings: str) -> Iterator[LocalCluster]:
+    """A PostgreSQL cluster of the test's own (durable unless told), in a directory removed after it."""
     tmp = Path(tempfile.mkdtemp(prefix=prefix))
     tmp.chmod(0o755)
-    c = LocalCluster(tmp / "pgdata", settings={"shared_buffers": "64MB", **settings})
+    c = LocalCluster(tmp / "pgdata", fsync=fsync, settings={"shared_buffers": "64MB", **settings})
     try:
         c.ensure_started()
         yield c

@@ -4,35 +4,24 @@ cluster of its own (the shared test server keeps running): requests answer
 request after the restart succeeds, without restarting the app."""
 from __future__ import annotations
 
-import shutil
-import tempfile
-from pathlib import Path
-
 import psycopg
 import pytest
 from litestar.testing import TestClient
 
 from minutehand.api.app import create_app
 from minutehand.serve import api_store
-from minutehand.dev.localpg import LocalCluster
 from minutehand.settings import Settings
 from minutehand.store import migrate
 from minutehand.store.store import Store
+from tests.processes import local_cluster
 
 pytestmark = pytest.mark.processes
 
 
 @pytest.fixture
 def cluster():
-    tmp = Path(tempfile.mkdtemp(prefix="mh-outage-"))
-    tmp.chmod(0o755)
-    c = LocalCluster(tmp / "pgdata", fsync=False, settings={"shared_buffers": "32MB", "max_wal_size": "256MB"})
-    try:
-        c.ensure_started()
+    with local_cluster("mh-outage-", fsync=False, shared_buffers="32MB", max_wal_size="256MB") as c:
         yield c
-    finally:
-        c.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_database_stopped_is_503_and_restarted_serves_again(cluster):

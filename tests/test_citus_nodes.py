@@ -42,7 +42,7 @@ def test_a_node_added_and_rebalanced_while_jobs_flow_loses_nothing_and_runs_noth
             submitted.extend(i.job_id for i in items)
             time.sleep(SUBMIT_EVERY_S)
 
-    with local_cluster("mh-citus-node-", shared_preload_libraries="citus", fsync="off") as node:
+    with local_cluster("mh-citus-node-", fsync=False, shared_preload_libraries="citus") as node:
         server = Server(db_dsn, "--claim-lease-s", "30")
         worker = WorkerProcess("recorder", [server.url], token, concurrency=4,
                                env={"MINUTEHAND_TEST_EFFECTS_DSN": db_dsn})
