@@ -167,6 +167,15 @@ def skip_on_citus(conn: psycopg.Connection, reason: str) -> None:
         pytest.skip(reason)
 
 
+NOT_CITUS = "needs a Citus coordinator: MINUTEHAND_TEST_DSN and MINUTEHAND_TEST_CITUS_WORKERS (tests/fixtures/citus.py)"
+
+
+def skip_unless_citus(conn: psycopg.Connection) -> None:
+    """Skip the test, saying why, unless the database is distributed over Citus."""
+    if not on_citus(conn):
+        pytest.skip(NOT_CITUS)
+
+
 def on_citus(conn: psycopg.Connection) -> bool:
     """Whether the database is distributed over a Citus cluster."""
     return conn.execute("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')").fetchone()[0]

@@ -10,15 +10,12 @@ import pytest
 
 from minutehand.store import citus
 from minutehand.store.queries import q
-from tests.support import T0, due_rows, on_citus
-
-NOT_CITUS = "needs a Citus coordinator: MINUTEHAND_TEST_DSN and MINUTEHAND_TEST_CITUS_WORKERS (tests/fixtures/citus.py)"
+from tests.support import T0, due_rows, skip_unless_citus
 
 
 @pytest.fixture
 def citus_db(db):
-    if not on_citus(db):
-        pytest.skip(NOT_CITUS)
+    skip_unless_citus(db)
     return db
 
 

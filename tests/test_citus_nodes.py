@@ -16,7 +16,7 @@ import pytest
 from minutehand.store import citus
 from minutehand.store.submit import JobSpec
 from tests.processes import Server, WorkerProcess, local_cluster, wait_until
-from tests.support import on_citus
+from tests.support import skip_unless_citus
 from tests.worker_apps import RUNS_DDL
 
 pytestmark = pytest.mark.processes
@@ -29,8 +29,7 @@ WORK = {"sleep_s": 0.05}
 
 def test_a_node_added_and_rebalanced_while_jobs_flow_loses_nothing_and_runs_nothing_twice(db, db_dsn, live_store,
                                                                                           token):
-    if not on_citus(db):
-        pytest.skip("needs a Citus coordinator: MINUTEHAND_TEST_DSN and MINUTEHAND_TEST_CITUS_WORKERS")
+    skip_unless_citus(db)
     db.execute(RUNS_DDL)
     submitted: list[int] = []
     stop = threading.Event()
@@ -74,11 +73,7 @@ def test_a_node_added_and_rebalanced_while_jobs_flow_loses_nothing_and_runs_noth
             server.stop()
         twice = db.execute("SELECT job_id, count(*) FROM runs GROUP BY job_id HAVING count(*) > 1").fetchall()
         assert twice == []
-        on_node = db.execute("""SELECT count(DISTINCT s.shardid) FROM pg_dist_placement p
-                                  JOIN pg_dist_shard s USING (shardid) JOIN pg_dist_node n USING (groupid)
-                                 WHERE n.nodeport = %s AND s.logicalrelid = %s::regclass""",
-                             (node.port, f"minutehand.{citus.DISTRIBUTED[0]}")).fetchone()[0]
-        assert on_node > 0, added.stdout
+        assert citus.shard_groups_on(db, "127.0.0.1", node.port) > 0, added.stdout
         # Runs started each second while the shards moved (a backlog waits on every shard): claims of the
         # moving shard group wait for its copy.
         per_second = [n for (n,) in db.execute(

@@ -232,12 +232,17 @@ def add_node(database_url: str, host: str, port: int, rebalance: bool = False) -
             started = time.monotonic()
             conn.execute("SELECT citus_rebalance_start(shard_transfer_mode => 'block_writes')")
             conn.execute("SELECT citus_rebalance_wait()")
-            moved = conn.execute("""SELECT count(DISTINCT s.shardid) FROM pg_dist_placement p
-                                      JOIN pg_dist_shard s USING (shardid) JOIN pg_dist_node n USING (groupid)
-                                     WHERE n.nodename = %s AND n.nodeport = %s AND s.logicalrelid = %s::regclass""",
-                                 (host, port, f"{SCHEMA}.{DISTRIBUTED[0]}")).fetchone()[0]
-            done.append(f"rebalanced in {time.monotonic() - started:.1f} s: {moved} shard groups on it")
+            done.append(f"rebalanced in {time.monotonic() - started:.1f} s: "
+                        f"{shard_groups_on(conn, host, port)} shard groups on it")
     return "; ".join(done)
+
+
+def shard_groups_on(conn: psycopg.Connection, host: str, port: int) -> int:
+    """How many Citus shard groups (shards of the lead table) the node holds."""
+    return conn.execute("""SELECT count(DISTINCT s.shardid) FROM pg_dist_placement p
+                             JOIN pg_dist_shard s USING (shardid) JOIN pg_dist_node n USING (groupid)
+                            WHERE n.nodename = %s AND n.nodeport = %s AND s.logicalrelid = %s::regclass""",
+                        (host, port, f"{SCHEMA}.{DISTRIBUTED[0]}")).fetchone()[0]
 
 
 def _propagate_functions(conn: psycopg.Connection) -> list[str]:
