@@ -228,8 +228,7 @@ def test_a_job_whose_names_the_wake_up_could_not_carry_still_reaches_its_worker(
     (long names over every shard) counts its rows without them: the
     dispatcher does not know the names there, looks as it did before, and
     the "x" job still goes to its worker, once."""
-    # Where names are unknown a filter probes shard by shard: over 256 shards through a Citus coordinator that
-    # took over 90 s.
+    # (Where names are unknown a filter probes shard by shard: it took over 90 s there.)
     skip_on_citus(db, "a filter probing 256 shards one by one through the Citus coordinator takes minutes")
     s = make_store(db_dsn, clock=None)
     s.create_team("t")
