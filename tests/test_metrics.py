@@ -52,6 +52,7 @@ SERVE_FAMILIES = {
     "minutehand_shard_leases": set(),
     "minutehand_shard_takeovers": set(),
     "minutehand_stale_claims_refused": set(),
+    "minutehand_shards_set_aside": set(),
     "minutehand_db_seconds": {"pool"},
     "minutehand_db_pool_wait_seconds": {"pool"},
     "minutehand_db_pool_requests": {"pool"},
@@ -196,6 +197,7 @@ def test_after_a_run_every_family_is_exposed_and_the_job_counters_equal_a_recoun
     assert values(families["minutehand_shard_leases"]) == {(): 256}
     assert values(families["minutehand_shard_takeovers"], "_total") == {(): 256}
     assert values(families["minutehand_stale_claims_refused"], "_total") == {(): 0}
+    assert values(families["minutehand_shards_set_aside"], "_total") == {(): 0}
     assert values(families["minutehand_claim_batch_jobs"], "_sum")[()] >= 11    # every claim, retries too
     kinds = {dict(k)["kind"] for k in values(families["minutehand_outcome_batch_reports"], "_count")}
     assert {"start", "complete", "fail"} <= kinds

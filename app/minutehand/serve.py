@@ -115,7 +115,8 @@ def dispatcher_parts(settings: Settings, store: Store | None) -> tuple[Dispatche
                                       retention_s=settings.job_retention_s,
                                       retention_every_s=settings.retention_every_s,
                                       retention_batch=settings.retention_batch,
-                                      default_ceiling=settings.max_pending_per_team)
+                                      default_ceiling=settings.max_pending_per_team,
+                                      claim_lease_s=settings.claim_lease_s)
     return dispatcher, Services(writer, dispatcher, webhooks, maintenance)
 
 

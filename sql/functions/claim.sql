@@ -18,9 +18,11 @@ END $$;
 -- distributed transaction per logical shard (256 of them took longer than a
 -- short lease lasts on a busy cluster). The rows are locked in shard order
 -- first, so two dispatchers asking for overlapping shards queue, never deadlock.
+-- A lock held over a second (on Citus, a shard group being moved) fails the
+-- call: those shards are not renewed this time, and the others' calls go on.
 CREATE OR REPLACE FUNCTION take_shard_leases(p_shards int[], p_owner text, p_ttl_s real)
 RETURNS TABLE (shard int, epoch bigint)
-LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = minutehand, pg_temp SET lock_timeout = '1s' AS $$
 DECLARE
     v_now     timestamptz := mh_now();
     v_expires timestamptz := v_now + make_interval(secs => p_ttl_s);
@@ -609,7 +611,12 @@ END $$;
 -- some names is not served from a shard whose due rows are all of others;
 -- NULL (unknown) where the count reached the cap (rows not seen) and past
 -- mh_edge_names() distinct names.
-CREATE OR REPLACE FUNCTION due_edges(p_shards int[], p_since timestamptz[], p_cap int DEFAULT NULL)
+-- With p_routed (on Citus, for shards of one Citus shard), every read of a
+-- distributed table names the shards, so that Citus routes it to that
+-- shard's worker node alone: the read works while another node is away.
+-- Over many shards that costs more than the reads grouped by shard.
+CREATE OR REPLACE FUNCTION due_edges(p_shards int[], p_since timestamptz[], p_cap int DEFAULT NULL,
+                                     p_routed boolean DEFAULT false)
 RETURNS TABLE (shard int, bucket timestamptz, strict boolean, priority smallint, team_id int, due int,
                oldest timestamptz, next_at timestamptz, names text[])
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
@@ -636,12 +643,15 @@ BEGIN
     END IF;
     -- Each shard's hand as mh_hand gives it (never behind the sweep line),
     -- and where its read starts (a read since a time: that time's bucket).
-    SELECT array_agg(x.shard ORDER BY x.shard), array_agg(greatest(x.hand, mh_minute(coalesce(x.since, x.hand))) ORDER BY x.shard),
-           array_agg(x.since ORDER BY x.shard), array_agg(x.hand ORDER BY x.shard), array_agg(x.stored ORDER BY x.shard)
+    EXECUTE format(
+        $f$SELECT array_agg(x.shard ORDER BY x.shard), array_agg(greatest(x.hand, mh_minute(coalesce(x.since, x.hand))) ORDER BY x.shard),
+                  array_agg(x.since ORDER BY x.shard), array_agg(x.hand ORDER BY x.shard), array_agg(x.stored ORDER BY x.shard)
+             FROM (SELECT u.shard, u.since, greatest(coalesce(s.hand, $3), $3) AS hand, s.hand AS stored
+                     FROM unnest($1::int[], $2::timestamptz[]) AS u(shard, since)
+                     LEFT JOIN shards s ON s.shard = u.shard %s) x$f$,
+        CASE WHEN p_routed THEN 'AND s.shard = ANY ($1)' END)
       INTO v_shards, v_starts, v_since, v_hands, v_stored
-      FROM (SELECT u.shard, u.since, greatest(coalesce(s.hand, v_sweep), v_sweep) AS hand, s.hand AS stored
-              FROM unnest(p_shards, p_since) AS u(shard, since)
-              LEFT JOIN shards s ON s.shard = u.shard) x;
+      USING p_shards, p_since, v_sweep;
     IF v_shards IS NULL THEN
         RETURN;
     END IF;
@@ -658,14 +668,15 @@ BEGIN
                         FROM (SELECT c.shard, c.strict, c.priority, c.team_id, count(*) AS due,
                                      min(c.run_at) AS oldest, array_agg(c.job_id) AS ids
                                 FROM %1$I c
-                               WHERE c.shard = x.shard AND c.run_at <= $5
+                               WHERE c.shard = x.shard %2$s AND c.run_at <= $5
                                  AND (x.since IS NULL OR c.run_at >= x.since)
                                GROUP BY c.shard, c.strict, c.priority, c.team_id) k
                         LEFT JOIN LATERAL (
                               SELECT CASE WHEN count(DISTINCT j.name) <= mh_edge_names()
                                           THEN array_agg(DISTINCT j.name) END AS names
                                 FROM jobs j
-                               WHERE coalesce(k.due < $6, true) AND j.shard = k.shard AND j.id = ANY (k.ids)) n
+                               WHERE coalesce(k.due < $6, true) AND j.shard = k.shard %3$s
+                                 AND j.id = ANY (k.ids)) n
                           ON true) d
                 WHERE x.start <= $4$f$
           ELSE
@@ -715,7 +726,8 @@ BEGIN
                                WHERE coalesce(k.due < $6, true) AND j.shard = x.shard AND j.id = ANY (k.ids)) n
                        WHERE k.due > 0) d
                 WHERE x.start <= $4$f$ END,
-            mh_minute_part(mh_minute_slot(v_bucket)))
+            mh_minute_part(mh_minute_slot(v_bucket)), CASE WHEN p_routed THEN 'AND c.shard = ANY ($1)' END,
+            CASE WHEN p_routed THEN 'AND j.shard = ANY ($1)' END)
           USING v_shards, v_starts, v_since, v_bucket, v_now, p_cap;
         v_bucket := v_bucket + interval '1 minute';
     END LOOP;

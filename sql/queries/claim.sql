@@ -14,6 +14,12 @@ SELECT release_shard_leases(%(shards)s::int[], %(owner)s::text, %(epochs)s::bigi
 -- This transaction's commit does not wait for its WAL to reach the disk.
 SELECT set_config('synchronous_commit', 'off', true)
 
+-- name: claim_lock_timeout
+-- On Citus, this transaction gives up on a lock held over a second (a
+-- shard group being moved blocks writes to it until the move is done):
+-- the dispatcher leaves that group aside for a while, and the others claim.
+SELECT set_config('lock_timeout', '1s', true)
+
 -- name: due_edges
 -- What some shards have due now (since: per shard, only what came due by
 -- the clock since then; NULL: all), per shard, bucket, class and team (cap:
@@ -22,14 +28,15 @@ SELECT set_config('synchronous_commit', 'off', true)
 -- cell names the job names of its rows (NULL: unknown). A run
 -- time before year 1 (a row written around the procedures) reads as year 1:
 -- due, so the claim reaches that job and fails it alone, and the reader can
--- load it.
+-- load it. routed: on Citus, for the shards of one Citus shard, read on
+-- its worker node alone.
 SELECT shard, bucket, strict, priority, team_id, due,
        CASE WHEN oldest < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'::timestamptz ELSE oldest END
            AS oldest,
        CASE WHEN next_at < '0001-01-01 00:00:00+00' THEN '0001-01-01 00:00:00+00'::timestamptz ELSE next_at END
            AS next_at,
        names
-  FROM due_edges(%(shards)s::int[], %(since)s::timestamptz[], %(cap)s::int)
+  FROM due_edges(%(shards)s::int[], %(since)s::timestamptz[], %(cap)s::int, %(routed)s::boolean)
 
 -- name: team_terms
 -- Every team's quota and weight, for sharing capacity between them.

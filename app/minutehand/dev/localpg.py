@@ -167,10 +167,11 @@ class LocalCluster:
         """Whether a server runs on this data dir now (started by anyone)."""
         return (self.data_dir / "PG_VERSION").exists() and self._running_port() is not None
 
-    def stop(self) -> None:
+    def stop(self, mode: str = "fast") -> None:
+        """pg_ctl stop: -m fast ends the sessions cleanly, -m immediate is a crash."""
         with self._lock():
             if self.running():
-                self._pg("pg_ctl", "stop", "-D", self.data_dir, "-m", "fast", "-w", "-s")
+                self._pg("pg_ctl", "stop", "-D", self.data_dir, "-m", mode, "-w", "-s")
 
     def restart(self, mode: str = "fast") -> None:
         """pg_ctl restart on the same port: -m fast ends the sessions and

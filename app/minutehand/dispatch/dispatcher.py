@@ -122,6 +122,11 @@ TERMS_READ_S = 2.0              # how often teams' quotas and weights are read
 # the backlog a wake-up reads at once (rotation between teams is exact).
 BACKLOG_ROWS = 10_000
 BUSY_REREAD_S = 0.5
+# A shard whose read or claim could not reach its part of the cluster (on
+# Citus: its worker node is away, or its shard group is being moved and
+# stays locked) is neither read nor claimed for this long, then read whole:
+# the others' rounds do not wait on it.
+ASIDE_S = 5.0
 # A read counts each cell's due rows up to a cap (the oldest): enough over
 # all the shards for two full waiters of one class and team, at least
 # EDGE_CAP_MIN. So behind a backlog (a million rows due at midnight, or
@@ -217,6 +222,7 @@ class Dispatcher:
         self._read_at: dict[int, float] = {}      # shard -> when its whole edge was last read
         self._deferred: dict[int, float] = {}     # shard -> when to read it for a wake-up held back (BUSY_REREAD_S)
         self._arrived: list[Arrived] = []         # NOTIFYs' counts (and names), not yet in the index
+        self._aside: dict[int, float] = {}        # shard -> until when it is left aside (ASIDE_S)
         self._refreshed_at = 0.0                  # when every shard's edge was last read
         # filter -> {shard: (when the round whose claim for it came up short began, when to try again)}.
         # The wait counts from the round's end: a round of many shards takes seconds on a
@@ -381,6 +387,23 @@ class Dispatcher:
                 and since >= self._woken_at.get(shard, 0.0) and since >= self._refreshed_at
                 and not since < self._due.get(shard, 0.0) <= now)
 
+    def _set_aside(self, shards: set[int], why: str) -> None:
+        """Leave these shards aside for ASIDE_S (holding the lock, on the
+        dispatch thread: the index is its own): out of the index, not read,
+        woken or claimed; then read whole."""
+        if not shards:
+            return
+        until = time.time() + ASIDE_S
+        for s in shards:
+            self._aside[s] = until
+            self._index.remove_shard(s)
+            self._due.pop(s, None)
+            self._deferred.pop(s, None)
+            self._read_at.pop(s, None)
+        metrics.SHARDS_ASIDE.inc(len(shards))
+        log.warning("%d shards left aside for %.0f s: %s (on Citus: its worker node is away, or its shard group "
+                    "is being moved)", len(shards), ASIDE_S, why)
+
     def _drop(self, refused: dict[int, str], epochs: dict[int, int]) -> None:
         """Forget the leases the refused claims were made under (epochs: the
         claims'); one the keeper has taken anew since is kept."""
@@ -415,9 +438,13 @@ class Dispatcher:
             for s in self._lost:                  # the index is the dispatch thread's own
                 self._index.remove_shard(s)
             self._lost.clear()
+            for s in [s for s, t in self._aside.items() if t <= now]:
+                del self._aside[s]
+                if s in self._leases:
+                    self._due[s] = 0.0            # read whole again
             for counted, names in self._arrived:
                 for s, cells in counted.items():
-                    if s in self._leases:
+                    if s in self._leases and s not in self._aside:
                         self._index.add_to_shard(s, cells, names=names.get(s))
             self._arrived.clear()
             for s in [s for s, t in self._deferred.items() if t <= now]:
@@ -431,6 +458,8 @@ class Dispatcher:
                 self._next_refresh = (math.floor(now / 60) + 1) * 60 + 0.2
                 self._refreshed_at = now
                 self._empty.clear()
+            for s in self._aside:
+                self._due.pop(s, None)
             shards = sorted(s for s, t in self._due.items() if t <= now and s in self._leases)
             # A shard whose next run time came (not marked): only what came due since.
             # (A millisecond early: a float's rounding must not skip a row; one counted twice is
@@ -446,6 +475,7 @@ class Dispatcher:
         cap = max(EDGE_CAP_MIN, math.ceil(2 * self.settings.dispatch_batch / max(1, len(self._leases))))
         edges = self.store.due_edges(shards, since, cap)
         with self._cond:
+            self._set_aside(set(shards) - edges.keys(), "its edge could not be read")
             for s, (cells, next_at) in edges.items():
                 if s not in self._leases:
                     continue
@@ -503,7 +533,7 @@ class Dispatcher:
                     or any(t <= now for t in self._deferred.values()):
                 return []                         # (arrivals join the index at the next _refresh)
             wake = min([t for t in self._due.values() if t > now] + [self._next_refresh]
-                       + list(self._deferred.values()))
+                       + list(self._deferred.values()) + list(self._aside.values()))
             event = wake
             if self._idle_since is not None:      # to say which teams wait here
                 wake = min(wake, now + WAITING_S / 2)
@@ -724,8 +754,12 @@ class Dispatcher:
             self._drop(refused, {r.shard: r.epoch for r in requests})
         walked = []
         with self._cond:
+            self._set_aside({rows.shard for rows in results if isinstance(rows, ClaimRefused) and rows.unreachable},
+                            "its claim could not reach it")
             for r, w, cells, rows in zip(requests, goes_to, planned, results):
                 if isinstance(rows, ClaimRefused):
+                    if rows.unreachable:          # nothing for this worker from there, for now
+                        continue
                     if not rows.stale:            # this worker's request alone
                         log.warning("claim for worker %s failed: %s", w.worker, rows.reason)
                         round_.failed.setdefault(id(w), rows.error)

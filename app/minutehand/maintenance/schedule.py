@@ -9,7 +9,8 @@ Per shard, by the shard's owner only (the shards this dispatcher leases):
   CHAIN_IDLE_S is enough (on Citus a pass is a statement on every node);
 - expire_claims every second: claims past their expiry go back to the due pool
   (one statement finds the shards that have any; each of those is then its
-  own transaction);
+  own transaction); on Citus, not on a shard whose worker node was away
+  within the last claim period (its workers could not renew their claims);
 - purge_idempotency_keys every minute;
 - purge_events every minute: events (dead jobs reported to their team) and
   webhook delivery attempts past their retention (7 days).
@@ -62,8 +63,10 @@ class MaintenanceSchedule:
                  stats_every_s: float = 300.0, chain_every_s: float = 0.25, load_every_s: float = 60.0,
                  webhooks: WebhookDeliverer | None = None, webhook_every_s: float = 1.0,
                  retention_s: int = 7 * 86400, retention_every_s: float = 30.0, retention_batch: int = 2000,
-                 default_ceiling: int = 0):
+                 default_ceiling: int = 0, claim_lease_s: float = 30.0):
         self.store = store
+        self.claim_lease_s = claim_lease_s
+        self._unreached: dict[int, float] = {}      # shard -> when claim expiry last could not reach it
         self.default_ceiling = default_ceiling      # the pending ceiling of a team without its own (series runs)
         self.webhooks = webhooks
         self.webhook_every_s = webhook_every_s
@@ -124,8 +127,15 @@ class MaintenanceSchedule:
             pass
 
     def expire_claims(self) -> None:
-        if shards := self.shards():
-            returned, dead = self.store.expire_claims(shards)
+        # A shard that could not be reached (on Citus: its worker node away)
+        # could not take its workers' heartbeats either: its claims are not
+        # expired until it has answered for a whole claim period again.
+        now = time.monotonic()
+        self._unreached = {s: t for s, t in self._unreached.items() if now - t < self.claim_lease_s}
+        if shards := [s for s in self.shards() if s not in self._unreached]:
+            away: set[int] = set()
+            returned, dead = self.store.expire_claims(shards, away)
+            self._unreached.update(dict.fromkeys(away, now))
             if returned or dead:
                 log.info("expired claims: %d jobs due again, %d dead after their last attempt", returned, dead)
 

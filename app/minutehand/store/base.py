@@ -158,10 +158,10 @@ class StoreBase:
 
     @staticmethod
     def in_one_transaction(conn: psycopg.Connection, sql: Sequence[str], params: Sequence[dict[str, Any]],
-                           rows: Sequence[RowFactory | None] | None = None) -> list[list[Any]] | None:
+                           rows: Sequence[RowFactory | None] | None = None) -> list[list[Any]] | psycopg.Error:
         """The statements, each with its own params, in ONE transaction sent in
         one round trip: one commit for all of them. Their rows (dicts, or as
-        each one's row factory in `rows` makes them), or None if the
+        each one's row factory in `rows` makes them), or the error if the
         server or the driver refused any of them (then nothing was written;
         the caller may run them each alone to learn which). A lost
         connection raises."""
@@ -171,10 +171,10 @@ class StoreBase:
                 for i, (statement, p) in enumerate(zip(sql, params)):
                     cursors.append(_cursor(conn, rows, i))
                     cursors[-1].execute(statement, p)
-        except psycopg.Error:
+        except psycopg.Error as exc:
             if conn.broken:
                 raise
-            return None
+            return exc
         return [cur.fetchall() for cur in cursors]
 
     @staticmethod
@@ -230,6 +230,45 @@ class StoreBase:
         transaction (each_alone); the first row of each. An error is raised
         (after every item ran)."""
         return [r[0] if r else None for r in self._each_or_raise(name, params)]
+
+    def _each_answered(self, name: str, params: Sequence[dict[str, Any]], what: str
+                       ) -> list[list[dict[str, Any]] | None]:
+        """The statement once per item in one round trip, each its own
+        transaction (each_alone; on Citus, items of one Citus shard each):
+        every item's rows, None for an item whose part of the cluster could
+        not be reached (errors.unreachable; logged, naming `what`), so one
+        worker node away does not stop the others' work. Any other error,
+        or every item unreachable, is raised (after every item ran)."""
+        if not params:
+            return []
+        with self.connection() as conn:
+            results = self.each_alone(conn, q(name), params)
+        away = [r for r in results if isinstance(r, Exception) and errors.unreachable(r)]
+        for r in results:
+            if isinstance(r, Exception) and (not errors.unreachable(r) or len(away) == len(results)):
+                raise r
+        if away:
+            log.warning("%s: %d of %d parts could not be reached, the others went on: %s",
+                        what, len(away), len(results), str(away[0]).splitlines()[0])
+        return [None if isinstance(r, Exception) else r for r in results]
+
+    def _all_reachable(self, name: str, shards: list[int], params: Callable[[list[int], bool], dict[str, Any]],
+                       what: str) -> tuple[list[dict[str, Any]], list[int]]:
+        """The rows of one statement over these shards (params(shards,
+        False)), and the shards it read: all of them. On Citus, if a worker
+        node could not be reached, one statement per Citus shard instead
+        (params(part, True): True asks for a statement routed to that part's
+        node alone), each its own transaction; then the shards read are
+        those of the parts that answered (_each_answered)."""
+        try:
+            return self._all(name, params(shards, False)), shards
+        except psycopg.Error as exc:
+            if not errors.unreachable(exc) or not self._citus_groups():
+                raise
+        parts = self._by_citus_shard(shards)
+        answered = self._each_answered(name, [params(part, True) for part in parts], what)
+        return ([r for rows in answered if rows is not None for r in rows],
+                [s for part, rows in zip(parts, answered) if rows is not None for s in part])
 
     def _each_or_raise(self, name: str, params: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
         """The statement once per item in one round trip, each its own

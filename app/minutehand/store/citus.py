@@ -27,7 +27,7 @@ DISTRIBUTED = ("jobs", "shards", "claim_checks", "idempotency_keys", "series", "
                "due_far", "team_running", "dead_jobs", "job_events", "retention_marks", "retention_checks",
                "job_attempts")
 # Small, read by every node, written rarely: a copy on every node.
-REFERENCE = ("teams", "worker_tokens", "dispatchers", "duty_leases", "flex_defaults", "webhooks", "timezone_names")
+REFERENCE = ("teams", "worker_tokens", "flex_defaults", "webhooks", "timezone_names")
 # Local to the coordinator, where the procedures that write them run: per-team
 # rows with no shard column, written with every event (a reference table
 # would replicate each write to every node) or read with every event beside
@@ -35,9 +35,12 @@ REFERENCE = ("teams", "worker_tokens", "dispatchers", "duty_leases", "flex_defau
 # sessions (no shard column, written with the action they record), and
 # `wheel`, whose row the global duties lock with SKIP LOCKED (a row lock on
 # a reference table takes a lock Citus holds to commit: the second duty
-# would wait, not skip).
+# would wait, not skip); and the dispatchers' membership and duty leases,
+# read only on the coordinator and written every few seconds: a write of a
+# reference table needs every node, so one node away would stop every
+# dispatcher's renewal.
 LOCAL = ("team_stats", "team_stats_names", "team_pending", "team_buckets", "load_minutes", "webhook_deliveries",
-         "wheel", "admin_audit", "admin_sessions", "alembic_version")
+         "wheel", "admin_audit", "admin_sessions", "alembic_version", "dispatchers", "duty_leases")
 
 # Functions whose first argument is the shard of everything they touch,
 # which Citus would then run whole on that shard's worker
@@ -51,17 +54,19 @@ DELEGATED: tuple[str, ...] = ()
 
 @dataclass(frozen=True)
 class Distribution:
-    """What distribute() did: the tables it distributed or made reference tables now."""
+    """What distribute() did: the tables it distributed, made reference tables or local again now."""
     distributed: list[str] = field(default_factory=list)
     reference: list[str] = field(default_factory=list)
     functions: list[str] = field(default_factory=list)
+    local: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
-        if not self.distributed and not self.reference and not self.functions:
+        if not self.distributed and not self.reference and not self.functions and not self.local:
             return "citus: everything already distributed (nothing changed)"
         return (f"citus: distributed {', '.join(self.distributed) or 'none'}; "
                 f"reference tables {', '.join(self.reference) or 'none'}; "
-                f"{len(self.functions)} functions copied to every node")
+                + (f"local to the coordinator again {', '.join(self.local)}; " if self.local else "")
+                + f"{len(self.functions)} functions copied to every node")
 
 
 def is_citus(conn: psycopg.Connection) -> bool:
@@ -144,6 +149,11 @@ def distribute(database_url: str, shard_count: int) -> Distribution:
         if unknown := unknown_tables(conn):
             raise RuntimeError(f"tables minutehand.store.citus does not place: {', '.join(unknown)}")
         done = Distribution()
+        # Made reference tables by an earlier version: local again.
+        for table in LOCAL:
+            if _kind(conn, table) == "n":
+                conn.execute("SELECT undistribute_table(%s)", (f"{SCHEMA}.{table}",))
+                done.local.append(table)
         # Reference tables first: nothing depends on the order, but a later
         # foreign key to one would need it to exist.
         for table in REFERENCE:

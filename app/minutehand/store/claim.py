@@ -6,11 +6,12 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
+import psycopg
 from psycopg.rows import RowFactory, RowMaker
 
 from minutehand.store import errors
@@ -84,11 +85,17 @@ class ClaimedJob:
 class ClaimRefused:
     """What a claim request got instead of jobs: its shard's lease was stale
     (`stale`: the shard is another dispatcher's now), or its statement
-    failed alone (`error`: the store's error, which its worker is told)."""
+    failed (`error`: the store's error, which its worker is told, unless
+    `unreachable`: its part of the cluster was away or locked, see
+    errors.unreachable, and the shard is worth trying again later)."""
     shard: int
     reason: str
     stale: bool = False
-    error: errors.StoreError | None = None
+    error: Exception | None = None
+
+    @property
+    def unreachable(self) -> bool:
+        return errors.unreachable(self.error)
 
 
 # A claim request's answer.
@@ -194,25 +201,29 @@ class ClaimStore(StoreBase):
         One call (take_shard_leases) per Citus shard, all in one round trip,
         each its own transaction (on plain PostgreSQL, one call)."""
         params = [{"shards": part, "owner": owner, "ttl_s": ttl_s} for part in self._by_citus_shard(shards)]
-        held = {r["shard"]: r["epoch"] for rows in self._each_or_raise("take_shard_leases", params) for r in rows}
+        # A Citus shard whose node is away (or whose rows are locked for a move) is not held now.
+        answered = self._each_answered("take_shard_leases", params, "shard leases")
+        held = {r["shard"]: r["epoch"] for rows in answered if rows is not None for r in rows}
         return {s: held[s] for s in shards if s in held}
 
     def release_leases(self, leases: dict[int, int], owner: str) -> None:
         """Give shards ({shard: epoch}) up at once."""
-        self._each_or_raise("release_shard_leases", [
+        self._each_answered("release_shard_leases", [
             {"shards": part, "owner": owner, "epochs": [leases[s] for s in part]}
-            for part in self._by_citus_shard(leases)])
+            for part in self._by_citus_shard(leases)], "releasing shard leases")
 
     def due_edges(self, shards: Sequence[int], since: dict[int, dt.datetime] | None = None, cap: int | None = None
                   ) -> dict[int, tuple[list[EdgeCell], dt.datetime | None]]:
         """Per shard, in one statement (due_edges): its cells due now (for the
         shards in `since`, only the rows that came due by the clock since
         then; each counted up to `cap` rows, None: all), and the next run
-        time in its current and next buckets (None: none)."""
+        time in its current and next buckets (None: none). On Citus, if a
+        worker node could not be reached, one statement per Citus shard
+        instead, and the shards of those that failed are left out."""
         since = since or {}
-        shards = list(shards)
-        edges: dict[int, tuple[list[EdgeCell], dt.datetime | None]] = {s: ([], None) for s in shards}
-        rows = self._all("due_edges", {"shards": shards, "since": [since.get(s) for s in shards], "cap": cap})
+        rows, read = self._all_reachable("due_edges", list(shards), lambda part, routed: {
+            "shards": part, "since": [since.get(s) for s in part], "cap": cap, "routed": routed}, "due edges")
+        edges: dict[int, tuple[list[EdgeCell], dt.datetime | None]] = {s: ([], None) for s in read}
         for r in rows:
             shard, next_at = r.pop("shard"), r.pop("next_at")
             if r["team_id"] is None:               # the row that says when more comes due
@@ -249,19 +260,28 @@ class ClaimStore(StoreBase):
         one each, while the team_running rows they lock, which outcome
         batches wait for, are held only as long as one such transaction. If
         a transaction fails, its statements run each alone, so the others
-        still claim. No commit waits for its WAL flush unless
+        still claim; if its Citus shard group could not be reached or stayed
+        locked (errors.unreachable), all of them are refused so, at once
+        (ClaimRefused.unreachable). No commit waits for its WAL flush unless
         synchronous_commit (see Settings.claim_synchronous_commit)."""
         results: list[Claimed] = [[] for _ in requests]
-        sync = [] if synchronous_commit else [q("commit_without_flush")]     # first in each transaction
         groups = self._citus_groups()
+        # First in each transaction. On Citus a lock held past a second (a shard group being
+        # moved blocks writes to it) fails the transaction, and the round's others go on.
+        sync = ([] if synchronous_commit else [q("commit_without_flush")]) + \
+            ([q("claim_lock_timeout")] if groups else [])
         with self.connection() as conn:
             units = self._claim_units(requests, owner, lease_s, together=not groups)
             for chunk in _claim_commits(units, groups):
                 sql, args, rows = [u.sql for u in chunk], [u.params for u in chunk], [u.rows for u in chunk]
                 together = self.in_one_transaction(conn, sync + sql, [{}] * len(sync) + args,
                                                    [None] * len(sync) + rows)
-                # One of them failed: each alone, so it fails alone.
-                got = together[len(sync):] if together is not None else self.each_alone(conn, sql, args, rows)
+                if not isinstance(together, psycopg.Error):
+                    got = together[len(sync):]
+                elif errors.unreachable(together):    # the whole group is away (or locked): all of it waits
+                    got = [together] * len(chunk)
+                else:                                   # one of them failed: each alone, so it fails alone
+                    got = self.each_alone(conn, sql, args, rows)
                 for unit, answer in zip(chunk, got):
                     if isinstance(answer, Exception):
                         for i in unit.requests:

@@ -53,25 +53,30 @@ class JobGone:
 class MaintenanceStore(StoreBase):
     """The maintenance duties, a part of Store."""
 
-    def expire_claims(self, shards: Sequence[int]) -> tuple[int, int]:
+    def expire_claims(self, shards: Sequence[int], away: set[int] | None = None) -> tuple[int, int]:
         """(returned, dead) over the shards: the due reminders whose jobs all
         left their claim dropped (one statement per Citus shard, each its own
         transaction on one worker; on plain PostgreSQL one), the shards with
         a claim past its expiry found (one statement), then expire_claims on
         each of those in its own transaction (a transaction over several
         shards' claimed jobs could lock them in another order than an outcome
-        batch does), all of them in one round trip."""
+        batch does), all of them in one round trip. The shards of a Citus
+        shard that could not be reached (errors.unreachable) are left out,
+        and added to `away`."""
         with self.connection() as conn:
             # (the clock read first: Citus evaluates no mh_now() in a distributed DELETE's COALESCE)
             now = conn.execute(q("db_now")).fetchone()["now"]
-        self._each_or_raise("drop_finished_claim_checks",
-                            [{"shards": part, "now": now} for part in self._by_citus_shard(shards)])
+        parts = self._by_citus_shard(shards)
+        answered = self._each_answered("drop_finished_claim_checks",
+                                       [{"shards": part, "now": now} for part in parts], "claim expiry")
+        reached = [s for part, got in zip(parts, answered) if got is not None for s in part]
+        if away is not None:
+            away.update(s for part, got in zip(parts, answered) if got is None for s in part)
         with self.connection() as conn:
             due = [r["shard"] for r in conn.execute(q("shards_with_expired_claims"),
-                                                    {"shards": list(shards), "now": now}).fetchall()]
-        if not due:
-            return 0, 0
-        rows = self._pipelined("expire_claims", [{"shard": s} for s in due])
+                                                    {"shards": reached, "now": now}).fetchall()]
+        rows = [r[0] for r in self._each_answered("expire_claims", [{"shard": s} for s in due], "claim expiry")
+                if r is not None]
         return sum(r["returned"] for r in rows), sum(r["dead"] for r in rows)
 
     def cascade(self) -> tuple[int, int]:

@@ -110,8 +110,10 @@ class SeriesStore(StoreBase):
         (default_ceiling: the pending ceiling of a team without its own, 0:
         none); returns how many runs were created. Fire times are computed
         here, between the read and the write, in no transaction; each shard's
-        runs are created in its own transaction, all in one round trip."""
-        rows = self._all("series_to_chain", {"shards": list(shards), "limit": limit})
+        runs are created in its own transaction, all in one round trip. On
+        Citus, the shards of a worker node that could not be reached wait."""
+        rows, _ = self._all_reachable("series_to_chain", list(shards),
+                                      lambda part, routed: {"shards": part, "limit": limit}, "series chain")
         by_shard: dict[int, list[tuple]] = {}
         for r in rows:
             spec = Repeat(r["every_s"], r["cron"], r["timezone"], r["misfire"])
