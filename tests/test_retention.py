@@ -256,6 +256,38 @@ def test_the_maintenance_duty_retains_over_its_shards(store, leases, pinned_conn
     assert not exists(pinned_conn, job_id)
 
 
+def test_a_pass_calls_retain_jobs_only_where_one_statement_found_work(store, leases, pinned_conn, monkeypatch):
+    """An idle pass is one statement (shards_with_retention_work), not a
+    call per shard: a shard has work when jobs were filed for now or fell
+    behind the walk's cut, or when it has no mark yet (its first walk)."""
+    shards = list(range(shard_count(store)))
+    store.retain(shards, RETENTION_S)              # every shard's first walk: its mark
+    pinned_conn.execute("DELETE FROM retention_marks WHERE shard = 3")
+    calls: list[list[int]] = []
+    each_alone = store.each_alone
+
+    def counted(conn, sql, params, rows=None):
+        if "retain_jobs" in sql:
+            calls.append([p["shard"] for p in params])
+        return each_alone(conn, sql, params, rows)
+
+    monkeypatch.setattr(store, "each_alone", counted)
+    store.retain(shards, RETENTION_S)
+    assert calls == [[3]]                           # the shard with no mark: its first walk
+    job_id, = succeed(store, leases)
+    shard = job_id & 1023
+    calls.clear()
+    store.retain(shards, RETENTION_S)               # (ids carry the real clock: behind the pinned cut)
+    assert calls == [[shard]] and exists(pinned_conn, job_id)      # walked to, filed for later
+    calls.clear()
+    store.retain(shards, RETENTION_S)
+    assert calls == []                              # nothing new anywhere: no call at all
+    at(store, T0 + dt.timedelta(days=8))
+    assert store.retain(shards, RETENTION_S).removed == 1
+    assert calls[-1] == [shard]
+    assert not exists(pinned_conn, job_id)
+
+
 # ---------------------------------------------------------------- status of a removed job
 @pytest.fixture(scope="module")
 def api_store(module_dsn):

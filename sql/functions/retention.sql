@@ -30,6 +30,16 @@ LANGUAGE sql STABLE AS $$
     SELECT least(p_default_s, (SELECT min(t.retention_s) FROM teams t))
 $$;
 
+-- The id the retention walk stops before at p_now: behind the shortest
+-- retention, and behind it again by as much (at most 5 minutes). A job id
+-- is drawn when its submitting transaction runs, and a transaction still
+-- open when the walk passes its ids would leave its jobs behind the mark
+-- for good.
+CREATE OR REPLACE FUNCTION mh_retention_cut(p_default_s int, p_now timestamptz) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT mh_id_at(p_now - (k + least(k, 300)) * interval '1 second') FROM mh_shortest_retention(p_default_s) k
+$$;
+
 -- Of some jobs of one shard — those of p_ids, or with p_ids NULL the first
 -- p_limit from id p_from up to p_cut (the walk) — remove those past their
 -- retention and file the others for the earliest time they could go: a
@@ -116,10 +126,7 @@ END $$;
 
 -- One pass over one shard: the jobs filed for now or earlier
 -- (retention_checks, at most p_limit), then the next p_limit jobs of the
--- walk. The walk stays behind the shortest retention, and behind it again
--- by as much (at most 5 minutes): a job id is drawn when its submitting
--- transaction runs, and a transaction still open when the walk passes its
--- ids would leave its jobs behind the mark for good. Concurrent calls for
+-- walk, up to mh_retention_cut. Concurrent calls for
 -- one shard: one walks, the others only do the filed jobs (row lock on the
 -- mark, skipped). Committed without waiting for the WAL flush: a crash can
 -- only lose the last removals, and the walk does them again from its mark.
@@ -128,7 +135,6 @@ CREATE OR REPLACE FUNCTION retain_jobs(p_shard int, p_default_s int, p_limit int
 LANGUAGE plpgsql SET search_path = minutehand, pg_temp AS $$
 DECLARE
     v_now      timestamptz := mh_now();
-    v_shortest int := mh_shortest_retention(p_default_s);
     v_from     bigint;
     v_ids      bigint[];
     v_r        record;
@@ -160,8 +166,7 @@ BEGIN
         SELECT m.walked_to INTO v_from FROM retention_marks m WHERE m.shard = p_shard FOR UPDATE SKIP LOCKED;
         IF NOT FOUND THEN RETURN; END IF;
     END IF;
-    SELECT * INTO v_r FROM mh_retain(p_shard, NULL, v_from,
-                                     mh_id_at(v_now - (v_shortest + least(v_shortest, 300)) * interval '1 second'),
+    SELECT * INTO v_r FROM mh_retain(p_shard, NULL, v_from, mh_retention_cut(p_default_s, v_now),
                                      p_limit, p_default_s, v_now);
     IF v_r.seen = 0 THEN RETURN; END IF;
     walked := v_r.seen;

@@ -36,6 +36,27 @@ SELECT DISTINCT c.shard::int AS shard
   FROM claim_checks c
  WHERE c.shard = ANY (%(shards)s::int[]) AND c.check_at <= %(now)s::timestamptz
 
+-- name: retention_cut
+-- The database's clock, and the id the retention walk stops before then.
+SELECT mh_now() AS now, mh_retention_cut(%(default_s)s::int, mh_now()) AS cut
+
+-- name: shards_with_retention_work
+-- Which of these shards a retention pass finds work on, in one statement:
+-- jobs filed for `now` or earlier (retention_checks), or jobs between the
+-- walk's mark and `cut` (retention_cut, read first: on Citus this runs on
+-- the workers). A shard with no mark yet is not named here: the pass has
+-- its first walk to do there. So an idle pass is this statement, not a
+-- call per shard.
+SELECT c.shard::int AS shard, true AS work
+  FROM retention_checks c
+ WHERE c.shard = ANY (%(shards)s::int[]) AND c.check_at <= %(now)s::timestamptz
+ GROUP BY c.shard
+UNION ALL
+SELECT m.shard::int, EXISTS (SELECT 1 FROM jobs j WHERE j.shard = m.shard AND j.id >= m.walked_to
+                                                    AND j.id < %(cut)s::bigint)
+  FROM retention_marks m
+ WHERE m.shard = ANY (%(shards)s::int[])
+
 -- name: expire_claims
 -- Return one shard's expired claims to the due pool.
 SELECT returned, dead FROM expire_claims(%(shard)s::int)
