@@ -28,8 +28,8 @@ SELECT count(*) AS dropped FROM dropped
 -- name: shards_with_expired_claims
 -- Which of these shards have claims past their expiry (a reminder in
 -- claim_checks due by now), in one statement (claim_checks_due, a range per
--- shard), so the duty that returns them runs expire_claims only where it
--- finds work. `now`: the database's clock as the store read it (mh_now()):
+-- shard), so the duty that returns them drops finished reminders and runs
+-- expire_claims only where it finds work (idle: this statement alone). `now`: the database's clock as the store read it (mh_now()):
 -- on Citus this runs on the workers, which a clock pinned in the session
 -- does not reach.
 SELECT DISTINCT c.shard::int AS shard

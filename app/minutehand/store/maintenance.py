@@ -54,19 +54,27 @@ class MaintenanceStore(StoreBase):
     """The maintenance duties, a part of Store."""
 
     def expire_claims(self, shards: Sequence[int], away: set[int] | None = None) -> tuple[int, int]:
-        """(returned, dead) over the shards: the due reminders whose jobs all
-        left their claim dropped (one statement per Citus shard, each its own
-        transaction on one worker; on plain PostgreSQL one), the shards with
-        a claim past its expiry found (one statement), then expire_claims on
-        each of those in its own transaction (a transaction over several
-        shards' claimed jobs could lock them in another order than an outcome
-        batch does), all of them in one round trip. The shards of a Citus
-        shard that could not be reached (errors.unreachable) are left out,
-        and added to `away`."""
+        """(returned, dead) over the shards: the shards with a claim reminder
+        due found (one statement; none: nothing more to do, as when idle),
+        on those the due reminders whose jobs all left their claim dropped
+        (one statement per Citus shard, each its own transaction on one
+        worker; on plain PostgreSQL one), the shards with a claim still past
+        its expiry found again, then expire_claims on each of those in its
+        own transaction (a transaction over several shards' claimed jobs
+        could lock them in another order than an outcome batch does), all
+        of them in one round trip. The shards of a Citus shard that could
+        not be reached (errors.unreachable) are left out, and added to
+        `away`."""
         with self.connection() as conn:
             # (the clock read first: Citus evaluates no mh_now() in a distributed DELETE's COALESCE)
             now = conn.execute(q("db_now")).fetchone()["now"]
-        parts = self._by_citus_shard(shards)
+        found, read = self._all_reachable("shards_with_expired_claims", list(shards),
+                                          lambda part, routed: {"shards": part, "now": now}, "claim expiry")
+        if away is not None:
+            away.update(set(shards) - set(read))
+        if not found:
+            return 0, 0
+        parts = self._by_citus_shard(r["shard"] for r in found)
         answered = self._each_answered("drop_finished_claim_checks",
                                        [{"shards": part, "now": now} for part in parts], "claim expiry")
         reached = [s for part, got in zip(parts, answered) if got is not None for s in part]
