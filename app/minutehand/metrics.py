@@ -41,8 +41,7 @@ SHARD_TAKEOVERS = Counter("minutehand_shard_takeovers", "Shard leases this dispa
 STALE_CLAIMS = Counter("minutehand_stale_claims_refused", "Claims refused because this dispatcher's lease of the "
                        "shard was stale (another owns it now): the shard is dropped")
 SHARDS_ASIDE = Counter("minutehand_shards_set_aside", "Shards a dispatcher left aside for a few seconds because "
-                       "their read or claim could not reach them (on Citus: a worker node away, or a shard group "
-                       "being moved)")
+                       "their read or claim could not reach their node (on Citus: a worker node away)")
 DB_SECONDS = Histogram("minutehand_db_seconds", "Time a store call held its database connection: one statement "
                        "or one pipelined round trip (the clock starts once the connection is had)", ["pool"],
                        buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))

@@ -123,9 +123,8 @@ TERMS_READ_S = 2.0              # how often teams' quotas and weights are read
 BACKLOG_ROWS = 10_000
 BUSY_REREAD_S = 0.5
 # A shard whose read or claim could not reach its part of the cluster (on
-# Citus: its worker node is away, or its shard group is being moved and
-# stays locked) is neither read nor claimed for this long, then read whole:
-# the others' rounds do not wait on it.
+# Citus: its worker node is away; each try fails at once) is neither read
+# nor claimed for this long, then read whole.
 ASIDE_S = 5.0
 # A read counts each cell's due rows up to a cap (the oldest): enough over
 # all the shards for two full waiters of one class and team, at least
@@ -401,8 +400,7 @@ class Dispatcher:
             self._deferred.pop(s, None)
             self._read_at.pop(s, None)
         metrics.SHARDS_ASIDE.inc(len(shards))
-        log.warning("%d shards left aside for %.0f s: %s (on Citus: its worker node is away, or its shard group "
-                    "is being moved)", len(shards), ASIDE_S, why)
+        log.warning("%d shards left aside for %.0f s: %s", len(shards), ASIDE_S, why)
 
     def _drop(self, refused: dict[int, str], epochs: dict[int, int]) -> None:
         """Forget the leases the refused claims were made under (epochs: the
@@ -754,8 +752,11 @@ class Dispatcher:
             self._drop(refused, {r.shard: r.epoch for r in requests})
         walked = []
         with self._cond:
-            self._set_aside({rows.shard for rows in results if isinstance(rows, ClaimRefused) and rows.unreachable},
-                            "its claim could not reach it")
+            # (A claim that gave up on a lock is tried again by the next round: it
+            # waited its lock timeout, so the round does not spin on it.)
+            self._set_aside({rows.shard for rows in results
+                             if isinstance(rows, ClaimRefused) and rows.node_away},
+                            "its claim could not reach its node")
             for r, w, cells, rows in zip(requests, goes_to, planned, results):
                 if isinstance(rows, ClaimRefused):
                     if rows.unreachable:          # nothing for this worker from there, for now

@@ -87,7 +87,8 @@ class ClaimRefused:
     (`stale`: the shard is another dispatcher's now), or its statement
     failed (`error`: the store's error, which its worker is told, unless
     `unreachable`: its part of the cluster was away or locked, see
-    errors.unreachable, and the shard is worth trying again later)."""
+    errors.unreachable, and the shard is worth trying again later;
+    `node_away`: its node could not be reached, errors.node_away)."""
     shard: int
     reason: str
     stale: bool = False
@@ -96,6 +97,10 @@ class ClaimRefused:
     @property
     def unreachable(self) -> bool:
         return errors.unreachable(self.error)
+
+    @property
+    def node_away(self) -> bool:
+        return errors.node_away(self.error)
 
 
 # A claim request's answer.

@@ -77,15 +77,20 @@ BY_SQLSTATE = {"MH400": InvalidInput, "MH403": StaleLease, "MH404": NotFound,
                "MH409": Conflict, "MH413": PayloadTooLarge}
 
 
+def node_away(exc: BaseException | None) -> bool:
+    """Whether a statement failed because a Citus worker node it needed
+    could not be reached (class 08, as Citus reports a node it cannot
+    connect to): it fails at once, again, until the node is back."""
+    return (getattr(exc, "sqlstate", None) or "").startswith("08")
+
+
 def unreachable(exc: BaseException | None) -> bool:
     """Whether a statement failed for a part of the cluster, not for itself:
-    a Citus worker node it needed could not be reached (class 08, as Citus
-    reports a node it cannot connect to), or a lock it needed stayed held
-    past its lock_timeout (55P03: a shard being moved blocks writes). Nothing
-    of it was written; the same statement later, or the other nodes' now,
-    may well succeed."""
-    state = getattr(exc, "sqlstate", None) or ""
-    return state.startswith("08") or state == "55P03"
+    a node away (node_away), or a lock it needed stayed held past its
+    lock_timeout (55P03: on Citus a shard group being moved blocks writes,
+    a sweep of the wheel locks a passed bucket). Nothing of it was written;
+    the same statement later, or the other nodes' now, may well succeed."""
+    return node_away(exc) or getattr(exc, "sqlstate", None) == "55P03"
 
 
 def translate(exc: psycopg.Error) -> Exception:
