@@ -98,9 +98,8 @@ class MaintenanceSchedule:
 
     def _hold(self, duty: str, ttl_s: float) -> bool:
         """Take or renew the duty's lease (sql/functions/dispatch.sql). One
-        with more than half its time left is held on without a write: on
-        Citus each write of a reference table's row is a two-phase commit
-        on every node, and the webhooks' duty runs every second."""
+        with more than half its time left is held on without a write: the
+        webhooks' duty runs every second, and needs no write as often."""
         now = time.monotonic()
         if self._held.get(duty, -float("inf")) - ttl_s / 2 > now:
             return True
