@@ -14,12 +14,6 @@ SELECT release_shard_leases(%(shards)s::int[], %(owner)s::text, %(epochs)s::bigi
 -- This transaction's commit does not wait for its WAL to reach the disk.
 SELECT set_config('synchronous_commit', 'off', true)
 
--- name: claim_lock_timeout
--- On Citus, this transaction gives up on a lock held over a second (a
--- shard group being moved blocks writes to it until the move is done):
--- the dispatcher leaves that group aside for a while, and the others claim.
-SELECT set_config('lock_timeout', '1s', true)
-
 -- name: due_edges
 -- What some shards have due now (since: per shard, only what came due by
 -- the clock since then; NULL: all), per shard, bucket, class and team (cap:

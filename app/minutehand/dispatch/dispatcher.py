@@ -752,8 +752,6 @@ class Dispatcher:
             self._drop(refused, {r.shard: r.epoch for r in requests})
         walked = []
         with self._cond:
-            # (A claim that gave up on a lock is tried again by the next round: it
-            # waited its lock timeout, so the round does not spin on it.)
             self._set_aside({rows.shard for rows in results
                              if isinstance(rows, ClaimRefused) and rows.node_away},
                             "its claim could not reach its node")

@@ -271,10 +271,7 @@ class ClaimStore(StoreBase):
         synchronous_commit (see Settings.claim_synchronous_commit)."""
         results: list[Claimed] = [[] for _ in requests]
         groups = self._citus_groups()
-        # First in each transaction. On Citus a lock held past a second (a shard group being
-        # moved blocks writes to it) fails the transaction, and the round's others go on.
-        sync = ([] if synchronous_commit else [q("commit_without_flush")]) + \
-            ([q("claim_lock_timeout")] if groups else [])
+        sync = [] if synchronous_commit else [q("commit_without_flush")]     # first in each transaction
         with self.connection() as conn:
             units = self._claim_units(requests, owner, lease_s, together=not groups)
             for chunk in _claim_commits(units, groups):
