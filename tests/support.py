@@ -95,20 +95,13 @@ class Claims(NamedTuple):
 def claim(store: Store, leases: dict[int, int], limit: int, owner: str = "d1", lease_s: float = 30,
           worker: str | None = None, names: list[str] | None = None, teams: list[str] | None = None) -> Claims:
     """Store.claim for every leased shard ({shard: epoch}), in one round trip:
-    the jobs claimed, and the shards refused. A shard whose claim gave up on
-    a lock (on Citus, held by a sweep or a shard move; nothing was written)
-    is claimed again. Any other error is raised."""
+    the jobs claimed, and the shards refused. Any other error is raised."""
     results, refused = store.claim([ClaimRequest(shard, epoch, limit, worker, names, teams)
                                     for shard, epoch in leases.items()], owner, lease_s)
     jobs = []
     for answer in results:
         if isinstance(answer, ClaimRefused):
             if answer.stale:
-                continue
-            if answer.unreachable and not answer.node_away:
-                again = claim(store, {answer.shard: leases[answer.shard]}, limit, owner, lease_s, worker, names, teams)
-                jobs += again.jobs
-                refused.update(again.refused)
                 continue
             raise answer.error
         for j in answer:

@@ -757,7 +757,7 @@ class Dispatcher:
                             "its claim could not reach its node")
             for r, w, cells, rows in zip(requests, goes_to, planned, results):
                 if isinstance(rows, ClaimRefused):
-                    if rows.unreachable:          # nothing for this worker from there, for now
+                    if rows.node_away:            # nothing for this worker from there, for now
                         continue
                     if not rows.stale:            # this worker's request alone
                         log.warning("claim for worker %s failed: %s", w.worker, rows.reason)

@@ -86,17 +86,12 @@ class ClaimRefused:
     """What a claim request got instead of jobs: its shard's lease was stale
     (`stale`: the shard is another dispatcher's now), or its statement
     failed (`error`: the store's error, which its worker is told, unless
-    `unreachable`: its part of the cluster was away or locked, see
-    errors.unreachable, and the shard is worth trying again later;
-    `node_away`: its node could not be reached, errors.node_away)."""
+    `node_away`: its Citus worker node could not be reached, see
+    errors.node_away, and the shard is worth trying again later)."""
     shard: int
     reason: str
     stale: bool = False
     error: Exception | None = None
-
-    @property
-    def unreachable(self) -> bool:
-        return errors.unreachable(self.error)
 
     @property
     def node_away(self) -> bool:
@@ -265,9 +260,9 @@ class ClaimStore(StoreBase):
         one each, while the team_running rows they lock, which outcome
         batches wait for, are held only as long as one such transaction. If
         a transaction fails, its statements run each alone, so the others
-        still claim; if its Citus shard group could not be reached or stayed
-        locked (errors.unreachable), all of them are refused so, at once
-        (ClaimRefused.unreachable). No commit waits for its WAL flush unless
+        still claim; if its Citus shard group's node could not be reached
+        (errors.node_away), all of them are refused so, at once
+        (ClaimRefused.node_away). No commit waits for its WAL flush unless
         synchronous_commit (see Settings.claim_synchronous_commit)."""
         results: list[Claimed] = [[] for _ in requests]
         groups = self._citus_groups()
@@ -280,7 +275,7 @@ class ClaimStore(StoreBase):
                                                    [None] * len(sync) + rows)
                 if not isinstance(together, psycopg.Error):
                     got = together[len(sync):]
-                elif errors.unreachable(together):    # the whole group is away (or locked): all of it waits
+                elif errors.node_away(together):      # the whole group's node is away: all of it waits
                     got = [together] * len(chunk)
                 else:                                   # one of them failed: each alone, so it fails alone
                     got = self.each_alone(conn, sql, args, rows)

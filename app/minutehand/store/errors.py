@@ -87,8 +87,8 @@ def node_away(exc: BaseException | None) -> bool:
 def unreachable(exc: BaseException | None) -> bool:
     """Whether a statement failed for a part of the cluster, not for itself:
     a node away (node_away), or a lock it needed stayed held past its
-    lock_timeout (55P03: on Citus a shard group being moved blocks writes,
-    a sweep of the wheel locks a passed bucket). Nothing of it was written;
+    lock_timeout (55P03: take_shard_leases gives up after a second, as on
+    Citus a shard group being moved blocks writes). Nothing of it was written;
     the same statement later, or the other nodes' now, may well succeed."""
     return node_away(exc) or getattr(exc, "sqlstate", None) == "55P03"
 
