@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import resource
 import signal
 import threading
 from collections.abc import Callable
@@ -65,6 +66,21 @@ def quiet_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
+
+
+def open_files_for_long_polls() -> int:
+    """Every worker keeps a long-poll open at every dispatcher, a file each:
+    the soft limit of open files (1,024 on many systems, which a fleet of a
+    thousand workers reaches) raised to the hard limit. Returns the limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):      # an infinite hard limit the kernel caps lower: keep the soft one
+            pass
+    logging.getLogger(__name__).info("open files: at most %s (a worker's long-poll holds one)", soft)
+    return soft
 
 
 class StoppingServer(uvicorn.Server):
@@ -153,6 +169,8 @@ def serve(settings: Settings, *, submit_api: bool = True, dispatch: bool = True)
     try:
         process = build(settings, store, dispatch_store, submit_api=submit_api, dispatch=dispatch)
         quiet_gc()
+        if dispatch:
+            open_files_for_long_polls()
         config = uvicorn.Config(process.app, host=settings.http_host, port=settings.http_port,
                                 log_level=settings.log_level.lower(), access_log=False,
                                 timeout_graceful_shutdown=settings.shutdown_grace_s,
