@@ -279,6 +279,12 @@ def test_worker_endpoints_refuse_bad_requests_with_a_clear_4xx_and_change_nothin
         ("/v1/worker/lease", {**lease, "names": []}, token, 422, "invalid-input"),      # handles nothing
         ("/v1/worker/lease", {**lease, "surprise": 1}, token, 422, "invalid-input"),
         ("/v1/worker/lease", b"{not json", token, 400, "malformed-request"),
+        ("/v1/worker/lease/end", {"worker": "w"}, None, 401, "unauthorized"),
+        ("/v1/worker/lease/end", {"worker": "w"}, team_token, 401, "unauthorized"),
+        ("/v1/worker/lease/end", {}, token, 422, "invalid-input"),
+        ("/v1/worker/lease/end", {"worker": ""}, token, 422, "invalid-input"),
+        ("/v1/worker/lease/end", {"worker": "w", "surprise": 1}, token, 422, "invalid-input"),
+        ("/v1/worker/lease/end", b"{not json", token, 400, "malformed-request"),
         ("/v1/worker/jobs/123/complete", {"lease_token": str(uuid.uuid4())}, token, 404, "not-found"),
         (f"/v1/worker/jobs/{job.job_id}/complete", {"lease_token": str(uuid.uuid4())}, token, 409, "stale-claim"),
         (f"/v1/worker/jobs/{job.job_id}/fail", {"lease_token": str(uuid.uuid4())}, token, 409, "stale-claim"),

@@ -80,7 +80,7 @@ def test_a_dead_workers_open_long_poll_does_not_swallow_jobs(fleet: Fleet):
     server = fleet.server("--claim-lease-s", "3")
     a = fleet.worker([server.url], concurrency=1, label="worker-a")
     wait_or_fail(fleet, lambda: "worker_started" in a.output(), 30, "worker A to start")
-    time.sleep(1.0)                                   # A's first long-poll (wait_s 10) is open
+    time.sleep(1.0)                                   # A's first long-poll is open
     a.kill()
     [job] = fleet.submit([JobSpec(name="work")])
     b = fleet.worker([server.url], label="worker-b")

@@ -52,8 +52,8 @@ def test_the_served_schema_is_the_one_tested(served):
     with urllib.request.urlopen(f"{url}/schema/openapi.json") as r:
         assert json.loads(r.read()) == json.loads(json.dumps(SCHEMA))
     assert {p for p in SCHEMA["paths"] if p.startswith("/v1/worker")} == {
-        "/v1/worker/lease", "/v1/worker/outcomes", "/v1/worker/jobs/{job_id}/start", "/v1/worker/jobs/{job_id}/heartbeat",
-        "/v1/worker/jobs/{job_id}/complete", "/v1/worker/jobs/{job_id}/fail", "/v1/worker/jobs/{job_id}/release"}
+        "/v1/worker/lease", "/v1/worker/lease/end", "/v1/worker/outcomes", "/v1/worker/jobs/{job_id}/start",
+        "/v1/worker/jobs/{job_id}/heartbeat", "/v1/worker/jobs/{job_id}/complete", "/v1/worker/jobs/{job_id}/fail", "/v1/worker/jobs/{job_id}/release"}
 
 
 @schema.include(path_regex="^/v1/worker").parametrize()

@@ -11,17 +11,19 @@ cluster (or --dsn):
 - the dispatching processes: one `minutehand serve` (API + dispatcher) and,
   for two, a `minutehand dispatcher` beside it, each with every setting at
   its default; the workers split evenly between their ports;
-- the fleet: simulated workers in client processes of their own (at most
-  25,000 connections each, asyncio), each one keep-alive HTTP connection
-  and one `POST /v1/worker/lease` at a time for its one job name (worker i:
-  name i mod --names), capacity 1, `--wait-s` (the worker library's
-  default, 10 s) drawn from 0.5x..1.5x per poll so timeouts do not
-  align; a worker that gets a job completes it (`POST
+- the fleet: simulated workers in client processes of their own (asyncio,
+  as many as the open-file limit takes), each worker with one keep-alive
+  HTTP connection to every dispatching process, as the worker library
+  runs one lease loop per dispatcher URL, and one `POST
+  /v1/worker/lease` at a time on each for its one job name (worker i:
+  name i mod --names), capacity 1, waiting `--wait-s` (the worker
+  library's default, 25 s; the workers start apart, so their waits end
+  apart); a worker that gets a job completes it (`POST
   /v1/worker/jobs/{id}/complete`) and polls again;
 - connect: how long until every worker's first poll is in (connections
   open at --connect-rate per second), and what failed;
-- idle (--idle-s, no jobs): CPU of each dispatching process and of
-  PostgreSQL, polls answered (empty) per second, CPU per idle poll; each
+- idle (--idle-s, no jobs): CPU of each dispatching process, of
+  PostgreSQL and of the fleet's clients, polls answered (empty) per second, CPU per idle poll; each
   dispatching process's resident memory less its own before the fleet
   came, per connection, and its open file descriptors;
 - due jobs (--jobs at --rate per second, each for a random name of the
@@ -113,7 +115,7 @@ async def _fleet(first: int, count: int, ports: list[int], token: str, names: in
         try:
             while not stopping.is_set():
                 body = json.dumps({"worker": f"fleet-{i}", "capacity": 1, "names": [name],
-                                   "wait_s": round(wait_s * (0.5 + random.random()), 2)}).encode()
+                                   "wait_s": wait_s}).encode()
                 if first_poll:
                     counts["polling"] += 1
                     first_poll = False
@@ -140,7 +142,7 @@ async def _fleet(first: int, count: int, ports: list[int], token: str, names: in
             await asyncio.sleep(REPORT_S)
         stopping.set()
 
-    reporter = asyncio.ensure_future(report())
+    reporter = asyncio.ensure_future(report())    # sets `stopping` once told to stop
     tasks = []
     started = time.monotonic()
     for k in range(count):
@@ -148,7 +150,7 @@ async def _fleet(first: int, count: int, ports: list[int], token: str, names: in
         ahead = started + (k + 1) / connect_rate - time.monotonic()
         if ahead > 0:
             await asyncio.sleep(ahead)
-    await stopping.wait()
+    await reporter
     # Polls still waiting end with the servers (stopped after the clients are told).
     await asyncio.wait(tasks, timeout=5)
     out.put(("counts", first, Counter(counts)))
@@ -253,6 +255,7 @@ def shape(url: str, token: str, team_token: str, workers: int, processes: int, a
         # idle
         counts0 = fleet.drain()
         cpu0 = [cpu_seconds(s.pid) for s in servers]
+        clients0 = sum(cpu_seconds(p.pid) for p in fleet.procs)
         pg0 = postgres_cpu(postmaster) if postmaster else None
         t0 = time.monotonic()
         time.sleep(args.idle_s)
@@ -263,6 +266,7 @@ def shape(url: str, token: str, team_token: str, workers: int, processes: int, a
         figures.update(
             idle_polls_per_s=polls / elapsed,
             idle_cores=[c / elapsed for c in cpu],
+            idle_client_cores=(sum(cpu_seconds(p.pid) for p in fleet.procs) - clients0) / elapsed,
             idle_ms_per_poll=sum(cpu) * 1000 / max(1, polls),
             idle_pg_cores=(postgres_cpu(postmaster) - pg0) / elapsed if postmaster else None,
             rss_mb=[rss_mb(s.pid) for s in servers],
@@ -309,7 +313,8 @@ def report(f: dict) -> None:
     if "idle_polls_per_s" in f:
         pg = f"{f['idle_pg_cores']:.2f}" if f["idle_pg_cores"] is not None else "n/a"
         print(f"  idle: {f['idle_polls_per_s']:,.0f} empty polls/s; cores {cores(f['idle_cores'])} "
-              f"(PostgreSQL {pg}); {f['idle_ms_per_poll']:.3f} ms CPU per idle poll")
+              f"(PostgreSQL {pg}, the fleet's clients {f['idle_client_cores']:.2f}); "
+              f"{f['idle_ms_per_poll']:.3f} ms CPU per idle poll")
         print(f"  memory: RSS {' + '.join(f'{m:,.0f}' for m in f['rss_mb'])} MB, "
               f"{f['kb_per_connection']:.1f} KB per connection; fds {' + '.join(f'{n:,}' for n in f['fds'])} "
               f"over the process's own; errors {f['idle_errors'] or 'none'}")
@@ -329,7 +334,7 @@ def main() -> None:
     p.add_argument("--workers", default="10000,50000", help="fleet sizes, comma-separated (default 10000,50000)")
     p.add_argument("--processes", default="1,2", help="dispatching processes, comma-separated (default 1,2)")
     p.add_argument("--names", type=int, default=1000, help="job names, one per worker in turn (default 1,000)")
-    p.add_argument("--wait-s", type=float, default=10.0, help="a poll's wait, the mean (default 10, the worker "
+    p.add_argument("--wait-s", type=float, default=25.0, help="a poll's wait (default 25, the worker "
                                                               "library's)")
     p.add_argument("--connect-rate", type=float, default=2000.0, help="new connections per second (default 2,000)")
     p.add_argument("--idle-s", type=float, default=30.0, help="the idle window (default 30 s)")

@@ -25,8 +25,8 @@ from minutehand.api.auth import bearer_hash, checked_before_body, unauthorized
 from minutehand.api.bodies import StrictBody
 from minutehand.api.problems import COMMON
 from minutehand.dispatch.dispatcher import Dispatcher
-from minutehand.protocol import (CompleteIn, FailIn, HeldIn, JobId, LeaseIn, LeaseOut, OutcomeOut, OutcomesIn,
-                                 OutcomesOut, RecordedOut)
+from minutehand.protocol import (CompleteIn, EndPollsIn, EndPollsOut, FailIn, HeldIn, JobId, LeaseIn, LeaseOut,
+                                 OutcomeOut, OutcomesIn, OutcomesOut, RecordedOut)
 from minutehand.protocol.jsontext import MAX_JSON_BYTES, MAX_JSON_DEPTH, json_text_problem
 from minutehand.store.outcomes import STARTED, Complete, Fail, Heartbeat, Record, Recorded, Release, Report, Start
 from minutehand.store.records import Outcome
@@ -131,6 +131,15 @@ def router(ctx: Context, dispatcher: Dispatcher) -> Router:
         return LeaseOut(await dispatcher.lease(body.worker, int(body.capacity), body.names, body.wait_s,
                                                gone=_hung_up(request), teams=body.teams))
 
+    @post("/lease/end", operation_id="endLeasePolls", status_code=200, security=SECURITY, tags=["workers"],
+          summary="A stopping worker's long-polls answered at once",
+          description="The worker's waiting long-polls on this dispatcher are answered now, with no jobs, so "
+                      "a stopping worker need not wait out its polls' wait_s (nor hang up on an answer that "
+                      "may be on its way: a poll being served when this arrives gets its jobs as usual, to "
+                      "give back). `ended`: how many were waiting.", responses=responses)
+    async def end_polls(data: JSONBody[EndPollsIn], credential: NamedDependency[str]) -> EndPollsOut:
+        return EndPollsOut(dispatcher.end_polls(data.worker))
+
     @post("/outcomes", operation_id="reportOutcomes", status_code=200, security=SECURITY, tags=["workers"],
           request_max_body_size=ctx.settings.api_max_batch_body_bytes,
           summary="Starts, heartbeats, keyed results recorded, completions, failures and give-backs, in one "
@@ -210,6 +219,6 @@ def router(ctx: Context, dispatcher: Dispatcher) -> Router:
     async def release(data: JSONBody[HeldIn], credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
         return _one((await write([Release(job_id, data.lease_token)]))[0])
 
-    return Router("/v1/worker", route_handlers=[lease, outcomes, start, heartbeat, complete, fail, release],
+    return Router("/v1/worker", route_handlers=[lease, end_polls, outcomes, start, heartbeat, complete, fail, release],
                   dto=StrictBody, return_dto=None,             # bodies: msgspec decodes them
                   dependencies={"credential": credential}, before_request=check_first)

@@ -268,6 +268,21 @@ class Dispatcher:
             self._cond.notify_all()
         settle((w.future, w.loop, [], None) for w in gone)
 
+    def end_polls(self, worker: str) -> int:
+        """Answer this worker's waiting long-polls at once (no jobs): it is
+        stopping, and would otherwise wait for them to time out rather than
+        hang up on an answer that may be on its way. A poll being served
+        gets its answer as usual, moments away. How many were answered."""
+        with self._cond:
+            ended = [w for w in self._waiters if w.worker == worker and w.state == "waiting"]
+            for w in ended:
+                w.state = "gone"
+            self._gone += len(ended)
+            if self._gone * 2 > len(self._waiters):
+                self._prune()
+        settle((w.future, w.loop, [], None) for w in ended)
+        return len(ended)
+
     def stop(self) -> None:
         self._stopping.set()
         self.close_polls()

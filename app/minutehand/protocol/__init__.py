@@ -4,6 +4,7 @@ worker library (app/minutehand/worker/). What JSON text a payload or a result ma
 is in jsontext.py, next to them: the server accepts only what a worker reads.
 
     POST /v1/worker/lease      long-poll for up to `capacity` jobs
+    POST /v1/worker/lease/end  a stopping worker's long-polls answered at once
     POST /v1/worker/outcomes   starts, heartbeats, keyed results recorded, completions, failures and
                                give-backs, batched
     POST /v1/worker/jobs/{id}/{start|heartbeat|complete|fail|release}
@@ -122,6 +123,15 @@ class LeasedJob(Struct):
 
 class LeaseOut(Struct):
     jobs: list[LeasedJob]
+
+
+class EndPollsIn(Struct, forbid_unknown_fields=True):
+    """A stopping worker's long-polls are answered at once."""
+    worker: Worker
+
+
+class EndPollsOut(Struct):
+    ended: int                          # the polls of this worker that were waiting, answered with no jobs
 
 
 # ---------------------------------------------------------------- outcomes

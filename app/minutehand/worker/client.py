@@ -1,5 +1,6 @@
 """HTTP calls to one dispatcher: the two batch endpoints of the worker
-protocol (app/minutehand/protocol/), over one keep-alive connection pool.
+protocol (app/minutehand/protocol/) and the end of a stopping worker's
+polls, over one keep-alive connection pool.
 
 Errors are sorted into what the caller does next: `Unavailable` (connection
 refused or lost, timeout, 5xx: back off and retry, perhaps elsewhere) and
@@ -11,7 +12,7 @@ from __future__ import annotations
 import httpx
 import msgspec
 
-from minutehand.protocol import LeaseIn, LeaseOut, OutcomesIn, OutcomesOut, dec_hook, enc_hook
+from minutehand.protocol import EndPollsIn, LeaseIn, LeaseOut, OutcomesIn, OutcomesOut, dec_hook, enc_hook
 
 
 class Unavailable(Exception):
@@ -53,6 +54,10 @@ class DispatcherClient:
         """Long-poll for jobs; the read timeout leaves the server its wait_s and some margin."""
         raw = await self._post("/v1/worker/lease", _encode(body), read_timeout_s=body.wait_s + 15.0)
         return _decode(_lease_out, raw)
+
+    async def end_polls(self, worker: str, timeout_s: float = 5.0) -> None:
+        """Have the dispatcher answer this worker's waiting long-polls now (it is stopping)."""
+        await self._post("/v1/worker/lease/end", _encode(EndPollsIn(worker=worker)), read_timeout_s=timeout_s)
 
     async def outcomes(self, body: OutcomesIn, timeout_s: float = 10.0) -> OutcomesOut:
         """timeout_s: short enough that a frozen dispatcher is given up on (and

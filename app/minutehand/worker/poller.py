@@ -42,9 +42,10 @@ class LeaseShares:
 
 class Poller:
     """An AsyncService: start() begins the loop; stop() (once `stopping` is
-    set and the slots closed) waits for a poll in flight until the grace
-    period ends — a dispatcher may already have claimed jobs for us, and its
-    answer is how we give them back — then cuts it."""
+    set and the slots closed) asks the dispatcher to answer the poll in
+    flight at once and waits for it until the grace period ends — a
+    dispatcher may already have claimed jobs for us, and its answer is how
+    we give them back — then cuts it."""
 
     def __init__(self, client: DispatcherClient, outbox: Outbox, runner: JobRunner, slots: Slots,
                  shares: LeaseShares, lease: LeaseIn, stopping: asyncio.Event, grace: Grace):
@@ -64,12 +65,28 @@ class Poller:
     async def stop(self) -> None:
         if self._task is None:
             return
-        await self.grace.wait([self._task])
+        asking = asyncio.create_task(self._end_polls())
+        try:
+            await self.grace.wait([self._task])
+        finally:
+            asking.cancel()
         if not self._task.done():
             self._task.cancel()
             log.warning("lease_abandoned", **fields(self.lease.worker, reason="grace period over during a long-poll"))
         await asyncio.gather(self._task, return_exceptions=True)
         self._task = None
+
+    async def _end_polls(self) -> None:
+        """Ask the dispatcher to answer our waiting poll now rather than at
+        its wait_s, and again each second: a poll that set out as the stop
+        began may arrive after an ask. A dispatcher that cannot (away, or
+        older than the call) leaves the poll to end at its wait_s."""
+        while not self._task.done():
+            try:
+                await self.client.end_polls(self.lease.worker)
+            except (Unavailable, Refused):
+                return
+            await asyncio.sleep(1.0)
 
     async def poll(self) -> None:
         client, outbox, slots, worker_id = self.client, self.outbox, self.slots, self.lease.worker

@@ -61,7 +61,7 @@ class Worker:
 
     def __init__(self, urls: list[str] | str | None = None, token: str | None = None,
                  concurrency: int | None = None, *, grace_s: float | None = None,
-                 worker_id: str | None = None, wait_s: float = 10.0, flush_s: float = 0.005,
+                 worker_id: str | None = None, wait_s: float = 25.0, flush_s: float = 0.005,
                  teams: list[str] | None = None, metrics_port: int | None = None):
         """teams: run only jobs submitted by these teams (None: any team's).
         Job names are not owned by a team: any team may submit a job named
@@ -77,7 +77,11 @@ class Worker:
         self.metrics_port = metrics_port
         self.metrics_host = "127.0.0.1"
         self.worker_id = worker_id or default_worker_id()
-        self.wait_s = wait_s            # long-poll limit: also the longest a stop waits on a poll
+        # Long-poll limit. An idle worker costs each dispatcher one request per
+        # wait_s (docs/guides/workers.md); 25 s stays under the 30 s that some
+        # load balancers allow a request. A stop asks for its polls' answers
+        # at once rather than waiting them out.
+        self.wait_s = wait_s
         self.flush_s = flush_s          # how long outcomes wait to be sent together
         self.handlers: dict[str, Handler] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
