@@ -95,6 +95,7 @@ from minutehand.dispatch import fairness
 from minutehand.dispatch.fairness import Budget, Class, DueIndex, Fleet
 from minutehand.dispatch.outcomes import OutcomeWriter
 from minutehand.dispatch.shards import ShardKeeper
+from minutehand.dispatch.waiters import Filter, Waiter, Waiters
 from minutehand.futures import settle
 from minutehand.protocol import JobId, LeasedJob, Replay
 from minutehand.settings import Settings
@@ -133,27 +134,9 @@ ASIDE_S = 5.0
 # row; a shard is read again once a capped cell of it is claimed down.
 EDGE_CAP_MIN = 32
 
-# What a waiter takes: (job names, teams); None for either means any.
-Filter = tuple[tuple[str, ...] | None, tuple[str, ...] | None]
 # A NOTIFY's rows due now, {shard: {cell: [rows, oldest]}}, and the job names
 # of each shard's rows it names ({shard: names}; a shard absent: unknown).
 Arrived = tuple[dict[int, dict[tuple[Class, int], list[float]]], dict[int, set[str]]]
-
-
-@dataclass(eq=False)
-class Waiter:
-    worker: str
-    capacity: int
-    filter: Filter
-    future: asyncio.Future
-    loop: asyncio.AbstractEventLoop
-    state: str = "waiting"               # waiting -> taken (being served) | gone (timed out)
-    expired: bool = False                # its wait ran out while it was being served
-
-    @property
-    def named(self) -> bool:
-        """Takes only some job names: its planned cells may hold only others."""
-        return self.filter[0] is not None
 
 
 def _key(values: list[str] | None) -> tuple[str, ...] | None:
@@ -206,11 +189,7 @@ class Dispatcher:
         self.keeper = ShardKeeper(store, self.name, settings.shard_lease_s, self._leases_changed,
                                   self._says, self._fleet_changed)
         self._cond = threading.Condition()
-        # The waiters in queue order. One that timed out stays, marked gone, until the
-        # next round or until they are half the queue: tens of thousands of long-polls
-        # timing out together would each take the lock for a walk of the whole queue.
-        self._waiters: deque[Waiter] = deque()
-        self._gone = 0                            # gone waiters still in _waiters
+        self._waiters = Waiters()                 # the long-polls waiting, in queue order
         self._leases: dict[int, int] = {}
         self._index = DueIndex()                  # what the shards have due, as last read and counted down
         self._lost: set[int] = set()              # shards given up since (their edges leave the index)
@@ -262,9 +241,7 @@ class Dispatcher:
         server's graceful wait is not spent on polls. Any thread."""
         with self._cond:
             self._polls_closed = True
-            gone = [w for w in self._waiters if w.state == "waiting"]
-            self._waiters.clear()
-            self._gone = 0
+            gone = self._waiters.clear()
             self._cond.notify_all()
         settle((w.future, w.loop, [], None) for w in gone)
 
@@ -274,12 +251,9 @@ class Dispatcher:
         hang up on an answer that may be on its way. A poll being served
         gets its answer as usual, moments away. How many were answered."""
         with self._cond:
-            ended = [w for w in self._waiters if w.worker == worker and w.state == "waiting"]
+            ended = self._waiters.of_worker(worker)
             for w in ended:
-                w.state = "gone"
-            self._gone += len(ended)
-            if self._gone * 2 > len(self._waiters):
-                self._prune()
+                self._waiters.leave(w)
         settle((w.future, w.loop, [], None) for w in ended)
         return len(ended)
 
@@ -335,10 +309,7 @@ class Dispatcher:
             return waiter.future.result()
         with self._cond:
             if waiter.state == "waiting":         # timed out, or the worker left: nothing claimed for it
-                waiter.state = "gone"
-                self._gone += 1
-                if self._gone * 2 > len(self._waiters):
-                    self._prune()
+                self._waiters.leave(waiter)
                 return []
             # Being served right now: the answer is moments away (jobs, or
             # none: then the round answers at once rather than queueing it again).
@@ -517,28 +488,17 @@ class Dispatcher:
             now = time.time()
             due = self._index.due_shards()
             if due:
-                open_for: dict[Filter, bool] = {}
                 by_name, unknown = self._index.holders(due)
-                ready = []
-                for w in self._waiters:
-                    if w.state != "waiting":
-                        continue
-                    if w.filter not in open_for:
-                        # A names-filtered waiter looks only where its names may be due.
-                        may = due if w.filter[0] is None else \
-                            unknown + [s for n in w.filter[0] for s in by_name.get(n, ())]
-                        open_for[w.filter] = any(not self._empty_for(w.filter, s, now) for s in may)
-                    if open_for[w.filter]:
-                        ready.append(w)
-                        if len(ready) == MAX_WAITERS_PER_ROUND:
-                            break
-                if ready:
-                    for w in ready:
-                        w.state = "taken"
-                    self._prune()
+                open_ = []
+                for f in self._waiters.candidates(by_name, bool(unknown)):
+                    # A names-filtered waiter looks only where its names may be due.
+                    may = due if f[0] is None else unknown + [s for n in f[0] for s in by_name.get(n, ())]
+                    if any(not self._empty_for(f, s, now) for s in may):
+                        open_.append(f)
+                if ready := self._waiters.take(open_, MAX_WAITERS_PER_ROUND):
                     self._taken = ready
                     return ready
-            if not due or len(self._waiters) > self._gone:
+            if not due or self._waiters.waiting():
                 self._idle_since = None
             elif self._idle_since is None:
                 self._idle_since = now
@@ -550,8 +510,8 @@ class Dispatcher:
             event = wake
             if self._idle_since is not None:      # to say which teams wait here
                 wake = min(wake, now + WAITING_S / 2)
-            if due and self._waiters:             # filters that found due shards empty look again
-                lapse = [until for f in {w.filter for w in self._waiters}
+            if due and self._waiters.waiting():   # filters that found due shards empty look again
+                lapse = [until for f in self._waiters.filters()
                          for s, (_, until) in self._empty.get(f, {}).items() if s in due and until > now]
                 if lapse:
                     wake = min(wake, min(lapse))
@@ -559,11 +519,6 @@ class Dispatcher:
             if time.time() >= event - 0.001:
                 self._generation += 1             # a run time came, or the minute turned
             return []
-
-    def _prune(self) -> None:
-        """Only the waiting ones stay in the queue (called holding the lock)."""
-        self._waiters = deque(w for w in self._waiters if w.state == "waiting")
-        self._gone = 0
 
     def _requeue_taken(self) -> None:
         """After a failed round: the waiters being served wait again."""
