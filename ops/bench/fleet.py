@@ -290,10 +290,13 @@ def shape(url: str, token: str, team_token: str, workers: int, processes: int, a
             time.sleep(0.2)
             fleet.drain()
         late = sorted(max(0.0, fleet.delivered[j] - r) * 1000 for j, r in run_at.items() if j in fleet.delivered)
+        worst = sorted(((fleet.delivered[j] - r) * 1000, r) for j, r in run_at.items() if j in fleet.delivered)[-5:]
         counts2 = fleet.drain()
         figures.update(jobs=len(run_at), delivered=len(late),
                        lease_p50_ms=pct(late, 50) if late else None, lease_p99_ms=pct(late, 99) if late else None,
                        lease_max_ms=late[-1] if late else None,
+                       # the latest, with the second of the minute they were due at
+                       worst=[f"{ms:,.0f} ms at :{time.gmtime(r).tm_sec:02d}" for ms, r in reversed(worst)],
                        errors={k: v for k, v in counts2.items()
                                if k not in ("connected", "polling", "empty polls", "jobs", "completed")},
                        server_exit=[s.poll() for s in servers])
@@ -321,7 +324,8 @@ def report(f: dict) -> None:
     if "delivered" in f:
         if f["delivered"]:
             print(f"  due jobs: {f['delivered']} of {f['jobs']} delivered; lease latency p50 {f['lease_p50_ms']:.1f} "
-                  f"ms, p99 {f['lease_p99_ms']:.1f} ms, max {f['lease_max_ms']:.1f} ms")
+                  f"ms, p99 {f['lease_p99_ms']:.1f} ms, max {f['lease_max_ms']:.1f} ms; the latest, due at "
+                  f"the minute's second: {', '.join(f['worst'])}")
         else:
             print(f"  due jobs: none of {f['jobs']} delivered")
         print(f"  errors over the run: {f['errors'] or 'none'}; servers exited: "
