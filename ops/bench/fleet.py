@@ -312,7 +312,8 @@ def report(f: dict) -> None:
     def cores(xs):
         return " + ".join(f"{x:.2f}" for x in xs)
     print(f"\n{f['workers']:,} workers x {f['processes']} dispatching process(es):", flush=True)
-    print(f"  connect: {f['polling']:,} polls in (one per worker and dispatcher) after {f['connect_s']:.1f} s; errors {f['connect_errors'] or 'none'}")
+    print(f"  connect: {f['polling']:,} polls in (one per worker and dispatcher) after {f['connect_s']:.1f} s; "
+          f"errors {f['connect_errors'] or 'none'}")
     if "idle_polls_per_s" in f:
         pg = f"{f['idle_pg_cores']:.2f}" if f["idle_pg_cores"] is not None else "n/a"
         print(f"  idle: {f['idle_polls_per_s']:,.0f} empty polls/s; cores {cores(f['idle_cores'])} "

@@ -219,6 +219,7 @@ def router(ctx: Context, dispatcher: Dispatcher) -> Router:
     async def release(data: JSONBody[HeldIn], credential: NamedDependency[str], job_id: JobIdParam) -> OutcomeOut:
         return _one((await write([Release(job_id, data.lease_token)]))[0])
 
-    return Router("/v1/worker", route_handlers=[lease, end_polls, outcomes, start, heartbeat, complete, fail, release],
+    return Router("/v1/worker",
+                  route_handlers=[lease, end_polls, outcomes, start, heartbeat, complete, fail, release],
                   dto=StrictBody, return_dto=None,             # bodies: msgspec decodes them
                   dependencies={"credential": credential}, before_request=check_first)
