@@ -50,6 +50,7 @@ import json
 import math
 import multiprocessing as mp
 import os
+import queue
 import random
 import resource
 import statistics
@@ -179,7 +180,7 @@ class Fleet:
         while True:
             try:
                 kind, a, b = self.out.get_nowait()
-            except Exception:
+            except queue.Empty:
                 break
             if kind == "job":
                 self.delivered.setdefault(a, b)
@@ -282,7 +283,7 @@ def shape(url: str, token: str, team_token: str, workers: int, processes: int, a
         with Store(url, max_size=2) as store:
             t = time.monotonic()
             for n in range(args.jobs):
-                job = store.submit(TEAM, JobSpec(name=f"fleet.name-{random.randrange(args.names)}"))
+                job = store.submit(TEAM, JobSpec(name=f"fleet.name-{random.randrange(min(args.names, workers))}"))
                 run_at[job.job_id] = job.run_at.timestamp()
                 time.sleep(max(0.0, t + (n + 1) / args.rate - time.monotonic()))
         deadline = time.monotonic() + 30
