@@ -119,22 +119,17 @@ class Waiters:
         for w in picked:
             w.state = "taken"
             chosen[w.filter] = chosen.get(w.filter, 0) + 1
-        # Each filter's taken ones are among its first waiting ones: pop up to
-        # the last of them; waiting ones passed over go back in front.
+        # A queue is in queue order, so its taken ones are its first waiting
+        # ones: pop up to the last of them (gone ones between go too).
         for f, left in chosen.items():
             q = self._by_filter[f]
-            passed = []
             while left:
                 w = q.popleft()
                 self._kept -= 1
                 if w.state == "taken":
                     left -= 1
-                elif w.state == "waiting":
-                    passed.append(w)
                 else:
                     self._gone -= 1
-            q.extendleft(reversed(passed))
-            self._kept += len(passed)
         return picked
 
     # -------------------------------------------------------------- inside
